@@ -1,0 +1,44 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck imports pytest bench-plan clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, from the CPU build on local disk, so the project's range admits it and no CUDA build is fetched.
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/headroom demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy engine operator
+
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+# pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+test: lint typecheck imports pytest
+
+bench-plan: $(STAMP)
+	$(PY) bench/plan_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

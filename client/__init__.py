@@ -1,0 +1,1 @@
+"""Engine-agnostic measurement client over the OpenAI HTTP API: `headroom smoke` and `headroom bench`."""

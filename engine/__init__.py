@@ -1,0 +1,1 @@
+"""headroom's inference engine. The planner (engine.plan) is pure and importable without torch."""

@@ -1,0 +1,1 @@
+"""kopf operator: InferenceServer -> plan -> ConfigMap + Deployment + Service, gated by the smoke test."""
