@@ -1,0 +1,21 @@
+"""Depthwise causal conv1d with a carried state (the short conv in front of Gated DeltaNet)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def naive_causal_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence. x [T, C], weight [C, K], state [C, K-1] (the K-1 inputs before x, zeros at start).
+
+    Returns (silu(conv(x)) [T, C], new state [C, K-1] = the last K-1 inputs), both in x's dtype.
+    """
+    num_tokens = x.shape[0]
+    kernel = weight.shape[1]
+    window = torch.cat((state.to(x.dtype), x.transpose(0, 1)), dim=1)
+    out = torch.nn.functional.conv1d(window[None], weight[:, None, :].to(x.dtype), groups=weight.shape[0])[0]
+    out = torch.nn.functional.silu(out[:, -num_tokens:]).transpose(0, 1)
+    new_state = window[:, window.shape[1] - (kernel - 1) :]
+    return out.contiguous(), new_state.contiguous()

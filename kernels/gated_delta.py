@@ -1,0 +1,42 @@
+"""Gated delta rule (Gated DeltaNet's recurrence), one sequence, token by token.
+
+S_t = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T q_t,
+with q, k L2-normalised and q scaled by 1/sqrt(Dk). State in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+def naive_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g (log decay, <= 0), beta [T, Hv]; state [Hv, Dk, Dv] fp32.
+
+    Each q/k head serves Hv // Hk consecutive value heads. Returns (out [T, Hv, Dv] in v's dtype,
+    new state [Hv, Dk, Dv] fp32).
+    """
+    num_v_heads = v.shape[1]
+    repeat = num_v_heads // q.shape[1]
+    q = _l2norm(q.float().repeat_interleave(repeat, dim=1)) * q.shape[-1] ** -0.5
+    k = _l2norm(k.float().repeat_interleave(repeat, dim=1))
+    v32, g32, beta32 = v.float(), g.float(), beta.float()
+    s = state.float().clone()
+    out = torch.empty_like(v32)
+    for t in range(v.shape[0]):
+        s = s * g32[t].exp()[:, None, None]
+        predicted = (s * k[t][:, :, None]).sum(dim=1)
+        delta = (v32[t] - predicted) * beta32[t][:, None]
+        s = s + k[t][:, :, None] * delta[:, None, :]
+        out[t] = (s * q[t][:, :, None]).sum(dim=1)
+    return out.to(v.dtype), s

@@ -1,0 +1,24 @@
+"""RMSNorm variants: plain (w * x), unit-offset ((1 + w) * x, Qwen3.5/Qwen3-Next) and gated (GDN output)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def naive_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D] in x's dtype; statistics in fp32.
+
+    unit_offset=True scales by (1 + weight) computed in fp32 before the cast back (Qwen3.5 order);
+    False casts the normalised x back first and then scales by weight (Qwen3 order).
+    """
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (normed * (1.0 + weight.float())).to(x.dtype)
+    return weight * normed.to(x.dtype)
+
+
+def naive_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Norm-before-gate: weight * rmsnorm(x) * silu(gate). x, gate [..., D], weight [D]."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * normed.to(x.dtype)
+    return (out * torch.nn.functional.silu(gate.float())).to(x.dtype)

@@ -1,0 +1,23 @@
+"""Rotary position embedding (neox half-rotation), optionally on the first rotary_dim channels only."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotary_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
+    """Inverse frequencies [rotary_dim // 2] in fp32."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+
+
+def naive_apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], positions [T] (int), inv_freq [R/2] -> [T, H, D]; channels past R pass through."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(x.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos().to(x.dtype)[:, None, :]
+    sin = emb.sin().to(x.dtype)[:, None, :]
+    rotary_dim = emb.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
