@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck imports pytest bench-plan clean
+.PHONY: install demo test lint typecheck imports pytest bench-plan sync-crds clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: lint typecheck imports pytest
 
 bench-plan: $(STAMP)
 	$(PY) bench/plan_speed.py
+
+# Helm cannot read outside the chart, so the chart carries a byte-identical copy of crds/ (a test checks it).
+sync-crds:
+	mkdir -p charts/headroom/files/crds
+	rm -f charts/headroom/files/crds/*.yaml
+	cp crds/*.yaml charts/headroom/files/crds/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
