@@ -1,0 +1,113 @@
+"""What each engine model tells the solver: its byte formulas and how it spells the flags.
+
+All byte counts are per GPU. A `Layout` is one candidate setting the solver is pricing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from headroom.engine.plan.geometry import ModelGeometry
+from headroom.engine.plan.kv_format import kv_bytes_per_token, kv_heads_per_gpu, ssm_slot_bytes
+
+MiB = 1024**2
+# Every engine computes attention and the MLP on one chunk at a time; activations live as long as one layer.
+_ACTIVATION_DTYPE_BYTES = 2
+# Gated DeltaNet chunked prefill keeps one state per 64-token block per value head, in the input dtype, as fla does.
+_GDN_BLOCK_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: chunk C, context length, running requests R, KV dtype, tensor-parallel size."""
+
+    chunk: int
+    context_length: int
+    running: int
+    kv_dtype: str
+    tp: int
+    ssm_dtype: str
+
+
+def activation_bytes(geometry: ModelGeometry, chunk: int, running: int, tp: int) -> int:
+    """Peak activations of one forward pass over `chunk` prefill tokens plus `running` decodes.
+
+    Layers run one after another, so the peak is the residual stream plus the widest layer's
+    intermediates for the tokens of the pass, plus fp32 logits of the rows that sample and, for
+    hybrid models, the per-block recurrent states of Gated DeltaNet's chunked prefill.
+    """
+    tokens = chunk + running
+    h = geometry.hidden_size
+    mlp_width = (
+        geometry.num_experts_per_tok * geometry.moe_intermediate_size + geometry.shared_expert_intermediate_size
+        if geometry.num_experts
+        else geometry.intermediate_size
+    )
+    # gate and up projections plus the activated product coexist for one moment.
+    mlp = 3 * -(-mlp_width // tp)
+    attn_width = (geometry.num_attention_heads * 2 + 2 * geometry.num_kv_heads) * geometry.head_dim
+    widest = max(mlp, -(-attn_width // tp))
+    if geometry.is_hybrid:
+        key_dim = geometry.linear_num_key_heads * geometry.linear_key_head_dim
+        value_dim = geometry.linear_num_value_heads * geometry.linear_value_head_dim
+        widest = max(widest, -(-(2 * key_dim + 2 * value_dim) // tp))
+    per_token = _ACTIVATION_DTYPE_BYTES * (2 * h + widest)
+    logits = (running + 1) * -(-geometry.vocab_size // tp) * 4
+    gdn_states = 0
+    if geometry.is_hybrid:
+        value_heads = -(-geometry.linear_num_value_heads // tp)
+        blocks = -(-chunk // _GDN_BLOCK_TOKENS)
+        gdn_states = (
+            blocks * value_heads * geometry.linear_key_head_dim * geometry.linear_value_head_dim
+            * _ACTIVATION_DTYPE_BYTES
+        )
+    return tokens * per_token + logits + gdn_states
+
+
+class EngineModel(ABC):
+    """Memory formulas and flag rendering of one serving engine."""
+
+    name: str
+    kv_dtypes: tuple[str, ...]
+    default_ssm_dtype: str = "fp32"
+    # True when max-total-tokens only caps a pool sized by the static fraction (SGLang); False when
+    # the engine allocates exactly the tokens the plan names.
+    token_cap_only: bool = False
+
+    def kv_bytes_per_token(self, geometry: ModelGeometry, layout: Layout) -> int:
+        return kv_bytes_per_token(geometry, layout.kv_dtype, layout.tp)
+
+    def ssm_slot_bytes(self, geometry: ModelGeometry, layout: Layout) -> int:
+        return ssm_slot_bytes(geometry, layout.tp, layout.ssm_dtype)
+
+    def page_tokens(self, layout: Layout) -> int:
+        return 1
+
+    @abstractmethod
+    def ssm_slots_needed(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> int:
+        """Working slots of running requests plus the checkpoints the prefix cache must keep."""
+
+    @abstractmethod
+    def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
+        """Static allocations besides weights, KV pool and SSM pool (tables, residual windows)."""
+
+    @abstractmethod
+    def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
+        """What must fit outside the static budget: context, activations, transients, reserves."""
+
+    @abstractmethod
+    def render(self, values: dict[str, int | float | str]) -> list[str]:
+        """Command-line flags of this engine for the solved values."""
+
+
+def dense_prefix_bytes(geometry: ModelGeometry, prefix_tokens: int, tp: int) -> int:
+    """fp16 K and V of `prefix_tokens` tokens of one attention layer on one GPU."""
+    return prefix_tokens * 2 * kv_heads_per_gpu(geometry, tp) * geometry.head_dim * 2
+
+
+def req_to_token_table_bytes(running: int, context_length: int) -> int:
+    """int32 map from (request, position) to KV slot that paged attention reads."""
+    return running * context_length * 4

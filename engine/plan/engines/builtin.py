@@ -1,0 +1,79 @@
+"""headroom's own engine: it allocates exactly the tokens and slots the plan names.
+
+Its quantized-KV attention dequantizes tile by tile inside the kernel, so the dequant transient is
+one block's workspace, independent of the prefix length (DESIGN.md, "The memory model").
+"""
+
+from __future__ import annotations
+
+from headroom.engine.plan.engines.base import (
+    MiB,
+    EngineModel,
+    Layout,
+    activation_bytes,
+    dense_prefix_bytes,
+    req_to_token_table_bytes,
+)
+from headroom.engine.plan.geometry import ModelGeometry
+from headroom.engine.plan.kv_format import KV_DTYPES, kv_format, kv_heads_per_gpu
+
+# Tokens of the cached prefix one attention program dequantizes at a time.
+_DEQUANT_BLOCK_TOKENS = 256
+# Measured for torch + Triton on Hopper; recalibrated by bench/ on the H200 (issue 8).
+_CUDA_CONTEXT_BYTES = 512 * MiB
+_GRAPH_RESERVE_BYTES = 256 * MiB
+# Caching-allocator fragmentation, as a share of the GPU.
+_FRAGMENTATION_SHARE = 0.02
+
+
+class BuiltinEngine(EngineModel):
+    name = "builtin"
+    kv_dtypes = KV_DTYPES
+    default_ssm_dtype = "fp32"
+
+    def page_tokens(self, layout: Layout) -> int:
+        return kv_format(layout.kv_dtype).page_tokens
+
+    def ssm_slots_needed(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> int:
+        if not geometry.is_hybrid:
+            return 0
+        # The radix cache keeps a checkpoint at every chunk boundary of a cached prefix: enough for the
+        # retained sessions, and at least for one full-context request, plus one working slot per runner.
+        retained = retained_sessions * -(-session_tokens // layout.chunk)
+        one_context = -(-layout.context_length // layout.chunk)
+        return max(retained, one_context) + layout.running
+
+    def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
+        fmt = kv_format(layout.kv_dtype)
+        residual = (
+            layout.running * fmt.residual_tokens * geometry.num_full_attention_layers
+            * 2 * kv_heads_per_gpu(geometry, layout.tp) * geometry.head_dim * 2
+        )
+        return {
+            "req_to_token_table": req_to_token_table_bytes(layout.running, layout.context_length),
+            "kv_residual_window": residual,
+        }
+
+    def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
+        quantized = kv_format(layout.kv_dtype).bits < 16
+        workspace = dense_prefix_bytes(geometry, _DEQUANT_BLOCK_TOKENS, layout.tp) if quantized else 0
+        return {
+            "cuda_context": _CUDA_CONTEXT_BYTES,
+            "activations": activation_bytes(geometry, layout.chunk, layout.running, layout.tp),
+            "dequant_transient": workspace,
+            "graph_reserve": _GRAPH_RESERVE_BYTES,
+            "fragmentation": int(_FRAGMENTATION_SHARE * gpu_memory),
+        }
+
+    def render(self, values: dict[str, int | float | str]) -> list[str]:
+        return [
+            "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
+            "--max-total-tokens", str(values["max_total_tokens"]),
+            "--chunked-prefill-size", str(values["chunked_prefill_size"]),
+            "--context-length", str(values["context_length"]),
+            "--max-running-requests", str(values["max_running_requests"]),
+            "--kv-cache-dtype", str(values["kv_dtype"]),
+            "--ssm-slots", str(values["ssm_slots"]),
+        ]
