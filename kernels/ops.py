@@ -19,7 +19,7 @@ from headroom.kernels.kv_quant import (
     naive_kivi_quantize_values,
 )
 from headroom.kernels.norm import naive_gated_rms_norm, naive_rms_norm
-from headroom.kernels.rotary import naive_apply_rotary
+from headroom.kernels.rotary import naive_apply_rotary, rotary_inv_freq
 
 rms_norm = naive_rms_norm
 gated_rms_norm = naive_gated_rms_norm
@@ -37,5 +37,5 @@ kivi_dequantize_values = naive_kivi_dequantize_values
 __all__ = [
     "apply_rotary", "causal_conv1d", "fp8_dequantize", "fp8_quantize", "gated_delta_rule", "gated_rms_norm",
     "kivi_dequantize_keys", "kivi_dequantize_values", "kivi_quantize_keys", "kivi_quantize_values",
-    "prefix_attention", "rms_norm",
+    "prefix_attention", "rms_norm", "rotary_inv_freq",
 ]

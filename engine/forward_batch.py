@@ -1,0 +1,65 @@
+"""ForwardBatch: one mixed pass (prefill chunks and decodes), flattened to a token axis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headroom.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """token_ids are seq's next uncomputed tokens: a prefill chunk, or the one token of a decode step."""
+
+    seq: Sequence
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ItemSpan:
+    """Item i occupies flat rows offset..offset+length-1 and sequence positions start..start+length-1."""
+
+    seq: Sequence
+    offset: int
+    length: int
+    start: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    spans: list[ItemSpan]
+
+    @classmethod
+    def build(cls, items: list[BatchItem], device: torch.device) -> ForwardBatch:
+        if not items:
+            raise ValueError("a forward batch needs at least one item")
+        seen: set[str] = set()
+        spans, tokens, positions = [], [], []
+        for item in items:
+            seq = item.seq
+            if seq.request_id in seen:
+                raise ValueError(f"request {seq.request_id!r} appears twice in one batch")
+            seen.add(seq.request_id)
+            if not item.token_ids:
+                raise ValueError(f"request {seq.request_id!r}: batch item has no tokens")
+            start = seq.num_computed_tokens
+            spans.append(ItemSpan(seq, len(tokens), len(item.token_ids), start))
+            tokens.extend(item.token_ids)
+            positions.extend(range(start, start + len(item.token_ids)))
+        return cls(
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            spans=spans,
+        )
+
+    @property
+    def last_rows(self) -> torch.Tensor:
+        return torch.tensor([s.offset + s.length - 1 for s in self.spans], device=self.token_ids.device)

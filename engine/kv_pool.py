@@ -1,0 +1,146 @@
+"""KVPool: the quantized K/V storage of every full-attention layer, indexed by KVAllocator's token slots.
+
+Formats (engine/plan/kv_format.py is the byte layout): `auto` stores the model dtype, bf16 bf16,
+fp8 e4m3 + fp32 scale per token per head, int8/int4/int2 KIVI pages of `page_tokens` tokens.
+KIVI pages are written whole: the open page of a sequence (fewer than page_tokens newest tokens) stays in
+full precision in that sequence's residual window here, outside the pool, until it fills.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headroom.engine.plan.kv_format import kv_format
+from headroom.engine.sequence import Sequence
+from headroom.kernels import ops
+
+
+class KVPool:
+    """num_tokens slots x num_layers full-attention layers x num_kv_heads x head_dim."""
+
+    def __init__(
+        self, num_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
+        kv_dtype: str, model_dtype: torch.dtype, device: torch.device,
+    ):
+        self.kv_dtype = kv_dtype
+        self.model_dtype = model_dtype
+        fmt = None if kv_dtype == "auto" else kv_format(kv_dtype)
+        self.is_kivi = bool(fmt and fmt.is_kivi)
+        self.bits = fmt.bits if fmt else 0
+        self.page_tokens = fmt.page_tokens if fmt else 1
+        self.value_group = fmt.value_group_channels if fmt else 0
+        if num_tokens % self.page_tokens:
+            raise ValueError(f"max_total_tokens={num_tokens} is not a multiple of the {kv_dtype} page of {self.page_tokens}")
+        self.num_tokens = num_tokens
+        self.num_layers = num_layers
+        shape = (num_tokens, num_kv_heads, head_dim)
+        pages = num_tokens // self.page_tokens
+        self.layers: list[dict[str, torch.Tensor]] = []
+        for _ in range(num_layers):
+            if kv_dtype in ("auto", "bf16"):
+                dtype = model_dtype if kv_dtype == "auto" else torch.bfloat16
+                store = {"k": torch.zeros(shape, dtype=dtype, device=device), "v": torch.zeros(shape, dtype=dtype, device=device)}
+            elif kv_dtype == "fp8":
+                store = {
+                    name: torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device) for name in ("k", "v")
+                } | {name: torch.zeros(shape[:2], dtype=torch.float32, device=device) for name in ("k_scale", "v_scale")}
+            else:
+                packed = (pages, self.page_tokens * self.bits // 8, num_kv_heads, head_dim)
+                groups = -(-head_dim // self.value_group)
+                store = {
+                    "k": torch.zeros(packed, dtype=torch.uint8, device=device),
+                    "v": torch.zeros(packed, dtype=torch.uint8, device=device),
+                    "k_scale": torch.zeros((pages, num_kv_heads, head_dim), dtype=torch.float16, device=device),
+                    "k_zero": torch.zeros((pages, num_kv_heads, head_dim), dtype=torch.float16, device=device),
+                    "v_scale": torch.zeros((num_tokens, num_kv_heads, groups), dtype=torch.float16, device=device),
+                    "v_zero": torch.zeros((num_tokens, num_kv_heads, groups), dtype=torch.float16, device=device),
+                }
+            self.layers.append(store)
+        # request id -> per layer (k, v) of the open page, full precision (KIVI only).
+        self._residual: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def nbytes(self) -> int:
+        """Bytes of pool storage (residual windows excluded; they belong to running requests)."""
+        return sum(t.numel() * t.element_size() for store in self.layers for t in store.values())
+
+    def write(self, layer: int, slots: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize-on-write k, v [T, H, D] into slots (KIVI: whole pages, page-aligned, in order)."""
+        store = self.layers[layer]
+        if not self.is_kivi:
+            index = torch.tensor(slots, dtype=torch.long, device=k.device)
+            if self.kv_dtype == "fp8":
+                for name, x in (("k", k), ("v", v)):
+                    codes, scale = ops.fp8_quantize(x)
+                    store[name][index], store[name + "_scale"][index] = codes, scale
+            else:
+                store["k"][index], store["v"][index] = k.to(store["k"].dtype), v.to(store["v"].dtype)
+            return
+        page_len = self.page_tokens
+        for start in range(0, len(slots), page_len):
+            page = slots[start] // page_len
+            assert slots[start] % page_len == 0 and len(slots) - start >= page_len
+            k_packed, k_scale, k_zero = ops.kivi_quantize_keys(k[start : start + page_len], self.bits)
+            v_packed, v_scale, v_zero = ops.kivi_quantize_values(v[start : start + page_len], self.bits, self.value_group)
+            store["k"][page], store["k_scale"][page], store["k_zero"][page] = k_packed, k_scale, k_zero
+            store["v"][page] = v_packed
+            value_rows = slice(slots[start], slots[start] + page_len)
+            store["v_scale"][value_rows], store["v_zero"][value_rows] = v_scale, v_zero
+
+    def read(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized k, v [T, H, D] in the model dtype (KIVI: whole pages)."""
+        store = self.layers[layer]
+        device = store["k"].device
+        if not self.is_kivi:
+            index = torch.tensor(slots, dtype=torch.long, device=device)
+            if self.kv_dtype == "fp8":
+                return tuple(  # type: ignore[return-value]
+                    ops.fp8_dequantize(store[n][index], store[n + "_scale"][index], self.model_dtype) for n in ("k", "v")
+                )
+            return store["k"][index].to(self.model_dtype), store["v"][index].to(self.model_dtype)
+        keys, values = [], []
+        for start in range(0, len(slots), self.page_tokens):
+            page = slots[start] // self.page_tokens
+            rows = slice(slots[start], slots[start] + self.page_tokens)
+            keys.append(ops.kivi_dequantize_keys(store["k"][page], store["k_scale"][page], store["k_zero"][page], self.bits, self.model_dtype))
+            values.append(ops.kivi_dequantize_values(
+                store["v"][page], store["v_scale"][rows], store["v_zero"][rows], self.bits, self.value_group, self.model_dtype
+            ))
+        return torch.cat(keys), torch.cat(values)
+
+    def store(self, layer: int, seq: Sequence, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append the K/V of seq's positions start..start+T-1 (its kv_slots must already cover them)."""
+        end = start + k.shape[0]
+        if len(seq.kv_slots) < end:
+            raise ValueError(f"request {seq.request_id!r} holds {len(seq.kv_slots)} kv slots, needs {end}")
+        if not self.is_kivi:
+            self.write(layer, seq.kv_slots[start:end], k, v)
+            return
+        windows = self._residual.setdefault(seq.request_id, [])
+        if len(windows) <= layer:
+            empty = k.new_zeros((0, *k.shape[1:]))
+            windows.extend([(empty, empty)] * (layer + 1 - len(windows)))
+        old_k, old_v = windows[layer]
+        page_start = start - start % self.page_tokens
+        if old_k.shape[0] != start - page_start:
+            raise RuntimeError(f"request {seq.request_id!r}: residual window holds {old_k.shape[0]} tokens, expected {start - page_start}")
+        all_k, all_v = torch.cat((old_k, k)), torch.cat((old_v, v))
+        closed = (end - page_start) - (end - page_start) % self.page_tokens
+        if closed:
+            self.write(layer, seq.kv_slots[page_start : page_start + closed], all_k[:closed], all_v[:closed])
+        windows[layer] = (all_k[closed:].clone(), all_v[closed:].clone())
+
+    def context(self, layer: int, seq: Sequence, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of seq's positions 0..end-1 ([end, H, D], model dtype); end must be seq's stored length."""
+        if not self.is_kivi:
+            return self.read(layer, seq.kv_slots[:end])
+        closed = end - end % self.page_tokens
+        k, v = self.read(layer, seq.kv_slots[:closed]) if closed else (None, None)
+        windows = self._residual.get(seq.request_id)
+        tail = windows[layer] if windows and len(windows) > layer else None
+        parts_k = [x for x in (k, tail[0] if tail is not None else None) if x is not None]
+        parts_v = [x for x in (v, tail[1] if tail is not None else None) if x is not None]
+        return torch.cat(parts_k), torch.cat(parts_v)
+
+    def release(self, seq: Sequence) -> None:
+        """Drop seq's residual window (its pool slots are the allocator's business)."""
+        self._residual.pop(seq.request_id, None)

@@ -1,0 +1,1 @@
+"""Model building blocks over flattened batches; compute goes through headroom.kernels.ops."""

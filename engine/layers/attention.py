@@ -1,0 +1,56 @@
+"""Full attention over the KV pool: q/k RMSNorm, (partial) rotary, optional sigmoid output gate (Qwen3.5)."""
+
+from __future__ import annotations
+
+import torch
+
+from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.kv_pool import KVPool
+from headroom.engine.layers.mlp import linear
+from headroom.engine.models.config import ModelConfig
+from headroom.kernels import ops
+
+
+class FullAttention:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
+        self.config = config
+        self.pool_layer = pool_layer
+        self.q_proj = weights[prefix + "q_proj.weight"]
+        self.k_proj = weights[prefix + "k_proj.weight"]
+        self.v_proj = weights[prefix + "v_proj.weight"]
+        self.o_proj = weights[prefix + "o_proj.weight"]
+        self.q_bias = weights.get(prefix + "q_proj.bias")
+        self.k_bias = weights.get(prefix + "k_proj.bias")
+        self.v_bias = weights.get(prefix + "v_proj.bias")
+        self.o_bias = weights.get(prefix + "o_proj.bias")
+        self.q_norm = weights[prefix + "q_norm.weight"]
+        self.k_norm = weights[prefix + "k_norm.weight"]
+        self.inv_freq = ops.rotary_inv_freq(config.rotary_dim, config.rope_theta).to(self.q_proj.device)
+        self.scale = config.head_dim**-0.5
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
+        """x [N, hidden] -> [N, hidden]; writes this layer's K/V of every item into the pool first."""
+        cfg = self.config
+        n = x.shape[0]
+        q = linear(x, self.q_proj, self.q_bias)
+        gate = None
+        if cfg.attention_gate:
+            q, gate = q.view(n, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(n, -1)
+        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+        k = linear(x, self.k_proj, self.k_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = linear(x, self.v_proj, self.v_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        q = ops.apply_rotary(q, batch.positions, self.inv_freq)
+        k = ops.apply_rotary(k, batch.positions, self.inv_freq)
+        out = torch.empty_like(q)
+        for span in batch.spans:
+            rows = slice(span.offset, span.offset + span.length)
+            kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
+            k_ctx, v_ctx = kv_pool.context(self.pool_layer, span.seq, span.end)
+            out[rows] = ops.prefix_attention(q[rows], k_ctx, v_ctx, batch.positions[rows], self.scale)
+        attn = out.reshape(n, -1)
+        if gate is not None:
+            attn = attn * torch.sigmoid(gate)
+        return linear(attn, self.o_proj, self.o_bias)

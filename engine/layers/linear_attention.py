@@ -1,0 +1,59 @@
+"""Gated DeltaNet (Qwen3.5 linear attention): in-projections, short causal conv, gated delta rule,
+gated RMSNorm, out-projection. Per-sequence conv and recurrent state live in the SSM pool."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.layers.mlp import linear
+from headroom.engine.models.config import ModelConfig
+from headroom.engine.ssm_pool import SSMPool
+from headroom.kernels import ops
+
+
+class GatedDeltaNet:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
+        self.config = config
+        self.pool_layer = pool_layer
+        self.in_proj_qkv = weights[prefix + "in_proj_qkv.weight"]
+        self.in_proj_z = weights[prefix + "in_proj_z.weight"]
+        self.in_proj_b = weights[prefix + "in_proj_b.weight"]
+        self.in_proj_a = weights[prefix + "in_proj_a.weight"]
+        self.conv_weight = weights[prefix + "conv1d.weight"][:, 0, :]
+        self.dt_bias = weights[prefix + "dt_bias"]
+        # Decay rate per value head, fp32 so that exp() cannot overflow in half precision.
+        self.neg_a = -weights[prefix + "A_log"].float().exp()
+        self.norm = weights[prefix + "norm.weight"]
+        self.out_proj = weights[prefix + "out_proj.weight"]
+        self.key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, ssm_pool: SSMPool) -> torch.Tensor:
+        """x [N, hidden] -> [N, hidden]; advances every item's SSM slot by its tokens."""
+        cfg = self.config
+        n = x.shape[0]
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed = linear(x, self.in_proj_qkv)
+        z = linear(x, self.in_proj_z).view(n, hv, dv)
+        beta = torch.sigmoid(linear(x, self.in_proj_b))
+        g = self.neg_a * F.softplus(linear(x, self.in_proj_a).float() + self.dt_bias.float())
+        core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
+        for span in batch.spans:
+            slot = span.seq.ssm_slot
+            if slot is None:
+                raise ValueError(f"request {span.seq.request_id!r} has no SSM slot but the model is hybrid")
+            rows = slice(span.offset, span.offset + span.length)
+            conv_state = ssm_pool.conv[self.pool_layer, slot]
+            conv_out, new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
+            conv_state.copy_(new_conv)
+            q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
+            state = ssm_pool.recurrent[self.pool_layer, slot]
+            out, new_state = ops.gated_delta_rule(
+                q.reshape(span.length, -1, dk), k.reshape(span.length, -1, dk), v.reshape(span.length, hv, dv),
+                g[rows], beta[rows], state,
+            )
+            state.copy_(new_state)
+            core[rows] = out
+        normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
+        return linear(normed.reshape(n, hv * dv), self.out_proj)

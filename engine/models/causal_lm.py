@@ -1,0 +1,69 @@
+"""The decoder stack shared by Qwen3 (all full attention) and Qwen3.5 (Gated DeltaNet + gated attention)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.kv_pool import KVPool
+from headroom.engine.layers.attention import FullAttention
+from headroom.engine.layers.linear_attention import GatedDeltaNet
+from headroom.engine.layers.mlp import SwiGLU
+from headroom.engine.loader import check_weights
+from headroom.engine.models.config import ModelConfig
+from headroom.engine.ssm_pool import SSMPool
+from headroom.kernels import ops
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int, pool_layer: int):
+        prefix = f"model.layers.{index}."
+        self.config = config
+        self.is_linear = config.layer_types[index] == "linear_attention"
+        self.mixer: FullAttention | GatedDeltaNet
+        if self.is_linear:
+            self.mixer = GatedDeltaNet(config, weights, prefix + "linear_attn.", pool_layer)
+        else:
+            self.mixer = FullAttention(config, weights, prefix + "self_attn.", pool_layer)
+        self.input_norm = weights[prefix + "input_layernorm.weight"]
+        self.post_norm = weights[prefix + "post_attention_layernorm.weight"]
+        self.mlp = SwiGLU(weights, prefix + "mlp.")
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
+        cfg = self.config
+        h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        if isinstance(self.mixer, GatedDeltaNet):
+            assert ssm_pool is not None
+            h = self.mixer(h, batch, ssm_pool)
+        else:
+            assert kv_pool is not None
+            h = self.mixer(h, batch, kv_pool)
+        x = x + h
+        return x + self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset))
+
+
+class CausalLM:
+    """Weights as plain tensors; __call__ runs one ForwardBatch and returns each item's last-position logits."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
+        check_weights(config, weights)
+        self.config = config
+        self.embed = weights["model.embed_tokens.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        full, linear = config.full_attention_layers, config.linear_attention_layers
+        self.layers = [
+            DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i))
+            for i in range(config.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def __call__(self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
+        """-> logits [num_items, vocab] (fp32) at each item's last token."""
+        x = F.embedding(batch.token_ids, self.embed)
+        for layer in self.layers:
+            x = layer(x, batch, kv_pool, ssm_pool)
+        last = x[batch.last_rows]
+        last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
+        return F.linear(last, self.lm_head).float()

@@ -1,0 +1,34 @@
+"""Next-token choice: greedy, or temperature + top-p with a per-request, per-step seed."""
+
+from __future__ import annotations
+
+import torch
+
+from headroom.engine.sequence import Sequence
+
+
+def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
+    """logits [vocab] -> token id. Same seed, same step, same logits -> same token."""
+    params = seq.sampling
+    if params.temperature == 0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest head whose mass reaches top_p (the first token always stays).
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    generator = torch.Generator(device=probs.device)
+    if params.seed is not None:
+        generator.manual_seed(params.seed * 1_000_003 + len(seq.output_token_ids))
+    else:
+        generator.seed()
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator).item())
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """logits [num_items, vocab], one row per sequence."""
+    if logits.shape[0] != len(seqs):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(seqs)} sequences")
+    return [sample_one(row, seq) for row, seq in zip(logits, seqs, strict=True)]
