@@ -1,0 +1,120 @@
+"""`headroom smoke`: run the smoke test, write the JSON report, exit 0 (passed) / 1 (failed) / 2 (usage)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from headroom.client.smoke_types import SmokeReport, SmokeSettings, SmokeThresholds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://localhost:8000")
+    parser.add_argument("--plan", help="plan.json from `headroom plan` (context, max_new_tokens, retention targets)")
+    parser.add_argument("--context-length", type=int, help="the server's context length in tokens")
+    parser.add_argument("--max-new-tokens", type=int, help="output tokens the plan reserves per request")
+    parser.add_argument("--model", help="model name to send (default: first of /v1/models)")
+    parser.add_argument("--tokenizer", help="local tokenizer.json choosing prompt token ids (default: /tokenize)")
+    parser.add_argument("--token-id-range", type=int, nargs=2, metavar=("LOW", "HIGH"), help="prompt ids LOW..HIGH-1")
+    parser.add_argument("--output", help="write the JSON report here (default: stdout)")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout in seconds")
+    sizes = parser.add_argument_group("probe sizes")
+    sizes.add_argument("--margin-tokens", type=int, default=16, help="long prompt = context - max_new_tokens - margin")
+    sizes.add_argument("--short-delay-s", type=float, default=0.5, help="send the short prompt this long after the long one")
+    sizes.add_argument("--retention-sessions", type=int, help="sessions revisited (default: plan's, else 2; 0 disables)")
+    sizes.add_argument("--retention-tokens", type=int, help="tokens per session (default: plan's, else context/4)")
+    sizes.add_argument("--metrics-interval-s", type=float, default=1.0, help="/metrics polling period")
+    sizes.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (servers that reject it)")
+    limits = parser.add_argument_group("thresholds")
+    limits.add_argument("--max-short-ttft-s", type=float, default=2.0, help="short prompt's TTFT limit during the long prefill")
+    limits.add_argument("--min-prefill-tok-s", type=float, help="minimum long-prefill rate (default: reported only)")
+    limits.add_argument("--min-retention-hit-rate", type=float, default=0.9, help="minimum revisit hit rate, 0..1")
+    limits.add_argument("--cliff-util-percent", type=float, default=95.0, help="utilisation counted as busy")
+    limits.add_argument("--cliff-power-ratio", type=float, default=0.4, help="busy below this x reference power = cliff")
+    limits.add_argument("--allow-clamped-output", action="store_true", help="accept servers that shorten max_tokens at the boundary")
+
+
+class UsageError(ValueError):
+    """Bad arguments or plan file: exit code 2."""
+
+
+def load_plan_targets(path: str) -> dict[str, int]:
+    """context_length, max_new_tokens, retained_sessions, session_tokens from a plan JSON file."""
+    from headroom.engine.plan import Plan
+
+    try:
+        data: Any = json.loads(Path(path).read_text())
+        plan = Plan.from_dict(data["plan"] if isinstance(data, dict) and isinstance(data.get("plan"), dict) else data)
+    except (OSError, ValueError, TypeError) as error:
+        raise UsageError(f"--plan {path}: {error}") from error
+    return {
+        "context_length": plan.context_length, "max_new_tokens": plan.max_new_tokens,
+        "retained_sessions": plan.retained_sessions, "session_tokens": plan.session_tokens,
+    }
+
+
+def settings_from_args(args: argparse.Namespace) -> SmokeSettings:
+    targets = load_plan_targets(args.plan) if args.plan else {}
+    context = args.context_length or targets.get("context_length")
+    max_new = args.max_new_tokens or targets.get("max_new_tokens")
+    if not context or not max_new:
+        raise UsageError("give --plan plan.json, or both --context-length and --max-new-tokens")
+    sessions = args.retention_sessions if args.retention_sessions is not None else (targets.get("retained_sessions") or 2)
+    session_tokens = args.retention_tokens or targets.get("session_tokens") or None
+    try:
+        settings = SmokeSettings(
+            context_length=context, max_new_tokens=max_new, margin_tokens=args.margin_tokens,
+            short_delay_s=args.short_delay_s, retention_sessions=sessions, metrics_interval_s=args.metrics_interval_s,
+            ignore_eos=not args.no_ignore_eos,
+        )
+        if session_tokens is not None:
+            # A plan's session may span nearly the whole context; the probe still has to fit below it.
+            room = context - settings.margin_tokens - settings.retention_question_tokens - settings.short_max_tokens
+            settings = SmokeSettings(**{**settings.__dict__, "retention_tokens": min(session_tokens, room)})
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    return settings
+
+
+def thresholds_from_args(args: argparse.Namespace) -> SmokeThresholds:
+    if not 0.0 <= args.min_retention_hit_rate <= 1.0:
+        raise UsageError(f"--min-retention-hit-rate must be within [0, 1], got {args.min_retention_hit_rate}")
+    return SmokeThresholds(
+        max_short_ttft_s=args.max_short_ttft_s, min_prefill_tokens_per_s=args.min_prefill_tok_s,
+        min_retention_hit_rate=args.min_retention_hit_rate, cliff_util_percent=args.cliff_util_percent,
+        cliff_power_ratio=args.cliff_power_ratio, allow_clamped_output=args.allow_clamped_output,
+    )
+
+
+def print_summary(report: SmokeReport) -> None:
+    for name, check in report.checks.items():
+        print(f"  {check.status.upper():4}  {name}: {check.reason}", file=sys.stderr)
+    print(f"smoke {'PASSED' if report.passed else 'FAILED'} against {report.url}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from headroom.client.smoke import smoke
+
+    try:
+        settings = settings_from_args(args)
+        thresholds = thresholds_from_args(args)
+        id_range = tuple(args.token_id_range) if args.token_id_range else None
+        report = asyncio.run(
+            smoke(args.url, settings, thresholds, model=args.model, tokenizer_path=args.tokenizer,
+                  token_id_range=id_range, request_timeout_s=args.timeout_s)  # type: ignore[arg-type]
+        )
+    except (UsageError, ValueError) as error:
+        print(f"headroom smoke: {error}", file=sys.stderr)
+        return 2
+    text = json.dumps(report.to_dict(), indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    print_summary(report)
+    return 0 if report.passed else 1

@@ -1,0 +1,115 @@
+"""What the smoke test is asked (SmokeSettings, SmokeThresholds) and what it answers (SmokeReport of Checks)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["pass", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict; reason always says why, with the numbers."""
+
+    status: Status
+    reason: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "fail"
+
+
+@dataclass(frozen=True)
+class SmokeThresholds:
+    """Pass/fail limits. None disables a limit (the figure is still reported)."""
+
+    max_short_ttft_s: float = 2.0
+    min_prefill_tokens_per_s: float | None = None
+    min_retention_hit_rate: float = 0.9
+    cliff_util_percent: float = 95.0
+    cliff_power_ratio: float = 0.4
+    allow_clamped_output: bool = False
+
+
+@dataclass(frozen=True)
+class SmokeSettings:
+    """Sizes of the probes, in tokens; delays in seconds.
+
+    context_length and max_new_tokens are the server's limits (the plan's). The long prefill sends
+    context_length - max_new_tokens - margin_tokens tokens; the retention probe sends retention_sessions
+    sessions of retention_tokens each (None: a quarter of the context, bounded by what fits).
+    """
+
+    context_length: int
+    max_new_tokens: int
+    margin_tokens: int = 16
+    long_max_tokens: int = 8
+    short_prompt_tokens: int = 32
+    short_max_tokens: int = 4
+    short_delay_s: float = 0.5
+    retention_sessions: int = 2
+    retention_tokens: int | None = None
+    retention_question_tokens: int = 16
+    metrics_interval_s: float = 1.0
+    ignore_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        long_tokens = self.context_length - self.max_new_tokens - self.margin_tokens
+        if long_tokens < self.short_prompt_tokens:
+            raise ValueError(
+                f"context_length {self.context_length} - max_new_tokens {self.max_new_tokens} - margin "
+                f"{self.margin_tokens} = {long_tokens} tokens leaves no room for a long prefill"
+            )
+        if self.retention_sessions < 0:
+            raise ValueError(f"retention_sessions must be >= 0, got {self.retention_sessions}")
+        if self.retention_sessions:
+            # Validates the retention sizes at construction, naming the numbers.
+            self.retention_context_tokens  # noqa: B018
+
+    @property
+    def long_prompt_tokens(self) -> int:
+        return self.context_length - self.max_new_tokens - self.margin_tokens
+
+    @property
+    def retention_context_tokens(self) -> int:
+        """Tokens per retained session; every revisit still fits below the limit with its output."""
+        room = self.context_length - self.margin_tokens - self.retention_question_tokens - self.short_max_tokens
+        wanted = self.retention_tokens if self.retention_tokens is not None else self.context_length // 4
+        if wanted > room:
+            raise ValueError(
+                f"retention_tokens {wanted} + question {self.retention_question_tokens} + output "
+                f"{self.short_max_tokens} + margin {self.margin_tokens} exceeds context_length {self.context_length}"
+            )
+        return wanted
+
+
+@dataclass
+class SmokeReport:
+    """passed is True when no check failed. figures holds every measured number."""
+
+    url: str
+    settings: dict[str, Any]
+    thresholds: dict[str, Any]
+    checks: dict[str, Check] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(check.passed for check in self.checks.values())
+
+    @property
+    def failures(self) -> dict[str, str]:
+        return {name: check.reason for name, check in self.checks.items() if not check.passed}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "url": self.url,
+            "checks": {name: asdict(check) for name, check in self.checks.items()},
+            "figures": self.figures,
+            "settings": self.settings,
+            "thresholds": self.thresholds,
+        }
