@@ -37,7 +37,8 @@ class PrefillPlanner:
         for request in prefilling:
             self._continue(request, limit)
         self._admit(limit)
-        if not (self.config.cap_contended_chunks and contenders > 1):
+        is_capped = self.config.cap_contended_chunks and (contenders > 1 or self.config.cap_lone_request)
+        if not is_capped:
             self._hand_out_leftover()
 
     def _per_request_limit(self, contenders: int) -> int:
@@ -88,8 +89,12 @@ class PrefillPlanner:
                 break
             cached = self.capacity.cached_prefix_len(request)
             chunk = min(request.num_tokens - cached, limit, self.budget_left)
-            judged = request.num_tokens - cached if self.config.judge_whole_prompt else chunk
+            # A preempted request comes back only when all of it fits, or it would be preempted again (thrash).
+            whole = self.config.judge_whole_prompt or request.num_preemptions > 0
+            judged = request.num_tokens - cached if whole else chunk
             reserve = self.config.decode_reserve_tokens * (self.num_decodes + 1)
+            # Judging whole prompts also means honouring what running prefills were promised.
+            reserve += self._promised_after_this_pass() if whole else 0
             need = self.capacity.kv_tokens_to_extend(request, judged) + reserve
             if need > self.kv_free:
                 scheduler.reject(request, "NO_KV", need, self.kv_free, self.budget_left)
@@ -110,6 +115,12 @@ class PrefillPlanner:
             self.plan.admitted.append(request)
             self._take(request, chunk)
             self.plan.add_item(request, chunk)
+
+    def _promised_after_this_pass(self) -> int:
+        """Prompt tokens running prefills still need after the chunks already in this pass."""
+        planned = {id(item.request): item.num_tokens for item in self.plan.prefills}
+        prefilling = [r for r in self.scheduler.running if r.phase is Phase.PREFILL]
+        return sum(r.num_uncomputed - planned.get(id(r), 0) for r in prefilling)
 
     def _hand_out_leftover(self) -> None:
         """Budget a short request left unused goes to the others in order (the seed's 4096 + 30)."""
