@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from headroom.engine.sequence import Sequence
 
 
@@ -42,7 +41,9 @@ class ForwardBatch:
         if not items:
             raise ValueError("a forward batch needs at least one item")
         seen: set[str] = set()
-        spans, tokens, positions = [], [], []
+        spans: list[ItemSpan] = []
+        tokens: list[int] = []
+        positions: list[int] = []
         for item in items:
             seq = item.seq
             if seq.request_id in seen:

@@ -9,7 +9,6 @@ full precision in that sequence's residual window here, outside the pool, until 
 from __future__ import annotations
 
 import torch
-
 from headroom.engine.plan.kv_format import kv_format
 from headroom.engine.sequence import Sequence
 from headroom.kernels import ops

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-
 from headroom.engine.models.config import ModelConfig, model_config_from_hf
+from safetensors.torch import load_file
 
 # Checkpoint parts a text-only engine does not use (multimodal tower, multi-token prediction head).
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from headroom.engine.config import EngineConfig
 from headroom.engine.forward_batch import BatchItem, ForwardBatch
 from headroom.engine.kv_cache import KVAllocator
@@ -74,8 +73,9 @@ class ModelRunner:
             if total < assumed:
                 raise CapacityError(f"the plan assumed {assumed} bytes of GPU memory; {self.device} has {total}")
 
-    def forward(self, items: list[BatchItem]) -> torch.Tensor:
-        """Run one mixed batch -> logits [num_items, vocab] at each item's last token.
+    def forward(self, items: list[BatchItem], all_positions: bool = False) -> torch.Tensor:
+        """Run one mixed batch -> logits [num_items, vocab] at each item's last token
+        ([num_tokens, vocab] over the flattened items if all_positions, for tests and scoring).
 
         Each item's sequence must hold kv_slots for all its positions and (hybrid) an SSM slot; a sequence
         starting at position 0 gets a zeroed SSM state. Advances each seq.num_computed_tokens.
@@ -95,7 +95,7 @@ class ModelRunner:
                 if seq.num_computed_tokens == 0:
                     self.ssm_pool.reset(seq.ssm_slot)
         batch = ForwardBatch.build(items, self.device)
-        logits = self.model(batch, self.kv_pool, self.ssm_pool)
+        logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
         for item in items:
             item.seq.num_computed_tokens += len(item.token_ids)
         return logits

@@ -45,6 +45,8 @@ class InsertResult:
 
     num_existing: int
     ssm_adopted: bool
+    node: RadixNode
+    kv_slots: list[int]
 
 
 class RadixCache:
@@ -157,7 +159,16 @@ class RadixCache:
             node.ssm_slot = ssm_slot
             self.num_checkpoints += 1
             adopted = True
-        return InsertResult(num_existing, adopted)
+        return InsertResult(num_existing, adopted, node, self._path_slots(node))
+
+    def _path_slots(self, node: RadixNode) -> list[int]:
+        """KV slots of the whole prefix ending at node."""
+        parts = []
+        walk: RadixNode | None = node
+        while walk is not None and walk is not self.root:
+            parts.append(walk.kv_slots)
+            walk = walk.parent
+        return [slot for part in reversed(parts) for slot in part]
 
     def fork_checkpoint(self, match: PrefixMatch, copy: Callable[[int, int], None]) -> int | None:
         """Copy-on-write: a fresh SSM slot holding a copy of the hit's checkpoint (the request then owns and

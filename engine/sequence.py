@@ -49,6 +49,8 @@ class Sequence:
     cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     prefix_node: Any = None
+    # Leading kv_slots owned by the radix cache (shared); the rest are this request's own.
+    num_shared_slots: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -6,7 +6,6 @@ Slot bookkeeping is the pure SSMSlotAllocator (shared with the radix cache); thi
 from __future__ import annotations
 
 import torch
-
 from headroom.engine.ssm_slots import SSMSlotAllocator
 
 _SSM_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

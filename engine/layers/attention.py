@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from headroom.engine.forward_batch import ForwardBatch
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.mlp import linear

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from headroom.engine.forward_batch import ForwardBatch
 from headroom.engine.layers.mlp import linear
 from headroom.engine.models.config import ModelConfig

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from headroom.engine.forward_batch import ForwardBatch
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.attention import FullAttention
@@ -59,11 +58,13 @@ class CausalLM:
         ]
 
     @torch.inference_mode()
-    def __call__(self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
-        """-> logits [num_items, vocab] (fp32) at each item's last token."""
+    def __call__(
+        self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None, all_positions: bool = False
+    ) -> torch.Tensor:
+        """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
         x = F.embedding(batch.token_ids, self.embed)
         for layer in self.layers:
             x = layer(x, batch, kv_pool, ssm_pool)
-        last = x[batch.last_rows]
+        last = x if all_positions else x[batch.last_rows]
         last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
         return F.linear(last, self.lm_head).float()

@@ -1,0 +1,110 @@
+"""LLM: the engine as a library (no server): load, prefill in chunks, decode, reuse cached prefixes."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from headroom.engine.cache_manager import CacheManager
+from headroom.engine.config import EngineConfig
+from headroom.engine.forward_batch import BatchItem
+from headroom.engine.model_runner import CapacityError, ModelRunner
+from headroom.engine.sampling import sample_one
+from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class Generation:
+    """token_ids: generated tokens; cached_tokens: prompt tokens served from the prefix cache;
+    prompt_logits [vocab]: logits after the last prompt token (what the first token was drawn from)."""
+
+    token_ids: list[int]
+    cached_tokens: int
+    prompt_logits: torch.Tensor
+
+
+class LLM:
+    def __init__(self, model_path: str, config: EngineConfig | None = None, **settings: Any):
+        """settings are EngineConfig fields (device, kv_dtype, max_total_tokens, chunked_prefill_size, ...)."""
+        self.config = replace(config, **settings) if config else EngineConfig(model_path=model_path, **settings)
+        self.runner = ModelRunner(self.config)
+        ssm = self.runner.ssm_pool
+        self.cache = CacheManager(
+            self.runner.kv_allocator, ssm.allocator if ssm else None,
+            ssm.copy if ssm else _no_ssm, self.config.enable_prefix_cache,
+        )
+        self._ids = itertools.count()
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.runner.model_config.eos_token_ids
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int = 16, chunk_size: int | None = None, **sampling: Any
+    ) -> list[Generation]:
+        """Run prompts together (one mixed batch per pass) until each has max_new_tokens or a stop token.
+
+        sampling: temperature, top_p, seed, stop_token_ids, ignore_eos (SamplingParams).
+        """
+        chunk = chunk_size or self.config.chunked_prefill_size
+        if chunk < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk}")
+        params = SamplingParams(max_new_tokens=max_new_tokens, **sampling)
+        seqs = []
+        for prompt in prompts:
+            if len(prompt) + max_new_tokens > self.config.context_length:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} exceeds "
+                    f"context_length {self.config.context_length}"
+                )
+            seqs.append(Sequence(f"llm-{next(self._ids)}", list(prompt), params))
+        first_logits: dict[str, torch.Tensor] = {}
+        try:
+            self._run(seqs, chunk, first_logits)
+        finally:
+            for seq in seqs:
+                if seq.status is not SequenceStatus.WAITING:
+                    self._finish(seq)
+        return [Generation(s.output_token_ids, s.cached_tokens, first_logits[s.request_id]) for s in seqs]
+
+    def _run(self, seqs: list[Sequence], chunk: int, first_logits: dict[str, torch.Tensor]) -> None:
+        for seq in seqs:
+            if not self.cache.admit(seq):
+                raise CapacityError(f"no free SSM slot for request {seq.request_id!r} ({self.config.ssm_slots} slots)")
+            seq.status = SequenceStatus.RUNNING
+        active = [s for s in seqs if s.sampling.max_new_tokens > 0]
+        while active:
+            items = []
+            for seq in active:
+                start = seq.num_computed_tokens
+                length = min(chunk, seq.num_prompt_tokens - start) if seq.is_prefilling else 1
+                if not self.cache.reserve(seq, start + length):
+                    raise CapacityError(
+                        f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
+                        f"{seq.request_id!r} at {start + length} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
+                    )
+                items.append(BatchItem(seq, seq.token_ids[start : start + length]))
+            logits = self.runner.forward(items)
+            for seq, row in zip(active, logits, strict=True):
+                if seq.num_computed_tokens <= seq.num_prompt_tokens:
+                    self.cache.checkpoint(seq)
+                if seq.is_prefilling:
+                    continue
+                first_logits.setdefault(seq.request_id, row)
+                token = sample_one(row, seq)
+                seq.output_token_ids.append(token)
+                stops = set(seq.sampling.stop_token_ids) | (set() if seq.sampling.ignore_eos else set(self.eos_token_ids))
+                if len(seq.output_token_ids) >= seq.sampling.max_new_tokens or token in stops:
+                    seq.status = SequenceStatus.FINISHED
+            active = [s for s in active if not s.is_finished]
+
+    def _finish(self, seq: Sequence) -> None:
+        self.cache.finish(seq)
+        self.runner.kv_pool.release(seq)
+        seq.status = SequenceStatus.FINISHED
+
+
+def _no_ssm(src: int, dst: int) -> None:
+    raise RuntimeError("a full-attention model has no SSM state to copy")
