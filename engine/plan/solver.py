@@ -21,6 +21,11 @@ DEFAULT_RUNNING_REQUESTS = 8
 CHUNK_CANDIDATES = (8192, 4096, 16384, 2048, 1024)
 AUTO_CONTEXT_CANDIDATES = (1048576, 524288, 262144, 131072, 65536, 32768, 16384, 8192, 4096, 2048)
 _FRACTION_STEP = 1000
+# How far pricing a candidate got before it failed, by the constraint it failed on.
+_STAGE = {
+    "context_room": 0, "model_max_position": 0, "non_static_headroom": 1, "dequant_transient": 1,
+    "weights": 2, "kv_pool": 3, "ssm_slots": 3,
+}
 
 
 def _floor_fraction(value: float) -> float:
@@ -36,14 +41,16 @@ def _pool_tokens(model: EngineModel, request: PlanRequest, layout: Layout, avail
     g, t = request.geometry, request.targets
     if kvb <= 0:
         return 0
-    tokens = max(0, avail // kvb)
-    # Slots may grow with T (a checkpoint per chunk of pool); step down until both fit.
-    for _ in range(64):
-        slots = model.ssm_slots_needed(g, layout, tokens, t.retained_sessions, t.session_tokens)
-        over = tokens * kvb + slots * sb - avail
-        if over <= 0:
-            break
-        tokens -= max(1, -(-over // (kvb + max(1, sb // layout.chunk))))
+    # Slots never shrink as T grows, so feasibility is monotone in T: bisect for the largest T.
+    low, high = 0, max(0, avail // kvb)
+    while low < high:
+        mid = (low + high + 1) // 2
+        slots = model.ssm_slots_needed(g, layout, mid, t.retained_sessions, t.session_tokens)
+        if mid * kvb + slots * sb <= avail:
+            low = mid
+        else:
+            high = mid - 1
+    tokens = low
     page = model.page_tokens(layout)
     return max(0, tokens // page * page)
 
@@ -212,7 +219,7 @@ def _search(request: PlanRequest) -> Plan:
     chunks = (pin.chunked_prefill_size,) if pin.chunked_prefill_size else CHUNK_CANDIDATES
     running = t.max_running_requests or DEFAULT_RUNNING_REQUESTS
     ssm_dtype = request.ssm_dtype or model.default_ssm_dtype
-    first_refusal: PlanRefused | None = None
+    refusals: list[PlanRefused] = []
     for ctx in contexts:
         feasible: list[Plan] = []
         for chunk in chunks:
@@ -220,11 +227,13 @@ def _search(request: PlanRequest) -> Plan:
             try:
                 feasible.append(price(request, model, layout))
             except PlanRefused as refusal:
-                first_refusal = first_refusal or refusal
+                refusals.append(refusal)
         if feasible:
             return max(feasible, key=lambda p: p.max_total_tokens)
-    assert first_refusal is not None
-    raise first_refusal
+    # Name what fails for the candidate that got furthest (the most lenient one): a chunk that
+    # breaks the activation headroom is not the reason when a smaller chunk gets to the pool.
+    furthest = max(_STAGE[r.binding_constraint] for r in refusals)
+    raise [r for r in refusals if _STAGE[r.binding_constraint] == furthest][-1 if not ctx_fixed else 0]
 
 
 def make_plan(request: PlanRequest, with_alternatives: bool = True) -> Plan:

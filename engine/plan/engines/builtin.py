@@ -7,9 +7,9 @@ one block's workspace, independent of the prefix length (DESIGN.md, "The memory 
 from __future__ import annotations
 
 from headroom.engine.plan.engines.base import (
-    MiB,
     EngineModel,
     Layout,
+    MiB,
     activation_bytes,
     dense_prefix_bytes,
     req_to_token_table_bytes,

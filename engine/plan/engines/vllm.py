@@ -12,9 +12,9 @@ KV cache: int8/int4/int2 are refused with fp8 as the alternative.
 from __future__ import annotations
 
 from headroom.engine.plan.engines.base import (
-    MiB,
     EngineModel,
     Layout,
+    MiB,
     activation_bytes,
     req_to_token_table_bytes,
 )
