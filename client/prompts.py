@@ -42,14 +42,14 @@ class PromptFactory:
         if len(set(self.vocabulary)) < MIN_VOCABULARY:
             raise ValueError(f"prompt vocabulary has {len(set(self.vocabulary))} distinct ids; need >= {MIN_VOCABULARY}")
 
-    def make(self, num_tokens: int, *, session: int, part: str = "body") -> list[int]:
+    def make(self, num_tokens: int, *, session: int | str, part: str = "body") -> list[int]:
         """num_tokens ids, the same for the same (session, part), different across sessions."""
         if num_tokens < 1:
             raise ValueError(f"prompt length must be >= 1 token, got {num_tokens}")
         generator = random.Random(f"headroom/{session}/{part}")
         return [generator.choice(self.vocabulary) for _ in range(num_tokens)]
 
-    def session_prompt(self, context_tokens: int, question_tokens: int, *, session: int, visit: int) -> list[int]:
+    def session_prompt(self, context_tokens: int, question_tokens: int, *, session: int | str, visit: int | str) -> list[int]:
         """A session's fixed context followed by a question that differs per visit (the 004 chains)."""
         return self.make(context_tokens, session=session) + self.make(question_tokens, session=session, part=f"q{visit}")
 

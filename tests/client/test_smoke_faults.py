@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from client_stub_server import StubConfig, StubServer
 from headroom.client.smoke import run_smoke
 from headroom.client.smoke_types import SmokeThresholds
+
+from tests.client.client_stub_server import StubConfig, StubServer
 
 SMALL = dict(context_length=512, max_new_tokens=32, short_delay_s=0.01, retention_sessions=2, retention_tokens=96)
 
