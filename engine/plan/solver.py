@@ -241,8 +241,8 @@ def make_plan(request: PlanRequest, with_alternatives: bool = True) -> Plan:
 
     Raises ValueError for malformed requests (a field out of range), naming the field.
     """
-    validate_request(request)
     try:
+        validate_request(request)
         return _search(request)
     except PlanRefused as refusal:
         if with_alternatives:
