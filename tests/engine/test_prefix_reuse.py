@@ -1,0 +1,65 @@
+"""Prefix reuse through the LLM API: a cache hit followed by the rest of the prompt equals a cold run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headroom.engine.llm import LLM
+from tests.engine.helpers import random_prompt
+
+
+@pytest.mark.parametrize(("kind", "index"), [("qwen3", 0), ("qwen3_5", 0), ("qwen3_5", 2)])
+def test_hit_then_rest_equals_cold_run(tiny_model_factory, kind, index):
+    model_dir, reference = tiny_model_factory(kind, index)
+    vocab = reference.config.vocab_size
+    shared = random_prompt(vocab, 24, seed=3)
+    second = shared + random_prompt(vocab, 9, seed=4)
+    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
+    warm.generate([shared], max_new_tokens=3)
+    hit = warm.generate([second], max_new_tokens=6)[0]
+    # Checkpoints sit at chunk ends (8, 16, 24): the hit is the whole shared prefix.
+    assert hit.cached_tokens == 24
+    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
+    cold_run = cold.generate([second], max_new_tokens=6)[0]
+    assert cold_run.cached_tokens == 0
+    torch.testing.assert_close(hit.prompt_logits, cold_run.prompt_logits, atol=1e-4, rtol=0)
+    assert hit.token_ids == cold_run.token_ids
+
+
+def test_hybrid_hit_stops_at_the_deepest_checkpoint(tiny_model_factory):
+    model_dir, reference = tiny_model_factory("qwen3_5", 1)
+    ids = random_prompt(reference.config.vocab_size, 20, seed=5)
+    llm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=6)
+    llm.generate([ids], max_new_tokens=1)
+    # Checkpoints at 6, 12, 18, 20 (and the final state at 20): a prompt sharing 15 tokens hits 12.
+    other = ids[:15] + random_prompt(reference.config.vocab_size, 5, seed=6)
+    result = llm.generate([other], max_new_tokens=2)[0]
+    assert result.cached_tokens == 12
+    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
+    assert cold.generate([other], max_new_tokens=2)[0].token_ids == result.token_ids
+
+
+def test_multi_turn_reuses_the_whole_previous_turn(tiny_model_factory):
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    llm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=64)
+    turn1 = random_prompt(vocab, 13, seed=8)
+    out1 = llm.generate([turn1], max_new_tokens=4)[0].token_ids
+    # The final SSM state (after prompt + 3 computed outputs) is a checkpoint.
+    turn2 = turn1 + out1 + random_prompt(vocab, 5, seed=9)
+    assert llm.generate([turn2], max_new_tokens=2)[0].cached_tokens == 13 + 3
+
+
+def test_pools_return_to_empty_after_eviction(tiny_model_factory):
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    llm = LLM(str(model_dir), max_total_tokens=64, ssm_slots=8, max_running_requests=2, chunked_prefill_size=16)
+    for seed in range(6):
+        # Each run must evict earlier sessions' KV and checkpoints to fit.
+        llm.generate([random_prompt(reference.config.vocab_size, 40, seed=seed)], max_new_tokens=4)
+    radix = llm.cache.radix
+    assert radix is not None
+    radix.evict(10**6)
+    radix.evict_checkpoints(10**6)
+    assert llm.runner.kv_allocator.num_free_tokens == 64
+    assert llm.runner.ssm_pool is not None and llm.runner.ssm_pool.num_free == 8
