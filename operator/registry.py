@@ -7,14 +7,21 @@ operators in one process without sharing global state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import kopf
 from headroom.operator import admission, handlers, startup
 from headroom.operator.labels import GROUP, PLURAL, VERSION
 
 
-def build_registry(*, with_admission: bool) -> kopf.OperatorRegistry:
+def build_registry(
+    *, with_admission: bool, login: Callable[..., Any] = kopf.login_via_client
+) -> kopf.OperatorRegistry:
+    """login: kopf's credentials source (in-cluster service account, else kubeconfig, by default)."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+    kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup.operator_startup)
     kopf.on.cleanup(registry=registry)(startup.operator_cleanup)
     kopf.on.create(*resource, registry=registry)(handlers.inferenceserver_create)
