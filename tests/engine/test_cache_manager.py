@@ -1,0 +1,81 @@
+"""CacheManager over many requests (no model): slots are never leaked, double-owned or evicted while in use."""
+
+from __future__ import annotations
+
+import random
+
+from headroom.engine.cache_manager import CacheManager
+from headroom.engine.kv_cache import KVAllocator
+from headroom.engine.sequence import Sequence
+from headroom.engine.ssm_slots import SSMSlotAllocator
+
+
+def tree_slots(manager: CacheManager) -> list[int]:
+    assert manager.radix is not None
+    slots, stack = [], [manager.radix.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        slots.extend(node.kv_slots)
+    return slots
+
+
+def test_random_sessions_keep_slot_accounting_exact():
+    rng = random.Random(0)
+    kv, ssm = KVAllocator(256, page_tokens=4), SSMSlotAllocator(12)
+    copies: list[tuple[int, int]] = []
+    manager = CacheManager(kv, ssm, lambda s, d: copies.append((s, d)))
+    prefixes = [[rng.randrange(50) for _ in range(20)] for _ in range(3)]
+    running: list[Sequence] = []
+    for step in range(60):
+        if len(running) < 3:
+            prompt = rng.choice(prefixes)[: rng.randrange(5, 21)] + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
+            seq = Sequence(f"r{step}", prompt)
+            if manager.admit(seq):
+                running.append(seq)
+        for seq in list(running):
+            # Simulate a pass: one chunk of up to 7 tokens or one decode token.
+            length = min(7, seq.num_prompt_tokens - seq.num_computed_tokens) if seq.is_prefilling else 1
+            if not manager.reserve(seq, seq.num_computed_tokens + length):
+                manager.finish(seq)
+                running.remove(seq)
+                continue
+            seq.num_computed_tokens += length
+            manager.checkpoint(seq)
+            if not seq.is_prefilling:
+                seq.output_token_ids.append(rng.randrange(50))
+                if len(seq.output_token_ids) >= 3:
+                    manager.finish(seq)
+                    running.remove(seq)
+        shared = tree_slots(manager)
+        private = [s for seq in running for s in seq.kv_slots[seq.num_shared_slots :]]
+        assert len(set(shared)) == len(shared) and not set(shared) & set(private)
+        assert len(shared) + len(private) + kv.num_free_tokens == kv.num_tokens
+        # Every running request's shared prefix is exactly tree slots, and locked.
+        for seq in running:
+            assert set(seq.kv_slots[: seq.num_shared_slots]) <= set(shared)
+            if seq.prefix_node is not None:
+                assert seq.prefix_node.lock_ref > 0
+        checkpoints = manager.radix.num_checkpoints if manager.radix else 0
+        assert checkpoints + len(running) + ssm.num_free == ssm.num_slots
+    # Checkpoints were forked copy-on-write into requests (hits happened).
+    assert copies
+
+
+def test_finish_frees_everything_without_cache():
+    kv, ssm = KVAllocator(64), SSMSlotAllocator(2)
+    manager = CacheManager(kv, ssm, lambda s, d: None, enable_prefix_cache=False)
+    seq = Sequence("a", [1, 2, 3])
+    assert manager.admit(seq) and manager.reserve(seq, 3)
+    seq.num_computed_tokens = 3
+    manager.checkpoint(seq)
+    manager.finish(seq)
+    assert kv.num_free_tokens == 64 and ssm.num_free == 2
+
+
+def test_admit_fails_cleanly_without_ssm_slots():
+    kv, ssm = KVAllocator(64), SSMSlotAllocator(1)
+    manager = CacheManager(kv, ssm, lambda s, d: None)
+    first, second = Sequence("a", [1, 2]), Sequence("b", [3, 4])
+    assert manager.admit(first)
+    assert not manager.admit(second) and second.ssm_slot is None and second.kv_slots == []
