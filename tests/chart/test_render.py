@@ -32,7 +32,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "cluster-peering": ("operator.peering.enabled=true", "operator.replicas=2"),
     "custom-resources": ("operator.resources.requests.cpu=250m", "operator.resources.requests.memory=1Gi",
                          "operator.resources.limits.memory=2Gi", "image.tag=dev", "image.pullPolicy=Never",
-                         "operator.logLevel=debug", "webhook.failurePolicy=Ignore", "webhook.port=10443",
+                         "operator.logLevel=DEBUG", "webhook.failurePolicy=Ignore", "webhook.port=10443",
                          "serviceAccount.name=headroom-op", "imagePullSecrets[0].name=regcred"),
 }
 
@@ -75,7 +75,7 @@ def test_non_default_values_reach_the_manifests(render: Renderer) -> None:
     container = by_kind(manifests, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
     assert container["image"].endswith(":dev") and container["imagePullPolicy"] == "Never"
-    assert "--log-level=debug" in container["args"] and "--webhook-port=10443" in container["args"]
+    assert "--log-level=DEBUG" in container["args"] and "--webhook-port=10443" in container["args"]
     webhook = by_kind(manifests, "ValidatingWebhookConfiguration")[0]["webhooks"][0]
     assert webhook["failurePolicy"] == "Ignore"
     assert by_kind(manifests, "ServiceAccount")[0]["metadata"]["name"] == "headroom-op"
