@@ -33,7 +33,10 @@ class RequestResult:
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
             piece = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
-            if piece or choice.get("token_ids"):
+            # A completion chunk without a finish_reason is a generated token even when its text is ''
+            # (a detokenizer holding back an incomplete UTF-8 byte); chat role-only chunks are not.
+            holds_back = "text" in choice and choice.get("finish_reason") is None
+            if piece or choice.get("token_ids") or holds_back:
                 carried_token = True
                 self.text += piece
             if choice.get("finish_reason"):

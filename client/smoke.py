@@ -9,6 +9,7 @@ report.passed, report.checks[name].status / .reason, report.figures, report.to_d
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -30,11 +31,16 @@ async def smoke(
     tokenizer_path: str | None = None,
     token_id_range: tuple[int, int] | None = None,
     request_timeout_s: float = 600.0,
+    wait_ready_s: float = 0.0,
 ) -> SmokeReport:
-    """Run every probe against url and return the report; never raises for a misbehaving server."""
+    """Run every probe against url and return the report; never raises for a misbehaving server.
+
+    wait_ready_s: first wait up to this long for /ready (or /health where there is no /ready) to answer 200.
+    """
     thresholds = thresholds or SmokeThresholds()
     report = SmokeReport(url=url, settings=asdict(settings), thresholds=asdict(thresholds))
     async with OpenAIClient(url, model=model, timeout_s=request_timeout_s) as client:
+        report.figures["waited_for_ready_s"] = await wait_until_ready(client, wait_ready_s)
         try:
             report.figures["model"] = await client.resolve_model()
         except Exception as error:  # noqa: BLE001 - any failure here means the server is not usable
@@ -53,6 +59,19 @@ async def smoke(
         await boundary_probes(client, factory, settings, thresholds, report)
         await retention_probe(client, factory, settings, thresholds, report)
     return report
+
+
+async def wait_until_ready(client: OpenAIClient, limit_s: float, poll_s: float = 0.2) -> float:
+    """Seconds spent waiting for readiness (at most limit_s); the probes then tell whether it is usable."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s:
+        response = await client.get("/ready")
+        if response is not None and response.status_code == 404:
+            response = await client.get("/health")
+        if response is not None and response.status_code == 200:
+            break
+        await asyncio.sleep(poll_s)
+    return round(time.perf_counter() - started, 3)
 
 
 def _judge_telemetry(sampler: MetricsSampler, thresholds: SmokeThresholds, report: SmokeReport) -> None:
@@ -80,8 +99,8 @@ def run_smoke(
     **options: Any,
 ) -> SmokeReport:
     """Synchronous wrapper. options: SmokeSettings fields, plus model / tokenizer_path / token_id_range /
-    request_timeout_s."""
-    runner_keys = {"model", "tokenizer_path", "token_id_range", "request_timeout_s"}
+    request_timeout_s / wait_ready_s."""
+    runner_keys = {"model", "tokenizer_path", "token_id_range", "request_timeout_s", "wait_ready_s"}
     runner = {key: options.pop(key) for key in list(options) if key in runner_keys}
     settings = SmokeSettings(context_length=context_length, max_new_tokens=max_new_tokens, **options)
     return asyncio.run(smoke(url, settings, thresholds, **runner))

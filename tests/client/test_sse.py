@@ -51,3 +51,14 @@ def test_result_reads_sglang_top_level_cached_tokens_and_stream_errors():
     assert result.cached_tokens == 7
     result.absorb({"error": {"message": "boom"}}, 2.0)
     assert result.error is not None and "boom" in result.error
+
+
+def test_empty_completion_chunk_is_a_token_but_chat_role_chunk_is_not():
+    completion = RequestResult(sent_at=0.0)
+    completion.absorb({"choices": [{"text": "", "finish_reason": None}]}, 0.3)
+    completion.absorb({"choices": [{"text": "", "finish_reason": "stop"}]}, 0.4)
+    assert completion.token_times == [0.3]
+    chat = RequestResult(sent_at=0.0)
+    chat.absorb({"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}, 0.1)
+    chat.absorb({"choices": [{"delta": {"content": "hi"}, "finish_reason": None}]}, 0.2)
+    assert chat.token_times == [0.2]

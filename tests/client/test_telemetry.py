@@ -59,3 +59,14 @@ def test_one_dip_is_not_a_cliff_but_the_power_limit_catches_a_run_that_starts_th
     at_start = detect_cliff(series([(100, 45), (100, 44)], limit=250.0))
     assert at_start.at_cliff and "power limit" in at_start.reason
     assert not detect_cliff(series([(100, 45), (100, 44)])).at_cliff
+
+
+def test_headroom_engine_gauge_names():
+    text = (
+        "# TYPE headroom_gpu_utilization_percent gauge\nheadroom_gpu_utilization_percent{gpu=\"0\"} 100\n"
+        "# TYPE headroom_gpu_power_watts gauge\nheadroom_gpu_power_watts{gpu=\"0\"} 45\n"
+        "# TYPE headroom_gpu_memory_used_bytes gauge\nheadroom_gpu_memory_used_bytes{gpu=\"0\"} 1e9\n"
+        "# TYPE headroom_gpu_temperature_celsius gauge\nheadroom_gpu_temperature_celsius{gpu=\"0\"} 48\n"
+    )
+    (sample,) = parse_gpu_samples(text, 0.0)
+    assert (sample.gpu, sample.util_percent, sample.power_w, sample.power_limit_w) == ("0", 100.0, 45.0, None)
