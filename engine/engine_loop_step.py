@@ -1,0 +1,148 @@
+"""One engine step: ask the scheduler for a pass, bind it to the caches, run the model, sample, finish.
+
+Kept apart from the thread and queue plumbing (engine_loop.py) so it can be driven synchronously
+(warm-up, tests). Events go out through `emit(request_id, event)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from headroom.engine.cache_manager import CacheManager
+from headroom.engine.engine_loop_capacity import CacheCapacity
+from headroom.engine.forward_batch import BatchItem
+from headroom.engine.model_runner import ModelRunner
+from headroom.engine.sampling import sample_one
+from headroom.engine.scheduler import Scheduler
+from headroom.engine.scheduler_types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
+from headroom.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New tokens of one request; the last event has finish_reason ('stop', 'length', 'abort', 'error')."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class StepStats:
+    """What the last pass did, for metrics and the cost model. Seconds are wall time."""
+
+    seconds: float = 0.0
+    num_prefill_tokens: int = 0
+    num_decodes: int = 0
+    admitted: list[str] = field(default_factory=list)
+
+
+class StepRunner:
+    def __init__(self, runner: ModelRunner, scheduler_config: SchedulerConfig,
+                 emit: Callable[[str, TokenEvent], None]):
+        self.runner = runner
+        self.emit = emit
+        self.sequences: dict[str, Sequence] = {}
+        self.eos_ids: dict[str, frozenset[int]] = {}
+        self.cache = CacheManager(runner.kv_allocator, runner.ssm_pool.allocator if runner.ssm_pool else None,
+                                  runner.ssm_pool.copy if runner.ssm_pool else (lambda src, dst: None),
+                                  runner.config.enable_prefix_cache)
+        self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
+        self.scheduler = Scheduler(scheduler_config, self.capacity)
+
+    def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
+        self.sequences[seq.request_id] = seq
+        self.eos_ids[seq.request_id] = frozenset() if seq.sampling.ignore_eos else eos_token_ids
+        self.scheduler.add(SchedRequest(seq.request_id, seq.num_prompt_tokens, seq.sampling.max_new_tokens))
+
+    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
+        """Free a request's slot and pages now (client gone, or its pass failed)."""
+        if self.scheduler.abort(request_id) is None and request_id not in self.sequences:
+            return
+        seq = self.sequences.pop(request_id, None)
+        self.eos_ids.pop(request_id, None)
+        if seq is not None:
+            self._release(seq)
+            self.emit(request_id, TokenEvent([], reason, error, seq.num_prompt_tokens, seq.cached_tokens))
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.kv_slots or seq.ssm_slot is not None:
+            self.cache.finish(seq)
+        self.runner.kv_pool.release(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+
+    def step(self) -> StepStats:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        for request in plan.preempted:
+            self._release(self.sequences[request.request_id])
+        for request in plan.admitted:
+            self._admit(plan, request)
+        items = [item for item in plan.items if self._reserve(plan, item)]
+        stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
+                          admitted=[r.request_id for r in plan.admitted])
+        if items:
+            self._run(plan, items)
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
+        seq = self.sequences[request.request_id]
+        if not self.cache.admit(seq):
+            raise RuntimeError(f"request {request.request_id}: no SSM slot although the scheduler saw one free")
+        seq.status = SequenceStatus.RUNNING
+        if seq.num_computed_tokens != request.num_computed:
+            # The prefix hit at admission differs from the scheduler's estimate: restart the chunk there.
+            item = next(i for i in plan.prefills if i.request is request)
+            plan.remove_item(request)
+            request.num_computed = request.num_cached = seq.num_computed_tokens
+            plan.add_item(request, min(item.num_tokens, request.num_uncomputed))
+
+    def _reserve(self, plan: ScheduledPass, item: PassItem) -> bool:
+        seq = self.sequences[item.request.request_id]
+        if self.cache.reserve(seq, item.start + item.num_tokens):
+            return True
+        # The estimate was off (page rounding, cache locks): skip this item for one pass.
+        plan.remove_item(item.request)
+        return False
+
+    def _run(self, plan: ScheduledPass, items: list[PassItem]) -> None:
+        batch = []
+        for item in items:
+            seq = self.sequences[item.request.request_id]
+            batch.append(BatchItem(seq, seq.token_ids[item.start:item.start + item.num_tokens]))
+        try:
+            logits = self.runner.forward(batch)
+        except Exception as exc:  # noqa: BLE001 - one failing pass must not take the server down
+            for item in items:
+                self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
+            return
+        finished: set[str] = set()
+        for row, item in zip(logits, items, strict=True):
+            if not item.samples:
+                continue
+            seq = self.sequences[item.request.request_id]
+            token = sample_one(row, seq)
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
+            if reason is not None:
+                finished.add(seq.request_id)
+        self.scheduler.complete(plan, finished)
+        for request_id in finished:
+            seq = self.sequences.pop(request_id)
+            self.eos_ids.pop(request_id, None)
+            self._release(seq)
+            seq.status = SequenceStatus.FINISHED
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in self.eos_ids[seq.request_id] or token in seq.sampling.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= seq.sampling.max_new_tokens:
+            return "length"
+        return None

@@ -1,0 +1,132 @@
+"""Assemble a server: model directory -> plan (file, or the planner with the pinned flags) -> runner -> loop.
+
+Also the warm-up that gates /ready: a long prefill (several chunks) alongside a decoding request, so
+every kernel path serving uses has run once; its pass times calibrate the scheduler's cost model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from headroom.engine.config import EngineConfig
+from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from headroom.engine.engine_loop import EngineLoop
+from headroom.engine.engine_loop_step import StepStats
+from headroom.engine.metrics import EngineMetrics
+from headroom.engine.model_runner import ModelRunner
+from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
+from headroom.engine.scheduler_types import PassCostModel, SchedulerConfig
+from headroom.engine.sequence import SamplingParams, Sequence
+from headroom.engine.server_generate import ServerState
+from headroom.engine.telemetry import gpu_memory_bytes
+from headroom.engine.tokenizer import load_tokenizer
+
+# Without NVML (a CPU), plan against this much memory unless --gpu-memory says otherwise.
+CPU_MEMORY_BUDGET = "2GiB"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None = None
+    plan_path: str | None = None
+    device: str = "cpu"
+    gpu_memory: str | None = None
+    kv_dtype: str = "bf16"
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_new_tokens: int = 1024
+    max_waiting_requests: int = 256
+    itl_target_ms: float | None = None
+    skip_ahead_limit: int = 16
+    strict_fcfs: bool = False
+    log_rejections: bool = False
+    warmup_tokens: int | None = None
+
+
+def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
+    """--plan file, or the builtin planner with the pinned flags and the device's memory."""
+    if options.plan_path:
+        return Plan.from_dict(json.loads(Path(options.plan_path).read_text()))
+    memory = parse_size(options.gpu_memory) if options.gpu_memory else None
+    if memory is None and options.device.startswith("cuda"):
+        memory = gpu_memory_bytes()
+    if memory is None:
+        memory = parse_size(CPU_MEMORY_BUDGET)
+    request = PlanRequest(
+        geometry=load_geometry(model_dir), gpu_memory_bytes=memory, kv_dtype=options.kv_dtype, engine="builtin",
+        targets=Targets(context_length=options.context_length, max_running_requests=options.max_running_requests,
+                        max_new_tokens=options.max_new_tokens),
+        pinned=Pinned(mem_fraction_static=options.mem_fraction_static, max_total_tokens=options.max_total_tokens,
+                      chunked_prefill_size=options.chunked_prefill_size, context_length=options.context_length),
+    )
+    return make_plan(request)
+
+
+def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
+    if options.strict_fcfs:
+        config = SchedulerConfig.strict_fcfs(plan.chunked_prefill_size, plan.max_running_requests,
+                                             plan.chunked_prefill_size)
+        return replace(config, log_rejections=options.log_rejections)
+    itl = options.itl_target_ms / 1000.0 if options.itl_target_ms else None
+    return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
+                           max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
+                           itl_target_s=itl, log_rejections=options.log_rejections)
+
+
+def build_state(options: ServeOptions) -> ServerState:
+    model_dir = Path(options.model) if options.model else ensure_default_model()
+    plan = resolve_plan(options, model_dir)
+    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device)
+    if not options.device.startswith("cuda"):
+        # A CPU run has no GPU to check the plan's static budget against.
+        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
+    runner = ModelRunner(config)
+    metrics = EngineMetrics()
+    loop = EngineLoop(runner, scheduler_config(options, plan), options.max_waiting_requests, metrics.observe_step)
+    tokenizer = load_tokenizer(model_dir, runner.model_config.eos_token_ids)
+    name = options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME
+    return ServerState(loop=loop, tokenizer=tokenizer, model_name=name, context_length=plan.context_length,
+                       metrics=metrics, plan=plan.to_dict())
+
+
+def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
+    """Run a long prefill (>= 2 chunks) next to a decoding request, calibrate the cost model, start the loop."""
+    loop = state.loop
+    chunk = loop.scheduler.config.chunked_prefill_size
+    length = min(num_tokens or 2 * chunk + 1, state.context_length - 2)
+    vocab = state.tokenizer.vocab_size
+    timings: list[StepStats] = []
+    previous = loop.on_step
+    loop.on_step = lambda stats, _: timings.append(stats)
+    loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)), frozenset())
+    loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
+                            SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+    loop.run_until_idle()
+    loop.on_step = previous
+    loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings))
+    loop.start()
+    state.ready.set()
+
+
+def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
+    """Fixed cost from the quickest decode-only pass; prefill rate from the biggest prefill pass."""
+    decode_only = [t.seconds for t in timings if t.num_prefill_tokens == 0 and t.num_decodes > 0]
+    prefills = [t for t in timings if t.num_prefill_tokens > 0]
+    if not decode_only or not prefills:
+        return PassCostModel()
+    fixed = min(decode_only)
+    biggest = max(prefills, key=lambda t: t.num_prefill_tokens)
+    rate = biggest.num_prefill_tokens / max(biggest.seconds - fixed, 1e-6)
+    return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=rate, decode_s=0.0)
+
+
+def start_warm_up(state: ServerState, num_tokens: int | None = None) -> threading.Thread:
+    thread = threading.Thread(target=warm_up, args=(state, num_tokens), name="headroom-warmup", daemon=True)
+    thread.start()
+    return thread
