@@ -16,8 +16,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from headroom.engine.config import EngineConfig
 from headroom.engine.forward_batch import BatchItem
 from headroom.engine.llm import LLM
 from headroom.engine.model_runner import ModelRunner

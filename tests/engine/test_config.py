@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from headroom.engine.config import EngineConfig
 from headroom.engine.loader import WeightError
 from headroom.engine.model_runner import CapacityError, ModelRunner

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from headroom.engine.config import EngineConfig
 from headroom.engine.forward_batch import BatchItem
 from headroom.engine.model_runner import ModelRunner
+
 from tests.engine.helpers import chunked_logits, new_sequence, random_prompt, reference_logits
 
 CASES = [("qwen3", i) for i in range(3)] + [("qwen3_5", i) for i in range(3)]

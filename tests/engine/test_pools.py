@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from headroom.engine.config import EngineConfig
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.model_runner import ModelRunner

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from headroom.engine.llm import LLM
+
 from tests.engine.helpers import random_prompt
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from headroom.engine.kv_cache import KVAllocator
 from headroom.engine.radix_cache import RadixCache
 from headroom.engine.ssm_slots import SSMSlotAllocator

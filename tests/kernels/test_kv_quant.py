@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from headroom.kernels import ops
 from headroom.kernels.kv_quant import pack_codes, unpack_codes
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from headroom.kernels import ops
 
 DTYPES = [torch.float32, torch.bfloat16]
