@@ -69,7 +69,11 @@ def target_revision(observed: Observed) -> str | None:
 
 def next_step(observed: Observed) -> Step:
     target = target_revision(observed)
-    rolling_back = target is not None and target != observed.desired_revision and target == observed.last_good_revision
+    # A spec that does not plan (desired None) keeps what runs; only a failed desired revision rolls back.
+    rolling_back = (
+        observed.desired_revision is not None and target != observed.desired_revision
+        and target == observed.last_good_revision
+    )
     if target is None:
         reason = "NoGoodRevision" if observed.desired_revision else "NotPlanned"
         return Step(Action.HOLD, None, "Failed" if observed.desired_revision else "Pending", reason)
