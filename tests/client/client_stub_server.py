@@ -111,14 +111,14 @@ def build_app(config: StubConfig) -> FastAPI:
     return app
 
 
-class StubServer:
-    """Runs build_app(config) with uvicorn in a thread on a free port; `with StubServer(cfg) as url:`."""
+class AppThread:
+    """Runs an ASGI app with uvicorn in a thread on a free port; `with AppThread(app) as url:`."""
 
-    def __init__(self, config: StubConfig):
+    def __init__(self, app: FastAPI):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        uv_config = uvicorn.Config(build_app(config), host="127.0.0.1", port=self.port, log_level="warning")
+        uv_config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(uv_config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -127,10 +127,15 @@ class StubServer:
         deadline = time.monotonic() + 10
         while not self.server.started:
             if time.monotonic() > deadline:
-                raise RuntimeError("stub server did not start within 10 s")
+                raise RuntimeError("test server did not start within 10 s")
             time.sleep(0.01)
         return f"http://127.0.0.1:{self.port}"
 
     def __exit__(self, *exc_info: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+class StubServer(AppThread):
+    def __init__(self, config: StubConfig):
+        super().__init__(build_app(config))
