@@ -4,6 +4,7 @@ Stock kmock 0.8 lacks resourceVersion, uid, generation and creationTimestamp, re
 CRDs into discovery, and answers a failed JSON-patch `test` with HTTP 500; kopf's finalizer
 patch tests /metadata/resourceVersion, so with stock kmock no handler ever runs. This subclass
 stamps the metadata, registers CRDs on creation, and answers 422 where the API server would.
+Lists also get kind/apiVersion, which kubectl requires.
 Still absent (and unused by the operator): label selectors, PUT, protobuf, garbage collection.
 """
 
@@ -70,6 +71,15 @@ class HeadroomEmulator(kmock.KubernetesEmulator):
             patch["metadata"].update(stamps)
         else:
             patch.extend({"op": "add", "path": f"/metadata/{key}", "value": value} for key, value in stamps.items())
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """kubectl needs kind and apiVersion on lists, which stock kmock leaves out."""
+        listing = dict(await super()._serve_list(request))
+        resource = request.resource
+        info = self.resources[resource] if resource in self.resources else None
+        kind = info.kind if info is not None and info.kind else "List"
+        group = f"{resource.group}/" if resource.group else ""
+        return {"apiVersion": f"{group}{resource.version}", "kind": f"{kind}List", **listing}
 
     async def _handle(self, request: kmock.Request) -> Any:
         if request.resource is not None:
