@@ -1,4 +1,4 @@
-"""A one-line progress bar on stderr (no dependency); silent when disabled."""
+"""A one-line progress bar on stderr (no dependency); silent when disabled, one final line when not a terminal."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ class Progress:
         self._draw()
 
     def _draw(self) -> None:
-        if not self.enabled:
+        # Redraw in place on a terminal; into a log file, write only the final line.
+        if not self.enabled or (self.done < self.total and not self.stream.isatty()):
             return
         filled = round(BAR_WIDTH * self.done / self.total)
         elapsed = time.perf_counter() - self.started
