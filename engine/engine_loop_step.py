@@ -81,7 +81,7 @@ class StepRunner:
         plan = self.scheduler.schedule()
         for request in plan.preempted:
             self._release(self.sequences[request.request_id])
-        for request in plan.admitted:
+        for request in list(plan.admitted):
             self._admit(plan, request)
         items = [item for item in plan.items if self._reserve(plan, item)]
         stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
@@ -94,7 +94,9 @@ class StepRunner:
     def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
         seq = self.sequences[request.request_id]
         if not self.cache.admit(seq):
-            raise RuntimeError(f"request {request.request_id}: no SSM slot although the scheduler saw one free")
+            # The scheduler counted a slot that a locked checkpoint still holds: wait, never fail.
+            self.scheduler.defer(plan, request, "ssm_slot_held")
+            return
         seq.status = SequenceStatus.RUNNING
         if seq.num_computed_tokens != request.num_computed:
             # The prefix hit at admission differs from the scheduler's estimate: restart the chunk there.

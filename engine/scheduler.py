@@ -119,6 +119,17 @@ class Scheduler:
         self.waiting.insert(bisect.bisect(keys, victim.arrival_seq), victim)
         plan.preempted.append(victim)
 
+    def defer(self, plan: ScheduledPass, request: SchedRequest, reason: str) -> None:
+        """Undo this pass's admission of `request` (the caches refused it after all): it waits again."""
+        plan.remove_item(request)
+        self.running.remove(request)
+        request.phase = Phase.WAITING
+        request.num_computed = 0
+        request.num_cached = 0
+        keys = [r.arrival_seq for r in self.waiting]
+        self.waiting.insert(bisect.bisect(keys, request.arrival_seq), request)
+        self.reject(request, reason, request.num_uncomputed, self.capacity.free_kv_tokens(), 0)
+
     def reject(self, request: SchedRequest, reason: str, need: int, kv_free: int, budget_left: int) -> None:
         """Count an admission rejection and, when asked, log it with the budgets involved."""
         self.rejections[reason] += 1

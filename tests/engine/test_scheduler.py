@@ -96,3 +96,18 @@ def test_itl_bound_never_stops_prefill_progress():
 def test_config_errors_name_the_field_and_value(field, value):
     with pytest.raises(ValueError, match=f"{field}={value}"):
         SchedulerConfig(**{field: value})
+
+
+def test_an_admission_the_caches_refuse_is_deferred_not_failed():
+    scheduler, capacity = make(SchedulerConfig(chunked_prefill_size=1024, max_running_requests=4))
+    scheduler.add(SchedRequest("held", prompt_len=3000, max_new_tokens=4))
+    scheduler.add(SchedRequest("other", prompt_len=100, max_new_tokens=4))
+    plan = scheduler.schedule()
+    held = next(r for r in plan.admitted if r.request_id == "held")
+    scheduler.defer(plan, held, "ssm_slot_held")
+    assert "held" not in chunk_sizes(plan) and "other" in chunk_sizes(plan)
+    assert [r.request_id for r in scheduler.waiting] == ["held"]
+    assert scheduler.rejections["ssm_slot_held"] == 1
+    scheduler.complete(plan)
+    # Next pass it is admitted again, from scratch.
+    assert "held" in chunk_sizes(scheduler.schedule())
