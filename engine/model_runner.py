@@ -11,6 +11,7 @@ from headroom.engine.kv_cache import KVAllocator
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.loader import load_config, load_weights
 from headroom.engine.models.causal_lm import CausalLM
+from headroom.engine.plan import kv_bytes_per_token, load_geometry, ssm_slot_bytes
 from headroom.engine.ssm_pool import SSMPool
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +37,7 @@ class ModelRunner:
                 f"ssm_slots={config.ssm_slots} < max_running_requests={config.max_running_requests}: "
                 "every running request of a hybrid model needs its own SSM slot"
             )
+        self._precheck(model_dir)
         weights = load_weights(model_dir, self.dtype, self.device)
         weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.model = CausalLM(mc, weights)
@@ -58,6 +60,33 @@ class ModelRunner:
     def static_bytes(self) -> int:
         ssm = self.ssm_pool.nbytes() if self.ssm_pool else 0
         return self.weight_bytes + self.kv_pool.nbytes() + ssm
+
+    def _precheck(self, model_dir: Path) -> None:
+        """Refuse before allocating anything: pools and weights priced with the planner's formulas."""
+        config = self.config
+        geometry = load_geometry(model_dir)
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        if config.kv_dtype == "auto":
+            kv_token = kv_bytes_per_token(geometry, "bf16") * element // 2
+        else:
+            kv_token = kv_bytes_per_token(geometry, config.kv_dtype)
+        ssm = ssm_slot_bytes(geometry, 1, config.ssm_dtype) * config.ssm_slots if geometry.is_hybrid else 0
+        weights = geometry.total_weight_bytes() * element // geometry.dtype_bytes
+        expected = weights + kv_token * config.max_total_tokens + ssm
+        budget = config.static_budget_bytes
+        if budget is not None and expected > budget:
+            raise CapacityError(
+                f"weights {weights} + KV pool {kv_token} x {config.max_total_tokens} tokens + SSM pool {ssm} = "
+                f"{expected} bytes exceed the plan's static budget of {budget} bytes"
+            )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            if config.gpu_memory_bytes is not None and total < config.gpu_memory_bytes:
+                raise CapacityError(
+                    f"the plan assumed {config.gpu_memory_bytes} bytes of GPU memory; {self.device} has {total}"
+                )
+            if expected > free:
+                raise CapacityError(f"weights and pools need {expected} bytes; {self.device} has {free} free")
 
     def _check_budget(self) -> None:
         ssm = self.ssm_pool.nbytes() if self.ssm_pool else 0
