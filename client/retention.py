@@ -1,5 +1,6 @@
 """Retention probe (field report 004): K sessions of L tokens, each visited twice; the second lap's
-hit rate is sum(cached_tokens) / sum(L), from usage.prompt_tokens_details.cached_tokens.
+hit rate is sum(cached_tokens) / sum(reusable L), from usage.prompt_tokens_details.cached_tokens
+(reusable L: L, or for hybrid engines L rounded down to their checkpoint interval).
 
 Every prompt is sent as exactly L + question tokens below the limit, and the server's own count must
 match, so silent truncation cannot make every session collapse to one shared prefix and fake hits.
@@ -47,15 +48,16 @@ async def retention_probe(
         "cached_tokens": [[r.cached_tokens for r in lap] for lap in laps],
         "ttft_s": [[r.ttft_s for r in lap] for lap in laps],
     }
-    check, hit_rate = judge_retention(laps, context_tokens, thresholds)
+    report.figures["retention"]["reusable_session_tokens"] = settings.reusable_session_tokens
+    check, hit_rate = judge_retention(laps, settings.reusable_session_tokens, thresholds)
     report.figures["retention"]["hit_rate"] = hit_rate
     report.checks["retention"] = check
 
 
 def judge_retention(
-    laps: list[list[RequestResult]], context_tokens: int, thresholds: SmokeThresholds
+    laps: list[list[RequestResult]], reusable_tokens: int, thresholds: SmokeThresholds
 ) -> tuple[Check, float | None]:
-    """The verdict and the revisit lap's hit rate (None when it could not be measured)."""
+    """The verdict and the revisit lap's hit rate over reusable_tokens per session (None: not measured)."""
     every = [result for lap in laps for result in lap]
     broken = next((r for r in every if not r.ok or prompt_count_mismatch(r)), None)
     if broken is not None:
@@ -63,10 +65,12 @@ def judge_retention(
     revisits = laps[-1]
     if any(r.cached_tokens is None for r in revisits):
         return Check("skip", "the server does not report usage.prompt_tokens_details.cached_tokens"), None
-    cached = sum(min(r.cached_tokens or 0, context_tokens) for r in revisits)
-    hit_rate = cached / (context_tokens * len(revisits))
+    if reusable_tokens == 0:
+        return Check("skip", "sessions are shorter than one checkpoint interval: nothing is reusable"), None
+    cached = sum(min(r.cached_tokens or 0, reusable_tokens) for r in revisits)
+    hit_rate = cached / (reusable_tokens * len(revisits))
     verdict = "pass" if hit_rate >= thresholds.min_retention_hit_rate else "fail"
     return Check(
-        verdict, f"{len(revisits)} sessions x {context_tokens} tokens revisited: hit rate {hit_rate:.1%} "
+        verdict, f"{len(revisits)} sessions x {reusable_tokens} reusable tokens revisited: hit rate {hit_rate:.1%} "
         f"vs minimum {thresholds.min_retention_hit_rate:.0%}"
     ), hit_rate

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("--short-delay-s", type=float, default=0.5, help="send the short prompt this long after the long one")
     sizes.add_argument("--retention-sessions", type=int, help="sessions revisited (default: plan's, else 2; 0 disables)")
     sizes.add_argument("--retention-tokens", type=int, help="tokens per session (default: plan's, else context/4)")
+    sizes.add_argument("--checkpoint-interval", type=int, help="hybrid engines: SSM checkpoint spacing (default: plan's chunk)")
     sizes.add_argument("--metrics-interval-s", type=float, default=1.0, help="/metrics polling period")
     sizes.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (servers that reject it)")
     limits = parser.add_argument_group("thresholds")
@@ -54,6 +55,7 @@ def load_plan_targets(path: str) -> dict[str, int]:
     return {
         "context_length": plan.context_length, "max_new_tokens": plan.max_new_tokens,
         "retained_sessions": plan.retained_sessions, "session_tokens": plan.session_tokens,
+        "chunked_prefill_size": plan.chunked_prefill_size,
     }
 
 
@@ -70,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> SmokeSettings:
             context_length=context, max_new_tokens=max_new, margin_tokens=args.margin_tokens,
             short_delay_s=args.short_delay_s, retention_sessions=sessions, metrics_interval_s=args.metrics_interval_s,
             ignore_eos=not args.no_ignore_eos,
+            checkpoint_interval_tokens=args.checkpoint_interval or targets.get("chunked_prefill_size"),
         )
         if session_tokens is not None:
             # A plan's session may span nearly the whole context; the probe still has to fit below it.

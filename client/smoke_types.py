@@ -51,6 +51,9 @@ class SmokeSettings:
     retention_sessions: int = 2
     retention_tokens: int | None = None
     retention_question_tokens: int = 16
+    # Hybrid engines reuse a prefix only up to their last SSM checkpoint inside it (every chunk, i.e.
+    # the plan's chunked_prefill_size); the hit rate is judged against what such checkpoints can reach.
+    checkpoint_interval_tokens: int | None = None
     metrics_interval_s: float = 1.0
     ignore_eos: bool = True
 
@@ -63,6 +66,8 @@ class SmokeSettings:
                 f"context_length {self.context_length} - max_new_tokens {self.max_new_tokens} - margin "
                 f"{self.margin_tokens} = {long_tokens} tokens leaves no room for a long prefill"
             )
+        if self.checkpoint_interval_tokens is not None and self.checkpoint_interval_tokens < 1:
+            raise ValueError(f"checkpoint_interval_tokens must be >= 1, got {self.checkpoint_interval_tokens}")
         if self.retention_sessions < 0:
             raise ValueError(f"retention_sessions must be >= 0, got {self.retention_sessions}")
         if self.retention_sessions:
@@ -72,6 +77,13 @@ class SmokeSettings:
     @property
     def long_prompt_tokens(self) -> int:
         return self.context_length - self.max_new_tokens - self.margin_tokens
+
+    @property
+    def reusable_session_tokens(self) -> int:
+        """Tokens of a session a revisit can reuse: all of it, or up to the last checkpoint inside it."""
+        tokens = self.retention_context_tokens
+        interval = self.checkpoint_interval_tokens
+        return tokens if interval is None else tokens // interval * interval
 
     @property
     def retention_context_tokens(self) -> int:

@@ -31,6 +31,8 @@ class StubConfig:
     token_delay_s: float = 0.002
     prefill_s_per_token: float = 0.0
     die_over_tokens: int = 10**9
+    # Like a hybrid engine: a prefix is reusable only up to a multiple of this many tokens.
+    checkpoint_every: int = 1
     faults: set[str] = field(default_factory=set)
 
 
@@ -52,7 +54,7 @@ def build_app(config: StubConfig) -> FastAPI:
         cache.append(prompt)
         while sum(len(p) for p in cache) > config.pool_tokens:
             cache.pop(0)
-        return best
+        return best // config.checkpoint_every * config.checkpoint_every
 
     @app.get("/v1/models")
     async def models():

@@ -17,7 +17,7 @@ from tests.client.engine_process import EngineProcess, boundary_breaking_proxy
 # last SSM checkpoint inside the shared prefix).
 GOOD_FLAGS = ["--context-length", "1024", "--max-new-tokens", "64", "--chunked-prefill-size", "64"]
 SMOKE = dict(context_length=1024, max_new_tokens=64, short_delay_s=0.02, metrics_interval_s=0.2,
-             retention_sessions=2, retention_tokens=256, wait_ready_s=5.0)
+             retention_sessions=2, retention_tokens=256, checkpoint_interval_tokens=64, wait_ready_s=5.0)
 # CPU timings on a shared 2-core machine: generous, the behaviour is what is checked here.
 CPU_THRESHOLDS = SmokeThresholds(max_short_ttft_s=10.0)
 

@@ -34,6 +34,9 @@ def test_plan_file_drives_the_probe_sizes_and_a_faulty_server_exits_1(tmp_path, 
     assert report["passed"] is False
     assert report["settings"]["context_length"] == 512 and report["settings"]["retention_sessions"] == 3
     assert report["figures"]["retention"]["session_tokens"] == 100
+    # The plan's chunk is the hybrid checkpoint spacing: 100-token sessions hold no reusable checkpoint.
+    assert report["settings"]["checkpoint_interval_tokens"] == 256
+    assert report["checks"]["retention"]["status"] == "skip"
     assert report["checks"]["boundary_no_room_for_output"]["status"] == "fail"
     assert "FAIL  boundary_no_room_for_output" in capsys.readouterr().err
 

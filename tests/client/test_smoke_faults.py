@@ -57,6 +57,17 @@ def test_pool_too_small_for_the_sessions_fails_retention():
     assert "hit rate 0.0%" in report.checks["retention"].reason
 
 
+def test_hybrid_checkpoints_bound_the_reachable_hit_rate():
+    # 96-token sessions on an engine that checkpoints every 64 tokens: 64 of 96 can be reused.
+    hybrid = StubConfig(checkpoint_every=64)
+    assert "hit rate 66.7%" in smoke_against(hybrid).checks["retention"].reason
+    report = smoke_against(hybrid, checkpoint_interval_tokens=64)
+    assert report.checks["retention"].status == "pass"
+    assert report.figures["retention"]["reusable_session_tokens"] == 64
+    short = smoke_against(hybrid, checkpoint_interval_tokens=128)
+    assert short.checks["retention"].status == "skip" and "shorter than one checkpoint" in short.checks["retention"].reason
+
+
 def test_head_of_line_blocking_fails_the_short_ttft_threshold():
     slow = StubConfig(prefill_s_per_token=0.002, faults={"serial_prefill"})
     report = smoke_against(slow, SmokeThresholds(max_short_ttft_s=0.3, min_prefill_tokens_per_s=1e6))
