@@ -1,0 +1,235 @@
+"""Attention of query chunks of one or many sequences over their cached keys, read straight from the paged pool.
+
+Dequantization (dense, fp8, KIVI int8/int4/int2) is fused into the key/value loads, so the workspace is
+one tile per program: no dense copy of the prefix is ever made. Grouped-query attention: the
+Hq // Hkv query heads of one KV head share each loaded tile (rows of a program are (token, head) pairs).
+Causal by absolute positions; online softmax in fp32; returns the output and its log-sum-exp so that a
+second key range (the KIVI residual window) merges in with merge_attention_states. Long key ranges with
+few query tiles (decode) are split over programs (flash-decoding) and merged the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from headroom.kernels.attention_merge import merge_attention_states, naive_attention_with_lse
+from headroom.kernels.paged_kv import PagedKV, naive_gather_kv
+
+_KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
+# Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
+_TARGET_PROGRAMS = 264
+_MAX_SPLITS = 32
+
+
+@triton.jit
+def _load_tile(
+    base, scale_ptr, zero_ptr, page, row, i_h, o_d, m_rows, m_tile,
+    stride_p, stride_r, stride_h, stride_sp, stride_sh,
+    KIND: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
+):
+    """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized."""
+    if KIND == 2:
+        per_byte: tl.constexpr = 8 // BITS
+        p_x = base + page[:, None] * stride_p + (row // per_byte)[:, None] * stride_r + i_h * stride_h + o_d[None, :]
+        codes = (tl.load(p_x, mask=m_tile, other=0).to(tl.int32) >> ((row % per_byte) * BITS)[:, None]) & ((1 << BITS) - 1)
+        if PER_CHANNEL:
+            p_s = page[:, None] * stride_sp + i_h * stride_sh + o_d[None, :]
+        else:
+            p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + (o_d // GROUP_D)[None, :]
+        b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+        b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+        return codes.to(tl.float32) * b_s + b_z
+    p_x = base + page[:, None] * stride_p + i_h * stride_h + o_d[None, :]
+    if KIND == 1:
+        codes = tl.load(p_x, mask=m_tile, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        b_s = tl.load(scale_ptr + page * stride_sp + i_h * stride_sh, mask=m_rows, other=0)
+        return codes * b_s[:, None]
+    return tl.load(p_x, mask=m_tile, other=0).to(tl.float32)
+
+
+@triton.jit
+def paged_attention_fwd_kernel(
+    q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens,
+    k, v, k_scale, k_zero, v_scale, v_zero, sm_scale,
+    stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,
+    stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
+    PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr,
+):
+    i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
+    q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
+    if i_m * BLOCK_M >= (q_hi - q_lo) * GROUP:
+        return
+    # Row r of this tile is token q_lo + r // GROUP, query head i_h * GROUP + r % GROUP.
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_t = q_lo + o_m // GROUP
+    o_hq = i_h * GROUP + o_m % GROUP
+    m_m = o_t < q_hi
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    p_q = q + o_t[:, None].to(tl.int64) * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0)
+    if DOT_FP32:
+        b_q = b_q.to(tl.float32)
+    b_pos = tl.load(q_pos + o_t, mask=m_m, other=0).to(tl.int32)
+    kv_lo, n_keys = tl.load(kv_start + i_b), tl.load(kv_lens + i_b)
+    # This split's key range, cut at the last key any row of the tile may see.
+    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = i_s * per_split
+    hi = tl.minimum(tl.minimum(n_keys, lo + per_split), tl.max(b_pos) - kv_lo + 1)
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    for j0 in range(lo, hi, BLOCK_N):
+        o_j = j0 + tl.arange(0, BLOCK_N)
+        m_j = o_j < hi
+        page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
+        row = o_j % PAGE
+        m_tile = m_j[:, None] & m_d[None, :]
+        b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
+                         stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D)
+        if ROUND_TILES:
+            # Round to the model dtype, as a dense dequantized prefix would be.
+            b_k = b_k.to(q.dtype.element_ty)
+        b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        visible = ((kv_lo + o_j)[None, :] <= b_pos[:, None]) & m_j[None, :]
+        b_s = tl.where(visible, b_s, float("-inf"))
+        m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        # Rows that have seen no key yet keep m = -inf; subtract 0 there so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_p = tl.exp2(b_s - m_safe[:, None])
+        alpha = tl.exp2(b_m - m_safe)
+        b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
+                         stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
+        if ROUND_TILES:
+            b_v = b_v.to(q.dtype.element_ty)
+        b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
+        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_m = m_new
+    seen = b_l > 0
+    b_o = tl.where(seen[:, None], b_acc / tl.where(seen, b_l, 1.0)[:, None], 0.0)
+    b_lse = tl.where(seen, (b_m + tl.log2(tl.where(seen, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
+    p_o = o + i_s * stride_os + o_t[:, None].to(tl.int64) * stride_ot + o_hq[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
+    tl.store(lse + i_s * stride_ls + o_t.to(tl.int64) * stride_lt + o_hq, b_lse, mask=m_m)
+
+
+def paged_attention_fwd(
+    q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
+    kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float, max_q_len: int, num_splits: int,
+    out: torch.Tensor, out_lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_tokens, num_q_heads, head_dim = q.shape
+    group = num_q_heads // kv.num_kv_heads
+    block_m = 16 if max_q_len * group <= 16 else 64
+    block_n = 64 if head_dim <= 128 else 32
+    # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
+    # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
+    if num_splits == 1:
+        splits_out, lse = out[None], out_lse[None]
+    else:
+        # Flash-decoding workspace: O(splits x queries), independent of the key count.
+        splits_out = q.new_empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32)
+        lse = q.new_empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32)
+    k_scale = kv.k_scale if kv.k_scale is not None else kv.k
+    v_scale = kv.v_scale if kv.v_scale is not None else kv.v
+    k_zero = kv.k_zero if kv.k_zero is not None else k_scale
+    v_zero = kv.v_zero if kv.v_zero is not None else v_scale
+    is_kivi = kv.kind == "kivi"
+    dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
+    num_seqs = kv_table.shape[0]
+    grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)
+    paged_attention_fwd_kernel[grid](
+        q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens,
+        kv.k.view(torch.uint8) if kv.kind == "fp8" else kv.k, kv.v.view(torch.uint8) if kv.kind == "fp8" else kv.v,
+        k_scale, k_zero, v_scale, v_zero, scale,
+        q.stride(0), q.stride(1), splits_out.stride(0), splits_out.stride(1), splits_out.stride(2),
+        lse.stride(0), lse.stride(1), kv_table.stride(0),
+        kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
+        k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), BLOCK_M=block_m,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
+        GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
+        ROUND_TILES=q.is_cuda,
+        num_warps=4 if head_dim <= 64 else 8, num_stages=2,
+    )
+    if num_splits == 1:
+        return out, out_lse
+    merged, merged_lse = merge_attention_states(splits_out, lse, q.dtype)
+    out.copy_(merged)
+    out_lse.copy_(merged_lse)
+    return out, out_lse
+
+
+def _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv: PagedKV) -> None:
+    if q.dim() != 3 or q.shape[-1] != kv.head_dim or q.shape[1] % kv.num_kv_heads:
+        raise ValueError(
+            f"q {tuple(q.shape)} must be [N, Hq, D] with D={kv.head_dim} and Hq a multiple of Hkv={kv.num_kv_heads}"
+        )
+    if q_positions.shape != (q.shape[0],):
+        raise ValueError(f"q_positions {tuple(q_positions.shape)} must be [N={q.shape[0]}]")
+    num_seqs = kv_table.shape[0]
+    if q_offsets.shape != (num_seqs + 1,) or kv_start.shape != (num_seqs,) or kv_lens.shape != (num_seqs,):
+        raise ValueError(
+            f"for {num_seqs} sequences (kv_table rows) q_offsets must be [{num_seqs + 1}] (got {tuple(q_offsets.shape)}), "
+            f"kv_start and kv_lens [{num_seqs}] (got {tuple(kv_start.shape)}, {tuple(kv_lens.shape)})"
+        )
+    for name, t in (("q_offsets", q_offsets), ("kv_table", kv_table), ("kv_start", kv_start), ("kv_lens", kv_lens)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if kv_table.stride(-1) != 1 or q.stride(-1) != 1 or kv.k.stride(-1) != 1:
+        raise ValueError("q, kv_table and the pool tensors need a contiguous last dimension")
+
+
+def paged_attention(
+    q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
+    kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
+    max_q_len: int | None = None, num_splits: int | None = None,
+    out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of B sequences' query chunks over keys read from the paged pool.
+
+    q [N, Hq, D]; q_positions [N] absolute positions; q_offsets [B+1] int32: sequence b owns rows
+    q_offsets[b]..q_offsets[b+1]-1. kv_table [B, max_pages] int32 pages (slots when page_tokens is 1);
+    sequence b's keys are j = 0..kv_lens[b]-1 at absolute positions kv_start[b] + j, in page kv_table[b, j // P].
+    A query at position p sees keys at positions <= p. Returns (out [N, Hq, D] in q's dtype, lse [N, Hq] fp32,
+    natural log; -inf and out 0 where a row sees no key). max_q_len: longest chunk (read from q_offsets if None);
+    num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write.
+    """
+    _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
+    if max_q_len is None:
+        max_q_len = int((q_offsets[1:] - q_offsets[:-1]).max().item()) if kv_table.shape[0] else 0
+    out = torch.empty_like(q) if out is None else out
+    out_lse = q.new_empty(q.shape[:2], dtype=torch.float32) if out_lse is None else out_lse
+    if out.shape != q.shape or out.stride(-1) != 1 or out_lse.shape != q.shape[:2] or out_lse.dtype != torch.float32:
+        raise ValueError(f"out {tuple(out.shape)} must be {tuple(q.shape)}; out_lse {tuple(out_lse.shape)} fp32 {tuple(q.shape[:2])}")
+    if q.shape[0] == 0 or max_q_len == 0:
+        return out.zero_(), out_lse.fill_(float("-inf"))
+    if num_splits is None:
+        group = q.shape[1] // kv.num_kv_heads
+        tiles = kv_table.shape[0] * math.ceil(max_q_len * group / 64) * kv.num_kv_heads
+        num_splits = max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles))
+    return paged_attention_fwd(
+        q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
+    )
+
+
+def naive_paged_attention(
+    q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
+    kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for paged_attention: per sequence, gather the dense dequantized keys, then plain attention."""
+    out = torch.zeros_like(q)
+    lse = q.new_full(q.shape[:2], float("-inf"), dtype=torch.float32)
+    for b in range(kv_table.shape[0]):
+        rows = slice(int(q_offsets[b]), int(q_offsets[b + 1]))
+        k, v = naive_gather_kv(kv, kv_table[b], int(kv_lens[b]), q.dtype)
+        out[rows], lse[rows] = naive_attention_with_lse(q[rows], k, v, q_positions[rows] - int(kv_start[b]), scale)
+    return out, lse

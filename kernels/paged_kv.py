@@ -1,0 +1,102 @@
+"""PagedKV: one layer's KV pool storage as the paged kernels read it, and its naive dense gather.
+
+Kinds (engine/kv_pool.py allocates them; engine/plan/kv_format.py is the byte layout):
+- dense: k, v [slots, H, D] in bf16/fp16/fp32.
+- fp8:   k, v [slots, H, D] float8_e4m3fn; k_scale, v_scale [slots, H] fp32.
+- kivi:  k, v [pages, page_tokens * bits / 8, H, D] uint8 (codes packed along the token axis);
+         k_scale, k_zero [pages, H, D] fp16 (per channel over the page);
+         v_scale, v_zero [slots, H, G] fp16 (per token, per group of value_group channels).
+A sequence's key j lives in page table[j // page_tokens], row j % page_tokens (slot = page * page_tokens + row);
+for dense and fp8 page_tokens is 1 and the table holds token slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from headroom.kernels.kv_quant import (
+    naive_fp8_dequantize,
+    naive_kivi_dequantize_keys,
+    naive_kivi_dequantize_values,
+)
+
+KV_KINDS = ("dense", "fp8", "kivi")
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    kind: str
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    k_zero: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    v_zero: torch.Tensor | None = None
+    bits: int = 16
+    page_tokens: int = 1
+    value_group: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_KINDS:
+            raise ValueError(f"PagedKV.kind must be one of {KV_KINDS}, got {self.kind!r}")
+        if self.k.shape != self.v.shape:
+            raise ValueError(f"PagedKV: k {tuple(self.k.shape)} and v {tuple(self.v.shape)} differ")
+        if self.kind == "fp8" and (self.k_scale is None or self.v_scale is None):
+            raise ValueError("PagedKV(kind='fp8') needs k_scale and v_scale [slots, H]")
+        if self.kind == "kivi":
+            if None in (self.k_scale, self.k_zero, self.v_scale, self.v_zero):
+                raise ValueError("PagedKV(kind='kivi') needs k_scale, k_zero, v_scale and v_zero")
+            if self.bits not in (2, 4, 8) or self.value_group < 1:
+                raise ValueError(f"PagedKV(kind='kivi'): bits={self.bits} (2, 4, 8), value_group={self.value_group} (>= 1)")
+            if self.k.shape[1] * 8 != self.page_tokens * self.bits:
+                raise ValueError(
+                    f"PagedKV: packed rows {self.k.shape[1]} != page_tokens {self.page_tokens} * bits {self.bits} / 8"
+                )
+        elif self.page_tokens != 1:
+            raise ValueError(f"PagedKV(kind={self.kind!r}) is token-granular: page_tokens must be 1, got {self.page_tokens}")
+
+    @classmethod
+    def from_store(
+        cls, store: dict[str, torch.Tensor], kv_dtype: str, bits: int = 16, page_tokens: int = 1, value_group: int = 0
+    ) -> PagedKV:
+        """Wrap one layer of KVPool.layers (kv_dtype as KVPool.kv_dtype: auto/bf16/fp8/int8/int4/int2)."""
+        if kv_dtype in ("auto", "bf16"):
+            return cls("dense", store["k"], store["v"])
+        if kv_dtype == "fp8":
+            return cls("fp8", store["k"], store["v"], k_scale=store["k_scale"], v_scale=store["v_scale"])
+        return cls(
+            "kivi", store["k"], store["v"], store["k_scale"], store["k_zero"], store["v_scale"], store["v_zero"],
+            bits=bits, page_tokens=page_tokens, value_group=value_group,
+        )
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[-1]
+
+
+def naive_gather_kv(kv: PagedKV, table: torch.Tensor, num_keys: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense, dequantized keys and values [num_keys, H, D] of one sequence (table: its pages or slots)."""
+    if kv.kind != "kivi":
+        slots = table[:num_keys].long()
+        if kv.kind == "fp8":
+            assert kv.k_scale is not None and kv.v_scale is not None
+            return (
+                naive_fp8_dequantize(kv.k[slots], kv.k_scale[slots], dtype),
+                naive_fp8_dequantize(kv.v[slots], kv.v_scale[slots], dtype),
+            )
+        return kv.k[slots].to(dtype), kv.v[slots].to(dtype)
+    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
+    keys, values = [], []
+    for page in table[: -(-num_keys // kv.page_tokens)].tolist():
+        rows = slice(page * kv.page_tokens, (page + 1) * kv.page_tokens)
+        keys.append(naive_kivi_dequantize_keys(kv.k[page], kv.k_scale[page], kv.k_zero[page], kv.bits, dtype))
+        values.append(naive_kivi_dequantize_values(
+            kv.v[page], kv.v_scale[rows], kv.v_zero[rows], kv.bits, kv.value_group, dtype
+        ))
+    empty = kv.k.new_zeros((0, kv.num_kv_heads, kv.head_dim), dtype=dtype)
+    return torch.cat(keys or [empty])[:num_keys], torch.cat(values or [empty])[:num_keys]

@@ -1,0 +1,95 @@
+"""paged_attention (Triton, interpreter on CPU) against naive_paged_attention, every pool kind, GQA, odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.attention import naive_prefix_attention
+from headroom.kernels.attention_merge import merge_two
+from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
+from headroom.kernels.paged_kv import naive_gather_kv
+
+from tests.kernels.paged_pool import make_pool
+
+# (kind, bits, pool dtype)
+KINDS = [("dense", 16, torch.bfloat16), ("fp8", 8, torch.bfloat16), ("kivi", 8, torch.bfloat16),
+         ("kivi", 4, torch.bfloat16), ("kivi", 2, torch.bfloat16), ("dense", 16, torch.float32)]
+
+
+def _batch(kv_lens: list[int], q_lens: list[int], num_q_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 1):
+    """Each sequence's queries are its last q_len positions (their keys are already in the pool, as in the engine)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
+    positions = torch.cat([torch.arange(n - t, n) for n, t in zip(kv_lens, q_lens, strict=True)])
+    offsets = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, positions, offsets
+
+
+def _close(out, ref, lse, ref_lse):
+    tol = 1e-4 if out.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    # The interpreter keeps dequantized tiles in fp32 where the reference rounds them to bf16.
+    torch.testing.assert_close(lse, ref_lse, atol=tol, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind,bits,dtype", KINDS)
+@pytest.mark.parametrize(
+    "num_kv_heads,group,head_dim,kv_lens,q_lens",
+    [
+        (1, 8, 64, [45], [1]),             # decode, GQA 8, a partly filled last page
+        (3, 1, 128, [70, 9], [5, 9]),      # odd heads, extend chunks, one whole prompt
+        (2, 2, 256, [33], [1]),            # head_dim 256 decode
+        (1, 4, 64, [64, 1, 100], [3, 1, 1]),
+    ],
+)
+def test_matches_naive(kind, bits, dtype, num_kv_heads, group, head_dim, kv_lens, q_lens):
+    kv, table = make_pool(kind, bits, num_kv_heads, head_dim, kv_lens, dtype)
+    q, positions, offsets = _batch(kv_lens, q_lens, num_kv_heads * group, head_dim, dtype)
+    starts = torch.zeros(len(kv_lens), dtype=torch.int32)
+    lens = torch.tensor(kv_lens, dtype=torch.int32)
+    scale = head_dim**-0.5
+    out = torch.full_like(q, float("nan"))
+    out_lse = torch.full(q.shape[:2], float("nan"))
+    paged_attention(q, positions, offsets, table, starts, lens, kv, scale, num_splits=1, out=out, out_lse=out_lse)
+    ref, ref_lse = naive_paged_attention(q, positions, offsets, table, starts, lens, kv, scale)
+    assert torch.isfinite(out).all() and torch.isfinite(out_lse).all()
+    _close(out, ref, out_lse, ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [3, 7])
+def test_split_keys_merge_to_the_same_answer(num_splits):
+    # More splits than key blocks leaves some empty (lse -inf): the merge must ignore them.
+    kv, table = make_pool("kivi", 4, 2, 64, [96, 40], torch.bfloat16)
+    q, positions, offsets = _batch([96, 40], [1, 2], 4, 64, torch.bfloat16)
+    args = (q, positions, offsets, table, torch.zeros(2, dtype=torch.int32), torch.tensor([96, 40], dtype=torch.int32), kv, 0.125)
+    out, lse = paged_attention(*args, num_splits=num_splits)
+    ref, ref_lse = naive_paged_attention(*args)
+    _close(out, ref, lse, ref_lse)
+
+
+def test_pool_prefix_merged_with_residual_window_equals_whole_context():
+    # KIVI: 64 closed tokens in the pool, 11 open ones in a dense window at positions 64..74; a 13-token chunk
+    # at 62..74 straddles both, so its first rows see no residual key at all.
+    kv, table = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16, seed=3)
+    window, _ = make_pool("dense", 16, 2, 64, [11], torch.bfloat16, seed=4)
+    window_table = torch.arange(11, dtype=torch.int32)[None]
+    q, positions, offsets = _batch([75], [13], 4, 64, torch.bfloat16)
+    one = torch.ones(1, dtype=torch.int32)
+    o_pool, lse_pool = paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125)
+    o_tail, lse_tail = paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125)
+    assert torch.isinf(lse_tail[:2]).all() and (o_tail[:2] == 0).all()
+    merged, _ = merge_two(o_pool, lse_pool, o_tail, lse_tail)
+    k_pool, v_pool = naive_gather_kv(kv, table[0], 64, torch.bfloat16)
+    k_tail, v_tail = naive_gather_kv(window, window_table[0], 11, torch.bfloat16)
+    whole = naive_prefix_attention(q, torch.cat((k_pool, k_tail)), torch.cat((v_pool, v_tail)), positions, 0.125)
+    torch.testing.assert_close(merged.float(), whole.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_bad_shapes_name_the_field():
+    kv, table = make_pool("dense", 16, 2, 64, [8], torch.bfloat16)
+    q, positions, offsets = _batch([8], [1], 3, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="Hq a multiple of Hkv=2"):
+        paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8, dtype=torch.int32), kv, 0.1)
+    q, positions, offsets = _batch([8], [1], 4, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_lens must be int32"):
+        paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
