@@ -7,6 +7,7 @@ holding at most pool_tokens tokens, and misbehaves as `faults` asks:
 - "die_on_long": prompts longer than die_over_tokens get HTTP 500 and the server stops being healthy;
 - "no_usage": usage is never reported;
 - "serial_prefill": one prefill at a time, so a short prompt waits behind a long one (head-of-line);
+- "no_tokenize": /tokenize answers 404;
 - "gpu_cliff": /metrics reports 100% utilisation at 45 W of a 250 W limit.
 """
 
@@ -59,6 +60,15 @@ def build_app(config: StubConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "stub", "object": "model"}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        if "no_tokenize" in config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        text = (await request.json())["prompt"]
+        # A word-level toy tokenizer: ids 1000 + position of the word's first occurrence.
+        words = text.split()
+        return {"tokens": [1000 + words.index(word) for word in words], "count": len(words)}
 
     @app.get("/health")
     async def health():

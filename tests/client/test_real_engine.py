@@ -89,3 +89,18 @@ def test_bench_every_workload_at_reduced_size(engine_url, workload, tmp_path, ca
         # The first lap is cold; the revisit laps' ratio is asserted once prefix reuse works (see above).
         assert data["classes"]["lap1"]["cached_token_ratio"] == 0
         assert {"lap1", "lap2", "lap3"} == set(data["classes"])
+
+
+def test_chat_streaming_is_timed_per_token(engine_url):
+    import asyncio
+
+    from headroom.client.http import OpenAIClient
+
+    async def chat():
+        async with OpenAIClient(engine_url) as client:
+            await client.resolve_model()
+            return await client.stream_chat([{"role": "user", "content": "hello"}], 6, extra={"ignore_eos": True})
+
+    result = asyncio.run(chat())
+    assert result.ok, result.error
+    assert result.ttft_s is not None and result.completion_tokens == 6 and result.finish_reason == "length"
