@@ -14,13 +14,13 @@ from typing import Any
 
 import httpx
 from headroom.client.report import SCHEMA, markdown_table, read_result, write_result
-from headroom.client.workloads import builtin_workloads, check_fits, scale_workload
+from headroom.client.workloads import builtin_workloads, check_fits, find_workload, scale_workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = ", ".join(builtin_workloads())
     parser.add_argument("--url", help="server base URL, e.g. http://localhost:8000")
-    parser.add_argument("--workload", action="append", help=f"workload name, repeatable, or 'all' ({names})")
+    parser.add_argument("--workload", action="append", help=f"workload name, repeatable, or 'all' ({names}; chains_k<K>_revisit for any K)")
     parser.add_argument("--repeat", type=int, default=1, help="run each workload N times")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply prompt and output lengths (e.g. 0.1)")
     parser.add_argument("--max-prompt-tokens", type=int, help="cap every prompt at this many tokens")
@@ -43,12 +43,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from headroom.client.http import OpenAIClient
     from headroom.client.prompts import build_prompt_factory
 
-    catalogue = builtin_workloads(args.question_delay_s)
-    wanted = list(catalogue) if "all" in args.workload else args.workload
-    unknown = [name for name in wanted if name not in catalogue]
-    if unknown:
-        raise ValueError(f"--workload: unknown {unknown}; known: {', '.join(catalogue)}")
-    workloads = [scale_workload(catalogue[name], args.scale, args.max_prompt_tokens) for name in wanted]
+    wanted = list(builtin_workloads()) if "all" in args.workload else args.workload
+    chosen = [find_workload(name, args.question_delay_s) for name in wanted]
+    workloads = [scale_workload(workload, args.scale, args.max_prompt_tokens) for workload in chosen]
     extra = {} if args.no_ignore_eos else {"ignore_eos": True}
     async with OpenAIClient(args.url, model=args.model, timeout_s=args.timeout_s) as client:
         model = await client.resolve_model()

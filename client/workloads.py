@@ -4,12 +4,14 @@
 lengths are this project's choice; the report gives only "max_tokens 多め" for decode_heavy).
 000: one and four long sessions with a short question arriving mid-prefill (the report used ~130K-token
 sessions; 32K here so a default server can run it, --scale reaches either).
-004: K=3 chains of 66,000 tokens visited in turn, three laps; lap 2 and 3 should be cache hits.
+004: K chains of 66,000 tokens visited in turn, three laps; lap 2 and 3 should be cache hits. K=3 is
+listed; any chains_k<K>_revisit name is built on demand (varying K is 004's sharpest diagnostic).
 Requests of one phase start together (after their own delay); phases run one after another.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 MIN_PROMPT_TOKENS = 8
@@ -73,9 +75,30 @@ def builtin_workloads(question_delay_s: float = 1.0) -> dict[str, Workload]:
         Workload("decode_heavy_c8_short", "002", "8 concurrent x 512-token prompts, 512 output tokens", (_batch("short", 8, 512, 512, 0),)),
         Workload("long1_short_mid", "000", "1 long session, a 30-token question arriving mid-prefill", _mid_prefill(1, question_delay_s)),
         Workload("long4_short_mid", "000", "4 long sessions, a 30-token question arriving mid-prefill", _mid_prefill(4, question_delay_s)),
-        Workload("chains_k3_revisit", "004", "3 chains x 66,000 tokens visited in turn, 3 laps", _chains(3, 66000, 3)),
+        chains_workload(3),
     ]
     return {workload.name: workload for workload in listed}
+
+
+def chains_workload(num_chains: int) -> Workload:
+    """K chains of 66,000 tokens, visited in turn for three laps."""
+    if num_chains < 1:
+        raise ValueError(f"chains workload needs K >= 1 chains, got {num_chains}")
+    return Workload(
+        f"chains_k{num_chains}_revisit", "004", f"{num_chains} chains x 66,000 tokens visited in turn, 3 laps",
+        _chains(num_chains, 66000, 3),
+    )
+
+
+def find_workload(name: str, question_delay_s: float = 1.0) -> Workload:
+    """A listed workload, or chains_k<K>_revisit for any K; ValueError naming the known ones otherwise."""
+    catalogue = builtin_workloads(question_delay_s)
+    if name in catalogue:
+        return catalogue[name]
+    chains = re.fullmatch(r"chains_k(\d+)_revisit", name)
+    if chains:
+        return chains_workload(int(chains.group(1)))
+    raise ValueError(f"--workload: unknown {name!r}; known: {', '.join(catalogue)}, chains_k<K>_revisit")
 
 
 def scale_workload(workload: Workload, factor: float, max_prompt_tokens: int | None = None) -> Workload:

@@ -35,3 +35,15 @@ def test_workload_that_cannot_fit_is_refused_with_numbers():
         check_fits(builtin_workloads()["prefill_heavy_c4_4k_each"], 4096)
     with pytest.raises(ValueError, match="got 0"):
         scale_workload(builtin_workloads()["hom_c8_2k_each"], 0)
+
+
+def test_any_number_of_chains_by_name():
+    from headroom.client.workloads import find_workload
+
+    two = find_workload("chains_k2_revisit")
+    assert len(two.phases) == 6 and [s.label for s in two.requests][:3] == ["lap1", "lap1", "lap2"]
+    assert find_workload("hom_c8_2k_each").name == "hom_c8_2k_each"
+    with pytest.raises(ValueError, match="chains_k<K>_revisit"):
+        find_workload("chains_kx_revisit")
+    with pytest.raises(ValueError, match="K >= 1"):
+        find_workload("chains_k0_revisit")
