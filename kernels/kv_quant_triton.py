@@ -1,0 +1,177 @@
+"""Quantize-on-write straight into the paged KV pool: fp8 per token per head, KIVI pages (int8/int4/int2).
+
+Same arithmetic as kernels/kv_quant.py (IEEE division, round half to even, fp16 scale and zero point rounded
+before use), so codes and scales are bit-identical to the naive path; packing is pack_codes' layout
+(token i of a page in byte i // (8 / bits), bits * (i % (8 / bits)) up). One program per token (fp8) or per
+page and head (KIVI); nothing but the pool is written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from headroom.kernels.kv_quant import (
+    FP8_MAX,
+    naive_fp8_quantize,
+    naive_kivi_quantize_keys,
+    naive_kivi_quantize_values,
+)
+from headroom.kernels.paged_kv import PagedKV
+
+
+@triton.jit
+def _round_half_even(x):
+    """Round fp32 to the nearest integer, ties to even (torch.round), exactly: x - floor(x) is exact in fp32."""
+    b_floor = tl.floor(x)
+    frac = x - b_floor
+    is_odd = (b_floor - 2.0 * tl.floor(b_floor * 0.5)) == 1.0
+    return tl.where((frac > 0.5) | ((frac == 0.5) & is_odd), b_floor + 1.0, b_floor)
+
+
+@triton.jit
+def _fp8_e4m3_bits(y):
+    """|y| <= 448 fp32 -> e4m3fn bit pattern (int32), round to nearest even, the sign kept (also of -0)."""
+    a = tl.abs(y)
+    a_bits = a.to(tl.int32, bitcast=True)
+    # Normal range: round the 23-bit mantissa to 3 bits (carry may bump the exponent), rebias 127 -> 7.
+    r = a_bits + 0x7FFFF + ((a_bits >> 20) & 1)
+    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    # Subnormals step by 2**-9; a code of 8 is exactly the smallest normal, 2**-6.
+    subnormal = _round_half_even(a * 512.0).to(tl.int32)
+    sign = (y.to(tl.int32, bitcast=True) >> 31) & 1
+    return tl.where(a < 0.015625, subnormal, normal) | (sign << 7)
+
+
+@triton.jit
+def fp8_quantize_fwd_kernel(
+    x, slots, codes, scales, stride_xt, stride_xh, stride_ct, stride_ch, stride_st,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    o_h, o_d = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
+    m_x = (o_h < NUM_HEADS)[:, None] & (o_d < HEAD_DIM)[None, :]
+    b_x = tl.load(x + i_t * stride_xt + o_h[:, None] * stride_xh + o_d[None, :], mask=m_x, other=0).to(tl.float32)
+    b_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(b_x), 1), 1e-12), 448.0)
+    b_y = tl.minimum(tl.maximum(tl.math.div_rn(b_x, b_scale[:, None]), -448.0), 448.0)
+    i_slot = tl.load(slots + i_t).to(tl.int64)
+    tl.store(codes + i_slot * stride_ct + o_h[:, None] * stride_ch + o_d[None, :], _fp8_e4m3_bits(b_y).to(tl.uint8), mask=m_x)
+    tl.store(scales + i_slot * stride_st + o_h, b_scale, mask=o_h < NUM_HEADS)
+
+
+@triton.jit
+def _kivi_page(p_x, m_x, BITS: tl.constexpr, LEVELS: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """Tile [R, PB, G, C] (token r * PB + i, channel g * C + c) -> (codes int32, scale fp16, zero fp16).
+
+    Keys: min/max per channel over the page's tokens (axes 0, 1); values: per token per group (axis 3).
+    """
+    b_x = tl.load(p_x, mask=m_x, other=0).to(tl.float32)
+    if PER_CHANNEL:
+        low = tl.min(tl.min(tl.where(m_x, b_x, float("inf")), 1), 0)[None, None, :, :]
+        high = tl.max(tl.max(tl.where(m_x, b_x, float("-inf")), 1), 0)[None, None, :, :]
+    else:
+        low = tl.min(tl.where(m_x, b_x, float("inf")), 3)[:, :, :, None]
+        high = tl.max(tl.where(m_x, b_x, float("-inf")), 3)[:, :, :, None]
+    # Channels or groups that are all padding: 0 rather than inf - inf (they are never stored).
+    low = tl.where(low == float("inf"), 0.0, low)
+    high = tl.where(high == float("-inf"), 0.0, high)
+    b_scale = tl.maximum(tl.math.div_rn(high - low, LEVELS * 1.0), 1e-6).to(tl.float16)
+    b_zero = low.to(tl.float16)
+    codes = _round_half_even(tl.math.div_rn(b_x - b_zero.to(tl.float32), b_scale.to(tl.float32)))
+    return tl.minimum(tl.maximum(codes, 0.0), LEVELS * 1.0).to(tl.int32), b_scale, b_zero
+
+
+@triton.jit
+def kivi_quantize_fwd_kernel(
+    x, pages, packed, scale, zero, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
+    stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
+    GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    i_page, i_h = tl.program_id(0), tl.program_id(1)
+    PB: tl.constexpr = 8 // BITS
+    R: tl.constexpr = PAGE // PB
+    o_r = tl.arange(0, R)[:, None, None, None]
+    o_i = tl.arange(0, PB)[None, :, None, None]
+    o_g = tl.arange(0, BLOCK_G)[None, None, :, None]
+    o_c = tl.arange(0, BLOCK_C)[None, None, None, :]
+    o_d = o_g * GROUP_D + o_c
+    m_d = (o_c < GROUP_D) & (o_d < HEAD_DIM)
+    o_t = i_page * PAGE + o_r * PB + o_i
+    m_x = m_d & (o_t >= 0)
+    p_x = x + o_t.to(tl.int64) * stride_xt + i_h * stride_xh + o_d
+    codes, b_scale, b_zero = _kivi_page(p_x, m_x, BITS, (1 << BITS) - 1, IS_KEY)
+    i_dst = tl.load(pages + i_page).to(tl.int64)
+    # Packed bytes [R, G, C]: byte r of channel g * C + c holds tokens r * PB .. r * PB + PB - 1.
+    b_packed = tl.sum(codes << (o_i * BITS), 1)
+    o_r3 = tl.arange(0, R)[:, None, None]
+    o_d3 = tl.arange(0, BLOCK_G)[None, :, None] * GROUP_D + tl.arange(0, BLOCK_C)[None, None, :]
+    m_d3 = (tl.arange(0, BLOCK_C)[None, None, :] < GROUP_D) & (o_d3 < HEAD_DIM) & (o_r3 >= 0)
+    p_packed = packed + i_dst * stride_pp + o_r3 * stride_pr + i_h * stride_ph + o_d3
+    tl.store(p_packed, b_packed.to(tl.uint8), mask=m_d3)
+    if IS_KEY:
+        # scale, zero [1, 1, G, C]: one per channel.
+        p_s = i_dst * stride_sp + i_h * stride_sh + o_d
+        tl.store(scale + p_s, b_scale, mask=m_d)
+        tl.store(zero + p_s, b_zero, mask=m_d)
+    else:
+        # scale, zero [R, PB, G, 1]: one per token per channel group.
+        p_s = (i_dst * PAGE + o_r * PB + o_i) * stride_sp + i_h * stride_sh + o_g
+        m_s = (o_g * GROUP_D < HEAD_DIM) & (o_r >= 0) & (o_i >= 0)
+        tl.store(scale + p_s, b_scale, mask=m_s)
+        tl.store(zero + p_s, b_zero, mask=m_s)
+
+
+def fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """x [T, H, D] -> codes[slots] (float8_e4m3fn [S, H, D]) and scales[slots] (fp32 [S, H]); slots [T] ints."""
+    if x.dim() != 3 or codes.shape[1:] != x.shape[1:] or scales.shape != codes.shape[:2] or slots.shape != x.shape[:1]:
+        raise ValueError(f"fp8 write: x {tuple(x.shape)}, slots {tuple(slots.shape)} into codes {tuple(codes.shape)}, "
+                         f"scales {tuple(scales.shape)}")
+    if x.stride(-1) != 1 or codes.stride(-1) != 1 or scales.stride(-1) != 1:
+        raise ValueError("fp8 write: x, codes and scales need a contiguous last dimension")
+    if x.shape[0] == 0:
+        return
+    _, num_heads, head_dim = x.shape
+    fp8_quantize_fwd_kernel[(x.shape[0],)](
+        x, slots, codes.view(torch.uint8), scales, x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
+        scales.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+
+
+def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
+    """k, v [num_pages * P, H, D] (whole pages, in order) -> the pool's pages `pages` [num_pages] (codes and scales)."""
+    page = kv.page_tokens
+    if kv.kind != "kivi" or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kv.k.shape[2:]:
+        raise ValueError(f"KIVI write: k {tuple(k.shape)}, v {tuple(v.shape)} into a {kv.kind} pool of {tuple(kv.k.shape)}")
+    if k.shape[0] != pages.shape[0] * page:
+        raise ValueError(f"KIVI write: {k.shape[0]} tokens are not {pages.shape[0]} whole pages of {page}")
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("KIVI write: k and v need a contiguous last dimension")
+    if pages.shape[0] == 0:
+        return
+    head_dim = k.shape[-1]
+    block_g = triton.next_power_of_2(-(-head_dim // kv.value_group))
+    for is_key, x, packed, scale, zero in ((True, k, kv.k, kv.k_scale, kv.k_zero), (False, v, kv.v, kv.v_scale, kv.v_zero)):
+        assert scale is not None and zero is not None
+        kivi_quantize_fwd_kernel[(pages.shape[0], k.shape[1])](
+            x, pages, packed, scale, zero, x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), packed.stride(2),
+            scale.stride(0), scale.stride(1), IS_KEY=is_key, HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
+            GROUP_D=kv.value_group, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
+        )
+
+
+def naive_fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """Reference for fp8_quantize_into (naive_fp8_quantize, then an indexed store)."""
+    assert FP8_MAX == 448.0
+    index = slots.long()
+    codes[index], scales[index] = naive_fp8_quantize(x)
+
+
+def naive_kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
+    """Reference for kivi_quantize_pages (the naive per-page quantizers)."""
+    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
+    page = kv.page_tokens
+    for i, dst in enumerate(pages.tolist()):
+        rows, slots = slice(i * page, (i + 1) * page), slice(dst * page, (dst + 1) * page)
+        kv.k[dst], kv.k_scale[dst], kv.k_zero[dst] = naive_kivi_quantize_keys(k[rows], kv.bits)
+        kv.v[dst], kv.v_scale[slots], kv.v_zero[slots] = naive_kivi_quantize_values(v[rows], kv.bits, kv.value_group)

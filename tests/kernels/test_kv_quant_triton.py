@@ -1,0 +1,59 @@
+"""Quantize-on-write kernels (interpreter on CPU) write the same codes and scales as the naive quantizers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.kv_quant_triton import (
+    fp8_quantize_into,
+    kivi_quantize_pages,
+    naive_fp8_quantize_into,
+    naive_kivi_quantize_pages,
+)
+
+from tests.kernels.paged_pool import make_pool
+
+
+@pytest.mark.parametrize("num_heads,head_dim", [(1, 64), (3, 128), (2, 70), (5, 256)])
+def test_fp8_write_is_bit_exact(num_heads, head_dim):
+    gen = torch.Generator().manual_seed(num_heads)
+    # Magnitudes over many binades hit subnormal codes, ties and the 448 clamp.
+    x = (torch.randn(7, num_heads, head_dim, generator=gen) * torch.logspace(-6, 3, head_dim)).to(torch.bfloat16)
+    x[0, 0, :3] = torch.tensor([0.0, -0.0, -1e-9])
+    slots = torch.tensor([9, 0, 4, 11, 2, 7, 5], dtype=torch.int32)
+    codes = torch.full((12, num_heads, head_dim), float("nan")).to(torch.float8_e4m3fn)
+    scales = torch.full((12, num_heads), float("nan"))
+    ref_codes, ref_scales = codes.clone(), scales.clone()
+    fp8_quantize_into(x, slots, codes, scales)
+    naive_fp8_quantize_into(x, slots, ref_codes, ref_scales)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+    assert torch.equal(scales[slots.long()], ref_scales[slots.long()])
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("num_heads,head_dim", [(1, 64), (3, 70), (2, 256)])
+def test_kivi_write_matches_naive(bits, num_heads, head_dim):
+    kv, _ = make_pool("kivi", bits, num_heads, head_dim, [96], torch.bfloat16)
+    ref, _ = make_pool("kivi", bits, num_heads, head_dim, [96], torch.bfloat16)
+    for t in (kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero, ref.k_scale, ref.k_zero, ref.v_scale, ref.v_zero):
+        t.fill_(float("nan"))
+    gen = torch.Generator().manual_seed(bits)
+    k = (torch.randn(64, num_heads, head_dim, generator=gen) * 3).to(torch.bfloat16)
+    v = torch.randn(64, num_heads, head_dim, generator=gen).to(torch.bfloat16)
+    pages = torch.tensor([3, 1], dtype=torch.int32)
+    kivi_quantize_pages(k, v, pages, kv)
+    naive_kivi_quantize_pages(k, v, pages, ref)
+    index = pages.long()
+    slots = torch.cat([torch.arange(p * 32, p * 32 + 32) for p in pages.tolist()])
+    assert torch.equal(kv.k[index], ref.k[index]) and torch.equal(kv.v[index], ref.v[index])
+    for name in ("k_scale", "k_zero"):
+        assert torch.equal(getattr(kv, name)[index], getattr(ref, name)[index]), name
+    for name in ("v_scale", "v_zero"):
+        assert torch.equal(getattr(kv, name)[slots], getattr(ref, name)[slots]), name
+
+
+def test_kivi_write_refuses_partial_pages():
+    kv, _ = make_pool("kivi", 4, 1, 64, [32], torch.bfloat16)
+    x = torch.zeros(20, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="20 tokens are not 1 whole pages of 32"):
+        kivi_quantize_pages(x, x, torch.zeros(1, dtype=torch.int32), kv)
