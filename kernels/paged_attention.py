@@ -57,7 +57,7 @@ def paged_attention_fwd_kernel(
     stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,
     stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
+    NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr,
 ):
@@ -155,7 +155,7 @@ def paged_attention_fwd(
         kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
         k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), BLOCK_M=block_m,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
+        NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda,
         num_warps=4 if head_dim <= 64 else 8, num_stages=2,

@@ -1,0 +1,238 @@
+"""GPU kernels on real sizes (Qwen3.5-4B attention: 16 q heads, 4 kv heads, head_dim 256): correctness against
+naive_*, timings (triton.testing.do_bench, ms) and the paged attention's peak workspace at 32K and 128K.
+
+Run on a CUDA machine: python3 bench/gpu_kernels.py OUT.json  (headroom.kernels importable; fla-core for GDN).
+Each section records its own error instead of stopping the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+from headroom.kernels.conv_update import causal_conv1d_update, naive_causal_conv1d_update
+from headroom.kernels.gdn_fla import gated_delta_rule_varlen, naive_gated_delta_rule_varlen
+from headroom.kernels.kv_quant_triton import (
+    fp8_quantize_into,
+    kivi_quantize_pages,
+    naive_fp8_quantize_into,
+    naive_kivi_quantize_pages,
+)
+from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
+from headroom.kernels.paged_kv import PagedKV
+from triton.testing import do_bench
+
+HQ, HKV, D, PAGE, GROUP = 16, 4, 256, 32, 32
+KINDS = {"bf16": ("dense", 16), "fp8": ("fp8", 8), "int8": ("kivi", 8), "int4": ("kivi", 4), "int2": ("kivi", 2)}
+DEV = torch.device("cuda")
+
+
+def empty_pool(name: str, num_tokens: int) -> PagedKV:
+    kind, bits = KINDS[name]
+    shape, pages = (num_tokens, HKV, D), num_tokens // PAGE
+    if kind == "dense":
+        return PagedKV("dense", torch.zeros(shape, dtype=torch.bfloat16, device=DEV), torch.zeros(shape, dtype=torch.bfloat16, device=DEV))
+    if kind == "fp8":
+        codes = [torch.zeros(shape, dtype=torch.float8_e4m3fn, device=DEV) for _ in range(2)]
+        scales = [torch.zeros(shape[:2], device=DEV) for _ in range(2)]
+        return PagedKV("fp8", codes[0], codes[1], k_scale=scales[0], v_scale=scales[1])
+    packed = (pages, PAGE * bits // 8, HKV, D)
+    half = {"device": DEV, "dtype": torch.float16}
+    return PagedKV(
+        "kivi", torch.zeros(packed, dtype=torch.uint8, device=DEV), torch.zeros(packed, dtype=torch.uint8, device=DEV),
+        torch.zeros(pages, HKV, D, **half), torch.zeros(pages, HKV, D, **half),
+        torch.zeros(num_tokens, HKV, D // GROUP, **half), torch.zeros(num_tokens, HKV, D // GROUP, **half),
+        bits=bits, page_tokens=PAGE, value_group=GROUP,
+    )
+
+
+def filled_pool(name: str, seq_lens: list[int]) -> tuple[PagedKV, torch.Tensor]:
+    """Random K/V for each sequence written by the Triton quantizers into shuffled pages; table [B, pages]."""
+    page = PAGE if KINDS[name][0] == "kivi" else 1
+    pages_per_seq = [-(-n // PAGE) * PAGE // page for n in seq_lens]
+    kv = empty_pool(name, sum(pages_per_seq) * page)
+    order = torch.randperm(sum(pages_per_seq), device=DEV, dtype=torch.int64).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(pages_per_seq), dtype=torch.int32, device=DEV)
+    start = 0
+    for b, num_pages in enumerate(pages_per_seq):
+        pages = order[start : start + num_pages]
+        table[b, :num_pages] = pages
+        start += num_pages
+        k = torch.randn(num_pages * page, HKV, D, device=DEV, dtype=torch.bfloat16) * 2
+        v = torch.randn(num_pages * page, HKV, D, device=DEV, dtype=torch.bfloat16)
+        if kv.kind == "kivi":
+            kivi_quantize_pages(k, v, pages, kv)
+        elif kv.kind == "fp8":
+            fp8_quantize_into(k, pages, kv.k, kv.k_scale)
+            fp8_quantize_into(v, pages, kv.v, kv.v_scale)
+        else:
+            kv.k[pages.long()], kv.v[pages.long()] = k, v
+    return kv, table
+
+
+def attention_args(kv: PagedKV, table: torch.Tensor, seq_lens: list[int], q_lens: list[int]):
+    q = torch.randn(sum(q_lens), HQ, D, device=DEV, dtype=torch.bfloat16)
+    positions = torch.cat([torch.arange(n - t, n, device=DEV) for n, t in zip(seq_lens, q_lens, strict=True)])
+    offsets = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    starts = torch.zeros(len(seq_lens), dtype=torch.int32, device=DEV)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    return q, positions, offsets, table, starts, lens, kv, D**-0.5
+
+
+def max_error(out, lse, ref, ref_lse) -> dict:
+    finite = torch.isfinite(ref_lse)
+    return {
+        "max_abs_out": (out.float() - ref.float()).abs().max().item(),
+        "max_abs_lse": (lse[finite] - ref_lse[finite]).abs().max().item(),
+        "all_finite": bool(torch.isfinite(out).all()),
+    }
+
+
+def check_quantizers() -> dict:
+    res = {}
+    x = torch.randn(8191, HKV, D, device=DEV, dtype=torch.bfloat16) * torch.logspace(-5, 2, D, device=DEV).bfloat16()
+    slots = torch.randperm(8192, device=DEV)[:8191].to(torch.int32)
+    pool, ref = empty_pool("fp8", 8192), empty_pool("fp8", 8192)
+    fp8_quantize_into(x, slots, pool.k, pool.k_scale)
+    naive_fp8_quantize_into(x, slots, ref.k, ref.k_scale)
+    res["fp8_bit_exact"] = bool(torch.equal(pool.k.view(torch.uint8), ref.k.view(torch.uint8)) and torch.equal(pool.k_scale, ref.k_scale))
+    res["fp8_write_8191_tokens_ms"] = do_bench(lambda: fp8_quantize_into(x, slots, pool.k, pool.k_scale))
+    for name in ("int8", "int4", "int2"):
+        pool, ref = empty_pool(name, 8192), empty_pool(name, 8192)
+        k, v = x[:8192 - 64], torch.randn(8192 - 64, HKV, D, device=DEV, dtype=torch.bfloat16)
+        pages = torch.randperm(256, device=DEV)[:254].to(torch.int32)
+        kivi_quantize_pages(k, v, pages, pool)
+        naive_kivi_quantize_pages(k, v, pages, ref)
+        same = all(torch.equal(getattr(pool, n), getattr(ref, n)) for n in ("k", "v", "k_scale", "k_zero", "v_scale", "v_zero"))
+        res[f"{name}_bit_exact"] = same
+        res[f"{name}_write_8128_tokens_ms"] = do_bench(lambda: kivi_quantize_pages(k, v, pages, pool))  # noqa: B023
+    return res
+
+
+def check_attention() -> dict:
+    res: dict = {}
+    for name in KINDS:
+        # Odd lengths, several sequences in one launch: decode and an extend chunk.
+        for label, seq_lens, q_lens in (("decode_b3", [8191, 32771, 1001], [1, 1, 1]), ("extend_b2", [8193, 32767], [257, 63])):
+            args = attention_args(*filled_pool(name, seq_lens), seq_lens, q_lens)
+            res[f"{name}_{label}"] = max_error(*paged_attention(*args), *naive_paged_attention(*args))
+    for name in ("bf16", "int2"):
+        seq_lens = [131071]
+        args = attention_args(*filled_pool(name, seq_lens), seq_lens, [64])
+        res[f"{name}_extend_131071"] = max_error(*paged_attention(*args), *naive_paged_attention(*args))
+    return res
+
+
+def time_attention() -> dict:
+    res: dict = {}
+    for name in KINDS:
+        for context in (8192, 32768, 131072):
+            kv, table = filled_pool(name, [context])
+            args = attention_args(kv, table, [context], [1])
+            ms = do_bench(lambda: paged_attention(*args, max_q_len=1))  # noqa: B023
+            pool_bytes = sum(t.numel() * t.element_size() for t in (kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero) if t is not None)
+            res[f"{name}_decode_b1_{context}"] = {"ms": ms, "pool_GBps": pool_bytes / ms / 1e6}
+            chunk = 2048
+            args = attention_args(kv, table, [context], [chunk])
+            ms = do_bench(lambda: paged_attention(*args, max_q_len=chunk))  # noqa: B023
+            # Causal chunk at the end of the context: query i sees context - chunk + i + 1 keys; 4 flops per key-dim.
+            flops = 4 * HQ * D * sum(context - chunk + i + 1 for i in range(chunk))
+            res[f"{name}_chunk{chunk}_{context}"] = {"ms": ms, "TFLOPs": flops / ms / 1e9}
+        for batch in (8, 32):
+            kv, table = filled_pool(name, [32768] * batch)
+            args = attention_args(kv, table, [32768] * batch, [1] * batch)
+            res[f"{name}_decode_b{batch}_32768"] = {"ms": do_bench(lambda: paged_attention(*args, max_q_len=1))}  # noqa: B023
+    # Baseline: torch SDPA (flash) decode over a dense contiguous bf16 prefix.
+    for context in (8192, 32768, 131072):
+        q = torch.randn(1, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
+        k, v = (torch.randn(1, HKV, context, D, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        res[f"torch_sdpa_dense_decode_b1_{context}"] = {"ms": do_bench(lambda: sdpa(q, k, v, enable_gqa=True))}  # noqa: B023
+    return res
+
+
+def peak_workspace() -> dict:
+    res: dict = {}
+    for name in ("int2", "int4", "bf16"):
+        for context in (32768, 131072):
+            kv, table = filled_pool(name, [context])
+            for chunk in (1, 2048):
+                args = attention_args(kv, table, [context], [chunk])
+                paged_attention(*args, max_q_len=chunk)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                out, lse = paged_attention(*args, max_q_len=chunk)
+                torch.cuda.synchronize()
+                res[f"{name}_chunk{chunk}_{context}"] = {
+                    "peak_above_inputs_bytes": torch.cuda.max_memory_allocated() - base,
+                    "output_bytes": out.numel() * out.element_size() + lse.numel() * lse.element_size(),
+                    "dense_bf16_prefix_bytes_avoided": context * HKV * D * 2 * 2,
+                }
+                del out, lse
+    return res
+
+
+def check_gdn() -> dict:
+    res: dict = {}
+    hk, hv, dk, dv = 16, 32, 128, 128
+    for label, lens in (("decode_b8", [1] * 8), ("prefill_varlen", [1000, 1, 333])):
+        n = sum(lens)
+        q, k = (torch.randn(n, hk, dk, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(n, hv, dv, device=DEV, dtype=torch.bfloat16)
+        g = -torch.rand(n, hv, device=DEV) * 0.5
+        beta = torch.rand(n, hv, device=DEV).bfloat16()
+        states = torch.randn(len(lens), hv, dk, dv, device=DEV) * 0.05
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+        out, final = gated_delta_rule_varlen(q, k, v, g, beta, states, cu)
+        ref, ref_final = naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu)
+        res[label] = {"max_abs_out": (out.float() - ref.float()).abs().max().item(),
+                      "max_abs_state": (final - ref_final).abs().max().item()}
+    for label, lens in (("prefill_8192", [8192]), ("decode_b32", [1] * 32)):
+        n = sum(lens)
+        q, k = (torch.randn(n, hk, dk, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(n, hv, dv, device=DEV, dtype=torch.bfloat16)
+        g, beta = -torch.rand(n, hv, device=DEV) * 0.5, torch.rand(n, hv, device=DEV).bfloat16()
+        states = torch.zeros(len(lens), hv, dk, dv, device=DEV)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+        res[f"{label}_ms"] = do_bench(lambda: gated_delta_rule_varlen(q, k, v, g, beta, states, cu))  # noqa: B023
+    channels, width = 2 * hk * dk + hv * dv, 4
+    x = torch.randn(32, channels, device=DEV, dtype=torch.bfloat16)
+    weight = torch.randn(channels, width, device=DEV, dtype=torch.bfloat16)
+    conv_states = torch.randn(64, channels, width - 1, device=DEV, dtype=torch.bfloat16)
+    slots = torch.randperm(64, device=DEV)[:32].to(torch.int32)
+    ref_states = conv_states.clone()
+    out = causal_conv1d_update(x, weight, conv_states, slots)
+    ref = naive_causal_conv1d_update(x, weight, ref_states, slots)
+    res["conv_update_b32"] = {"max_abs_out": (out.float() - ref.float()).abs().max().item(),
+                              "states_equal": bool(torch.equal(conv_states, ref_states)),
+                              "ms": do_bench(lambda: causal_conv1d_update(x, weight, conv_states, slots))}
+    return res
+
+
+def main(path: str) -> None:
+    torch.manual_seed(0)
+    report: dict = {
+        "command": os.environ.get("BENCH_COMMAND", " ".join(sys.argv)),
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "kivi_page": PAGE, "value_group": GROUP},
+    }
+    for section in (check_quantizers, check_attention, time_attention, peak_workspace, check_gdn):
+        began = time.time()
+        try:
+            report[section.__name__] = section()
+        except Exception:  # noqa: BLE001
+            report[section.__name__] = {"error": traceback.format_exc()[-3000:]}
+        report[section.__name__ + "_seconds"] = round(time.time() - began, 1)
+        print(section.__name__, json.dumps(report[section.__name__], indent=1)[:4000], flush=True)
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "gpu_kernels.json")
