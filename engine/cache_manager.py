@@ -98,6 +98,9 @@ class CacheManager:
         if self.ssm_allocator is not None:
             assert seq.ssm_slot is not None
             ckpt = self.ssm_allocator.alloc()
+            if ckpt is None and self.radix.evict_checkpoints(1):
+                # Slots full of older checkpoints: the least recently used one makes room (LRU).
+                ckpt = self.ssm_allocator.alloc()
             if ckpt is None:
                 # Without a checkpoint a hybrid prefix is unusable; keep the slots private.
                 return

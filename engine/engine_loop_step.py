@@ -126,9 +126,13 @@ class StepRunner:
             return
         finished: set[str] = set()
         for row, item in zip(logits, items, strict=True):
+            seq = self.sequences[item.request.request_id]
+            if seq.num_computed_tokens <= seq.num_prompt_tokens:
+                # Publish the prefix at every chunk boundary with an SSM checkpoint: hybrid models can
+                # only reuse a prefix up to a node that holds one.
+                self.cache.checkpoint(seq)
             if not item.samples:
                 continue
-            seq = self.sequences[item.request.request_id]
             token = sample_one(row, seq)
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)

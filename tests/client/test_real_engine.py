@@ -30,10 +30,9 @@ def engine_url(tmp_path_factory):
 
 
 def test_smoke_passes_against_a_well_configured_engine(engine_url):
-    # Retention is judged in its own test below (it waits on the engine's prefix reuse).
-    report = run_smoke(engine_url, thresholds=CPU_THRESHOLDS, **{**SMOKE, "retention_sessions": 0})
+    report = run_smoke(engine_url, thresholds=CPU_THRESHOLDS, **SMOKE)
     assert report.passed, report.failures
-    assert report.checks["retention"].status == "skip"
+    assert report.checks["retention"].status == "pass"
     assert report.checks["boundary_no_room_for_output"].status == "pass"
     assert "HTTP 400" in report.checks["boundary_prompt_over_context"].reason
     assert report.figures["long_prompt_tokens"] == 1024 - 64 - 16
@@ -41,11 +40,6 @@ def test_smoke_passes_against_a_well_configured_engine(engine_url):
     assert report.checks["gpu_cliff"].status == "skip" and report.checks["metrics_endpoint"].status == "pass"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: a revisited prompt reports usage cached_tokens 0 although headroom_prefix_cache_tokens holds "
-    "it (seen at commit time); strict, so this turns into a failure to notice once prefix reuse works",
-)
 def test_retention_probe_sees_prefix_reuse(engine_url):
     report = run_smoke(engine_url, thresholds=CPU_THRESHOLDS, **SMOKE)
     assert report.checks["retention"].status == "pass", report.checks["retention"].reason

@@ -79,3 +79,25 @@ def test_admit_fails_cleanly_without_ssm_slots():
     first, second = Sequence("a", [1, 2]), Sequence("b", [3, 4])
     assert manager.admit(first)
     assert not manager.admit(second) and second.ssm_slot is None and second.kv_slots == []
+
+
+def test_new_checkpoints_replace_the_least_recently_used_when_slots_are_full():
+    # Three slots: one working slot for the running request, two for checkpoints.
+    kv, ssm = KVAllocator(256), SSMSlotAllocator(3)
+    manager = CacheManager(kv, ssm, lambda s, d: None)
+    old = Sequence("old", list(range(100, 120)))
+    assert manager.admit(old) and manager.reserve(old, 20)
+    for end in (10, 20):
+        old.num_computed_tokens = end
+        manager.checkpoint(old)
+    manager.finish(old)
+    assert manager.radix is not None and manager.radix.num_checkpoints == 2
+    new = Sequence("new", list(range(200, 230)))
+    assert manager.admit(new) and manager.reserve(new, 30)
+    for end in (10, 20, 30):
+        new.num_computed_tokens = end
+        manager.checkpoint(new)
+    # The old session's checkpoints made room for the running request's first two boundaries; the
+    # third finds only checkpoints on the request's own locked path and is skipped, not forced.
+    assert manager.radix.match_prefix(list(range(200, 230))).num_tokens == 20
+    assert manager.radix.match_prefix(list(range(100, 120))).num_tokens == 0
