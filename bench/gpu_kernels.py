@@ -222,7 +222,7 @@ def main(path: str) -> None:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "kivi_page": PAGE, "value_group": GROUP},
     }
-    for section in (check_quantizers, check_attention, time_attention, peak_workspace, check_gdn):
+    for section in (check_quantizers, check_attention, peak_workspace, time_attention, check_gdn):
         began = time.time()
         try:
             report[section.__name__] = section()
