@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from headroom.engine.layers.gdn_projection import gdn_projection_shapes
 from headroom.engine.models.config import ModelConfig, model_config_from_hf
 from safetensors.torch import load_file
 
@@ -54,9 +55,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "mlp.gate_proj.weight"] = (config.intermediate_size, h)
-        shapes[p + "mlp.up_proj.weight"] = (config.intermediate_size, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, config.intermediate_size)
+        shapes.update(_mlp_shapes(config, i))
         if kind == "full_attention":
             q_out = config.num_heads * d * (2 if config.attention_gate else 1)
             shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
@@ -69,15 +68,34 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             hv = config.linear_num_value_heads
             value_dim = hv * config.linear_value_head_dim
             conv = config.linear_conv_channels
-            shapes[p + "linear_attn.in_proj_qkv.weight"] = (conv, h)
-            shapes[p + "linear_attn.in_proj_z.weight"] = (value_dim, h)
-            shapes[p + "linear_attn.in_proj_b.weight"] = (hv, h)
-            shapes[p + "linear_attn.in_proj_a.weight"] = (hv, h)
+            shapes.update({p + "linear_attn." + name: shape for name, shape in gdn_projection_shapes(config).items()})
             shapes[p + "linear_attn.conv1d.weight"] = (conv, 1, config.linear_conv_kernel_dim)
             shapes[p + "linear_attn.dt_bias"] = (hv,)
             shapes[p + "linear_attn.A_log"] = (hv,)
             shapes[p + "linear_attn.norm.weight"] = (config.linear_value_head_dim,)
             shapes[p + "linear_attn.out_proj.weight"] = (h, value_dim)
+    return shapes
+
+
+def _swiglu_shapes(prefix: str, hidden: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+    return {
+        prefix + "gate_proj.weight": (intermediate, hidden),
+        prefix + "up_proj.weight": (intermediate, hidden),
+        prefix + "down_proj.weight": (hidden, intermediate),
+    }
+
+
+def _mlp_shapes(config: ModelConfig, index: int) -> dict[str, tuple[int, ...]]:
+    """Layer index's dense SwiGLU, or (Qwen3-Next MoE layers) router, experts and shared expert."""
+    h, p = config.hidden_size, f"model.layers.{index}.mlp."
+    if index not in config.moe_layers:
+        return _swiglu_shapes(p, h, config.intermediate_size)
+    shapes: dict[str, tuple[int, ...]] = {p + "gate.weight": (config.num_experts, h)}
+    for e in range(config.num_experts):
+        shapes.update(_swiglu_shapes(f"{p}experts.{e}.", h, config.moe_intermediate_size))
+    if config.shared_expert_intermediate_size:
+        shapes.update(_swiglu_shapes(p + "shared_expert.", h, config.shared_expert_intermediate_size))
+        shapes[p + "shared_expert_gate.weight"] = (1, h)
     return shapes
 
 

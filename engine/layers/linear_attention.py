@@ -1,4 +1,4 @@
-"""Gated DeltaNet (Qwen3.5 linear attention): in-projections, short causal conv, gated delta rule,
+"""Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention): in-projections, short causal conv, gated delta rule,
 gated RMSNorm, out-projection. Per-sequence conv and recurrent state live in the SSM pool."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.layers.gdn_projection import gdn_projection
 from headroom.engine.layers.mlp import linear
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.ssm_pool import SSMPool
@@ -16,10 +17,8 @@ class GatedDeltaNet:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
         self.config = config
         self.pool_layer = pool_layer
-        self.in_proj_qkv = weights[prefix + "in_proj_qkv.weight"]
-        self.in_proj_z = weights[prefix + "in_proj_z.weight"]
-        self.in_proj_b = weights[prefix + "in_proj_b.weight"]
-        self.in_proj_a = weights[prefix + "in_proj_a.weight"]
+        # Qwen3.5's separate or Qwen3-Next's fused, head-grouped in-projections.
+        self.project = gdn_projection(config, weights, prefix)
         self.conv_weight = weights[prefix + "conv1d.weight"][:, 0, :]
         self.dt_bias = weights[prefix + "dt_bias"]
         # Decay rate per value head, fp32 so that exp() cannot overflow in half precision.
@@ -33,10 +32,9 @@ class GatedDeltaNet:
         cfg = self.config
         n = x.shape[0]
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed = linear(x, self.in_proj_qkv)
-        z = linear(x, self.in_proj_z).view(n, hv, dv)
-        beta = torch.sigmoid(linear(x, self.in_proj_b))
-        g = self.neg_a * F.softplus(linear(x, self.in_proj_a).float() + self.dt_bias.float())
+        mixed, z, b, a = self.project(x)
+        beta = torch.sigmoid(b)
+        g = self.neg_a * F.softplus(a.float() + self.dt_bias.float())
         core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
         for span in batch.spans:
             slot = span.seq.ssm_slot

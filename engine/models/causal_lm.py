@@ -1,4 +1,5 @@
-"""The decoder stack shared by Qwen3 (all full attention) and Qwen3.5 (Gated DeltaNet + gated attention)."""
+"""The decoder stack shared by Qwen3 (all full attention), Qwen3.5 (Gated DeltaNet + gated attention)
+and Qwen3-Next (Qwen3.5's mixers with fused GDN projections and sparse MoE MLPs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.attention import FullAttention
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
+from headroom.engine.layers.moe import SparseMoE
 from headroom.engine.loader import check_weights
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.ssm_pool import SSMPool
@@ -27,7 +29,11 @@ class DecoderLayer:
             self.mixer = FullAttention(config, weights, prefix + "self_attn.", pool_layer)
         self.input_norm = weights[prefix + "input_layernorm.weight"]
         self.post_norm = weights[prefix + "post_attention_layernorm.weight"]
-        self.mlp = SwiGLU(weights, prefix + "mlp.")
+        self.mlp: SwiGLU | SparseMoE
+        if index in config.moe_layers:
+            self.mlp = SparseMoE(config, weights, prefix + "mlp.")
+        else:
+            self.mlp = SwiGLU(weights, prefix + "mlp.")
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
         cfg = self.config

@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from headroom.engine.models.moe_config import MoEConfigError, moe_fields_from_hf
+
 # architecture -> (family, whether the checkpoint nests the text model under model.language_model)
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3NextForCausalLM": "qwen3_next",
 }
+_HYBRID_FAMILIES = ("qwen3_5", "qwen3_next")
 
 
 class ModelConfigError(ValueError):
@@ -44,6 +48,13 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # Qwen3-Next sparse MoE MLP (moe_layers lists the layers that use it; the others are dense SwiGLU).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[int, ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -97,7 +108,7 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     heads = int(_field(cfg, "num_attention_heads"))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     num_layers = int(_field(cfg, "num_hidden_layers"))
-    hybrid = family == "qwen3_5"
+    hybrid = family in _HYBRID_FAMILIES
     if hybrid:
         types = cfg.get("layer_types") or [
             "full_attention" if (i + 1) % int(cfg.get("full_attention_interval", 4)) == 0 else "linear_attention"
@@ -111,12 +122,22 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         raise ModelConfigError(f"config.json layer_types {types} does not fit num_hidden_layers={num_layers}")
     theta, rotary_dim = _rope(cfg, head_dim, 0.25 if hybrid else 1.0)
     eos = cfg.get("eos_token_id")
-    linear = {}
+    linear: dict[str, Any] = {}
     if hybrid:
         linear = {k: int(_field(cfg, k)) for k in (
             "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
             "linear_value_head_dim", "linear_conv_kernel_dim",
         )}
+    if family == "qwen3_next":
+        if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
+            raise ModelConfigError(
+                f"config.json linear_num_value_heads={linear['linear_num_value_heads']} is not a multiple of "
+                f"linear_num_key_heads={linear['linear_num_key_heads']}"
+            )
+        try:
+            linear.update(moe_fields_from_hf(cfg, num_layers))
+        except MoEConfigError as exc:
+            raise ModelConfigError(str(exc)) from None
     return ModelConfig(
         architecture=arch,
         family=family,

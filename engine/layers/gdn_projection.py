@@ -1,0 +1,74 @@
+"""Gated DeltaNet input projections: Qwen3.5's separate in_proj_qkv/z/b/a, or Qwen3-Next's fused,
+head-grouped in_proj_qkvz/ba. Both yield the same tensors, so GatedDeltaNet is layout-agnostic."""
+
+from __future__ import annotations
+
+import torch
+from headroom.engine.layers.mlp import linear
+from headroom.engine.models.config import ModelConfig
+
+# (mixed_qkv [N, 2*Hk*Dk + Hv*Dv] in conv-channel order q|k|v, z [N, Hv, Dv], b [N, Hv], a [N, Hv])
+Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class SplitProjection:
+    """Qwen3.5: four matrices, already in conv-channel order."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
+        self.config = config
+        self.in_proj_qkv = weights[prefix + "in_proj_qkv.weight"]
+        self.in_proj_z = weights[prefix + "in_proj_z.weight"]
+        self.in_proj_b = weights[prefix + "in_proj_b.weight"]
+        self.in_proj_a = weights[prefix + "in_proj_a.weight"]
+
+    def __call__(self, x: torch.Tensor) -> Projected:
+        """x [N, hidden] -> Projected."""
+        cfg = self.config
+        z = linear(x, self.in_proj_z).view(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim)
+        return linear(x, self.in_proj_qkv), z, linear(x, self.in_proj_b), linear(x, self.in_proj_a)
+
+
+class FusedGroupedProjection:
+    """Qwen3-Next: in_proj_qkvz's output rows are grouped per key head g as
+    [q_g (Dk), k_g (Dk), v_g (R*Dv), z_g (R*Dv)] and in_proj_ba's as [b_g (R), a_g (R)], R = Hv // Hk;
+    value head g*R + j belongs to key head g. The checkpoint's layout is kept (no weight copy at load,
+    one GEMM each); regrouping the outputs costs one [N, conv] concatenation per layer."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
+        self.config = config
+        self.in_proj_qkvz = weights[prefix + "in_proj_qkvz.weight"]
+        self.in_proj_ba = weights[prefix + "in_proj_ba.weight"]
+
+    def __call__(self, x: torch.Tensor) -> Projected:
+        """x [N, hidden] -> Projected."""
+        cfg = self.config
+        n, hk, dk, dv = x.shape[0], cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        per_group = cfg.linear_num_value_heads // hk
+        qkvz = linear(x, self.in_proj_qkvz).view(n, hk, 2 * dk + 2 * per_group * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, per_group * dv, per_group * dv], dim=-1)
+        mixed = torch.cat((q.reshape(n, hk * dk), k.reshape(n, hk * dk), v.reshape(n, -1)), dim=-1)
+        b, a = torch.split(linear(x, self.in_proj_ba).view(n, hk, 2 * per_group), per_group, dim=-1)
+        return mixed, z.reshape(n, cfg.linear_num_value_heads, dv), b.reshape(n, -1), a.reshape(n, -1)
+
+
+def gdn_projection(config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str) -> SplitProjection | FusedGroupedProjection:
+    if config.family == "qwen3_next":
+        return FusedGroupedProjection(config, weights, prefix)
+    return SplitProjection(config, weights, prefix)
+
+
+def gdn_projection_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensors of the projection (names relative to 'linear_attn.') and their shapes."""
+    h, hv = config.hidden_size, config.linear_num_value_heads
+    value_dim = hv * config.linear_value_head_dim
+    if config.family == "qwen3_next":
+        return {
+            "in_proj_qkvz.weight": (config.linear_conv_channels + value_dim, h),
+            "in_proj_ba.weight": (2 * hv, h),
+        }
+    return {
+        "in_proj_qkv.weight": (config.linear_conv_channels, h),
+        "in_proj_z.weight": (value_dim, h),
+        "in_proj_b.weight": (hv, h),
+        "in_proj_a.weight": (hv, h),
+    }
