@@ -1,7 +1,8 @@
 """Quantize-on-write straight into the paged KV pool: fp8 per token per head, KIVI pages (int8/int4/int2).
 
-Same arithmetic as kernels/kv_quant.py (IEEE division, round half to even, fp16 scale and zero point rounded
-before use), so codes and scales are bit-identical to the naive path; packing is pack_codes' layout
+Same arithmetic as kernels/kv_quant.py (round half to even, fp16 scale and zero point rounded before use), so
+codes and scales are bit-identical to the naive path on the same device: on CUDA torch divides by a Python
+number as a multiplication by its fp32 reciprocal (IEEE division on the CPU), and the kernels follow; packing is pack_codes' layout
 (token i of a page in byte i // (8 / bits), bits * (i % (8 / bits)) up). One program per token (fp8) or per
 page and head (KIVI); nothing but the pool is written.
 """
@@ -45,14 +46,18 @@ def _fp8_e4m3_bits(y):
 
 @triton.jit
 def fp8_quantize_fwd_kernel(
-    x, slots, codes, scales, stride_xt, stride_xh, stride_ct, stride_ch, stride_st,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    x, slots, codes, scales, inv_max, stride_xt, stride_xh, stride_ct, stride_ch, stride_st,
+    RECIPROCAL: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     o_h, o_d = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
     m_x = (o_h < NUM_HEADS)[:, None] & (o_d < HEAD_DIM)[None, :]
     b_x = tl.load(x + i_t * stride_xt + o_h[:, None] * stride_xh + o_d[None, :], mask=m_x, other=0).to(tl.float32)
-    b_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(b_x), 1), 1e-12), 448.0)
+    b_amax = tl.maximum(tl.max(tl.abs(b_x), 1), 1e-12)
+    if RECIPROCAL:
+        b_scale = b_amax * inv_max
+    else:
+        b_scale = tl.math.div_rn(b_amax, 448.0)
     b_y = tl.minimum(tl.maximum(tl.math.div_rn(b_x, b_scale[:, None]), -448.0), 448.0)
     i_slot = tl.load(slots + i_t).to(tl.int64)
     tl.store(codes + i_slot * stride_ct + o_h[:, None] * stride_ch + o_d[None, :], _fp8_e4m3_bits(b_y).to(tl.uint8), mask=m_x)
@@ -60,7 +65,8 @@ def fp8_quantize_fwd_kernel(
 
 
 @triton.jit
-def _kivi_page(p_x, m_x, BITS: tl.constexpr, LEVELS: tl.constexpr, PER_CHANNEL: tl.constexpr):
+def _kivi_page(p_x, m_x, inv_levels, BITS: tl.constexpr, LEVELS: tl.constexpr, PER_CHANNEL: tl.constexpr,
+               RECIPROCAL: tl.constexpr):
     """Tile [R, PB, G, C] (token r * PB + i, channel g * C + c) -> (codes int32, scale fp16, zero fp16).
 
     Keys: min/max per channel over the page's tokens (axes 0, 1); values: per token per group (axis 3).
@@ -75,7 +81,11 @@ def _kivi_page(p_x, m_x, BITS: tl.constexpr, LEVELS: tl.constexpr, PER_CHANNEL: 
     # Channels or groups that are all padding: 0 rather than inf - inf (they are never stored).
     low = tl.where(low == float("inf"), 0.0, low)
     high = tl.where(high == float("-inf"), 0.0, high)
-    b_scale = tl.maximum(tl.math.div_rn(high - low, LEVELS * 1.0), 1e-6).to(tl.float16)
+    if RECIPROCAL:
+        b_step = (high - low) * inv_levels
+    else:
+        b_step = tl.math.div_rn(high - low, LEVELS * 1.0)
+    b_scale = tl.maximum(b_step, 1e-6).to(tl.float16)
     b_zero = low.to(tl.float16)
     codes = _round_half_even(tl.math.div_rn(b_x - b_zero.to(tl.float32), b_scale.to(tl.float32)))
     return tl.minimum(tl.maximum(codes, 0.0), LEVELS * 1.0).to(tl.int32), b_scale, b_zero
@@ -83,9 +93,9 @@ def _kivi_page(p_x, m_x, BITS: tl.constexpr, LEVELS: tl.constexpr, PER_CHANNEL: 
 
 @triton.jit
 def kivi_quantize_fwd_kernel(
-    x, pages, packed, scale, zero, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
+    x, pages, packed, scale, zero, inv_levels, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
     stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
-    GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+    GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr,
 ):
     i_page, i_h = tl.program_id(0), tl.program_id(1)
     PB: tl.constexpr = 8 // BITS
@@ -99,7 +109,7 @@ def kivi_quantize_fwd_kernel(
     o_t = i_page * PAGE + o_r * PB + o_i
     m_x = m_d & (o_t >= 0)
     p_x = x + o_t.to(tl.int64) * stride_xt + i_h * stride_xh + o_d
-    codes, b_scale, b_zero = _kivi_page(p_x, m_x, BITS, (1 << BITS) - 1, IS_KEY)
+    codes, b_scale, b_zero = _kivi_page(p_x, m_x, inv_levels, BITS, (1 << BITS) - 1, IS_KEY, RECIPROCAL)
     i_dst = tl.load(pages + i_page).to(tl.int64)
     # Packed bytes [R, G, C]: byte r of channel g * C + c holds tokens r * PB .. r * PB + PB - 1.
     b_packed = tl.sum(codes << (o_i * BITS), 1)
@@ -121,6 +131,11 @@ def kivi_quantize_fwd_kernel(
         tl.store(zero + p_s, b_zero, mask=m_s)
 
 
+def _fp32_reciprocal(divisor: float) -> float:
+    """1 / divisor rounded to fp32, as torch's CUDA division by a Python number computes it."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / divisor)
+
+
 def fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
     """x [T, H, D] -> codes[slots] (float8_e4m3fn [S, H, D]) and scales[slots] (fp32 [S, H]); slots [T] ints."""
     if x.dim() != 3 or codes.shape[1:] != x.shape[1:] or scales.shape != codes.shape[:2] or slots.shape != x.shape[:1]:
@@ -132,8 +147,8 @@ def fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor,
         return
     _, num_heads, head_dim = x.shape
     fp8_quantize_fwd_kernel[(x.shape[0],)](
-        x, slots, codes.view(torch.uint8), scales, x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
-        scales.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads),
+        x, slots, codes.view(torch.uint8), scales, _fp32_reciprocal(FP8_MAX), x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
+        scales.stride(0), RECIPROCAL=x.is_cuda, NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
 
@@ -154,9 +169,9 @@ def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, k
     for is_key, x, packed, scale, zero in ((True, k, kv.k, kv.k_scale, kv.k_zero), (False, v, kv.v, kv.v_scale, kv.v_zero)):
         assert scale is not None and zero is not None
         kivi_quantize_fwd_kernel[(pages.shape[0], k.shape[1])](
-            x, pages, packed, scale, zero, x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), packed.stride(2),
+            x, pages, packed, scale, zero, _fp32_reciprocal(2**kv.bits - 1), x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), packed.stride(2),
             scale.stride(0), scale.stride(1), IS_KEY=is_key, HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
-            GROUP_D=kv.value_group, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
+            GROUP_D=kv.value_group, RECIPROCAL=k.is_cuda, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
         )
 
 
