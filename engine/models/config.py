@@ -104,6 +104,12 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": archs, "dtype": cfg.get("dtype", cfg["text_config"].get("dtype"))}
     family = SUPPORTED_ARCHITECTURES[arch]
+    quantization = cfg.get("quantization_config")
+    if quantization:
+        # Loading would cast quantized tensors to the model dtype without their scales: refuse instead.
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        raise ModelConfigError(f"config.json quantization_config (quant_method {method!r}) is not supported; "
+                               "use an unquantized checkpoint")
     hidden = int(_field(cfg, "hidden_size"))
     heads = int(_field(cfg, "num_attention_heads"))
     head_dim = int(cfg.get("head_dim") or hidden // heads)

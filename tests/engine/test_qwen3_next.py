@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from headroom.engine.config import EngineConfig
+from headroom.engine.layers.moe import SparseMoE
 from headroom.engine.loader import WeightError
 from headroom.engine.model_runner import ModelRunner
 from headroom.engine.models.config import ModelConfigError, model_config_from_hf
@@ -103,7 +104,9 @@ def test_routing_spreads_over_experts(qwen3_next):
     model_dir, reference = qwen3_next(0)
     runner = _runner(model_dir)
     hidden = torch.randn(41, reference.config.hidden_size, generator=torch.Generator().manual_seed(3))
-    expert_ids, weights = runner.model.layers[0].mlp.route(hidden)  # type: ignore[union-attr]
+    moe = runner.model.layers[0].mlp
+    assert isinstance(moe, SparseMoE)
+    expert_ids, weights = moe.route(hidden)
     assert expert_ids.shape == (41, 2) and len(torch.unique(expert_ids)) == 5
     torch.testing.assert_close(weights.sum(-1), torch.ones(41))
 
@@ -170,6 +173,7 @@ def test_missing_tensor_is_named(qwen3_next, tmp_path, name):
     ({"moe_intermediate_size": None}, "'moe_intermediate_size' must be a positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"linear_num_key_heads": 3}, "linear_num_value_heads=4 is not a multiple of linear_num_key_heads=3"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "quant_method 'fp8'"),
 ])
 def test_malformed_config_is_named(qwen3_next, change, message):
     model_dir, _ = qwen3_next(0)
