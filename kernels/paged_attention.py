@@ -15,8 +15,12 @@ import math
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.attention_merge import merge_attention_states, naive_attention_with_lse
-from headroom.kernels.paged_kv import PagedKV, naive_gather_kv
+from headroom.kernels.attention_merge import merge_attention_states
+
+# The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
+from headroom.kernels.paged_kv import PagedKV, naive_paged_attention
+
+__all__ = ["naive_paged_attention", "paged_attention", "paged_attention_fwd", "paged_attention_fwd_kernel"]
 
 _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
@@ -219,17 +223,3 @@ def paged_attention(
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
     )
-
-
-def naive_paged_attention(
-    q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
-    kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference for paged_attention: per sequence, gather the dense dequantized keys, then plain attention."""
-    out = torch.zeros_like(q)
-    lse = q.new_full(q.shape[:2], float("-inf"), dtype=torch.float32)
-    for b in range(kv_table.shape[0]):
-        rows = slice(int(q_offsets[b]), int(q_offsets[b + 1]))
-        k, v = naive_gather_kv(kv, kv_table[b], int(kv_lens[b]), q.dtype)
-        out[rows], lse[rows] = naive_attention_with_lse(q[rows], k, v, q_positions[rows] - int(kv_start[b]), scale)
-    return out, lse

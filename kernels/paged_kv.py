@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from headroom.kernels.attention_merge import naive_attention_with_lse
 from headroom.kernels.kv_quant import (
     naive_fp8_dequantize,
     naive_kivi_dequantize_keys,
@@ -100,3 +101,27 @@ def naive_gather_kv(kv: PagedKV, table: torch.Tensor, num_keys: int, dtype: torc
         ))
     empty = kv.k.new_zeros((0, kv.num_kv_heads, kv.head_dim), dtype=dtype)
     return torch.cat(keys or [empty])[:num_keys], torch.cat(values or [empty])[:num_keys]
+
+
+def naive_paged_attention(
+    q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
+    kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for paged_attention (same arguments and results): per sequence, gather the dense dequantized keys, then plain attention."""
+    out = torch.zeros_like(q)
+    lse = q.new_full(q.shape[:2], float("-inf"), dtype=torch.float32)
+    for b in range(kv_table.shape[0]):
+        rows = slice(int(q_offsets[b]), int(q_offsets[b + 1]))
+        k, v = naive_gather_kv(kv, kv_table[b], int(kv_lens[b]), q.dtype)
+        out[rows], lse[rows] = naive_attention_with_lse(q[rows], k, v, q_positions[rows] - int(kv_start[b]), scale)
+    return out, lse
+
+
+def page_table(slot_lists: list[list[int]], page_tokens: int, device: torch.device) -> torch.Tensor:
+    """Per sequence, its pool slots of keys 0..n-1 (KVAllocator pages, whole and in order) -> kv_table [B, max_pages]
+    int32 of pages (page_tokens > 1) or slots (page_tokens 1); rows padded with 0 beyond each sequence's length."""
+    rows = [slots[::page_tokens] for slots in slot_lists]
+    table = torch.zeros((len(rows), max([len(r) for r in rows] + [1])), dtype=torch.int32)
+    for b, firsts in enumerate(rows):
+        table[b, : len(firsts)] = torch.tensor([s // page_tokens for s in firsts], dtype=torch.int32)
+    return table.to(device)
