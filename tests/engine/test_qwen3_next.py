@@ -134,6 +134,35 @@ def test_greedy_generation_matches_transformers_generate(qwen3_next, index):
     assert llm.generate([ids], max_new_tokens=12)[0].token_ids == want
 
 
+def test_mixed_batch_and_prefix_hit_equal_cold_runs(qwen3_next):
+    """A prefill chunk and a decode in one pass (the router sees both) each match transformers; a prefix-cache
+    hit restored from an SSM checkpoint, followed by the rest of the prompt, matches a cold run."""
+    from headroom.engine.forward_batch import BatchItem
+    from headroom.engine.llm import LLM
+
+    model_dir, reference = qwen3_next(1)
+    vocab = reference.config.vocab_size
+    runner = _runner(model_dir)
+    long_ids, short_ids = random_prompt(vocab, 23, seed=1), random_prompt(vocab, 9, seed=2)
+    long_seq, short_seq = new_sequence(runner, "long", long_ids), new_sequence(runner, "short", short_ids)
+    runner.forward([BatchItem(short_seq, short_ids[:8])])
+    runner.forward([BatchItem(long_seq, long_ids[:11])])
+    mixed = runner.forward([BatchItem(long_seq, long_ids[11:]), BatchItem(short_seq, short_ids[8:])])
+    want = torch.stack([reference_logits(reference, long_ids)[-1], reference_logits(reference, short_ids)[-1]])
+    torch.testing.assert_close(mixed, want, atol=1e-4, rtol=0)
+
+    shared = random_prompt(vocab, 24, seed=3)
+    second = shared + random_prompt(vocab, 9, seed=4)
+    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
+    warm.generate([shared], max_new_tokens=3)
+    hit = warm.generate([second], max_new_tokens=6)[0]
+    assert hit.cached_tokens == 24
+    cold_llm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
+    cold = cold_llm.generate([second], max_new_tokens=6)[0]
+    torch.testing.assert_close(hit.prompt_logits, cold.prompt_logits, atol=1e-4, rtol=0)
+    assert hit.token_ids == cold.token_ids
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "int4", "int2"])
 def test_pool_bytes_equal_the_planner_ledger(qwen3_next, kv_dtype):
     model_dir, _ = qwen3_next(2)
