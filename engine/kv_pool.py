@@ -65,6 +65,12 @@ class KVPool:
     def write(self, layer: int, slots: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize-on-write k, v [T, H, D] into slots (KIVI: whole pages, page-aligned, in order)."""
         store = self.layers[layer]
+        if self.is_kivi and any(slots[i] % self.page_tokens for i in range(0, len(slots), self.page_tokens)):
+            raise ValueError(f"KIVI writes take whole pages of {self.page_tokens} slots, page-aligned")
+        if ops.quantize_into_pool(
+            store, self.kv_dtype, self.bits, self.page_tokens, self.value_group, slots, k.contiguous(), v.contiguous()
+        ):
+            return
         if not self.is_kivi:
             index = torch.tensor(slots, dtype=torch.long, device=k.device)
             if self.kv_dtype == "fp8":
@@ -139,6 +145,11 @@ class KVPool:
         parts_k = [x for x in (k, tail[0] if tail is not None else None) if x is not None]
         parts_v = [x for x in (v, tail[1] if tail is not None else None) if x is not None]
         return torch.cat(parts_k), torch.cat(parts_v)
+
+    def residual_window(self, layer: int, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Full-precision K, V [n, H, D] of seq's open KIVI page in this layer (None if it has none)."""
+        windows = self._residual.get(seq.request_id)
+        return windows[layer] if windows and len(windows) > layer else None
 
     def release(self, seq: Sequence) -> None:
         """Drop seq's residual window (its pool slots are the allocator's business)."""

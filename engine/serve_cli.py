@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-length", type=int)
     parser.add_argument("--max-running-requests", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=1024, help="the planner's reserve per request")
+    parser.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
     parser.add_argument("--max-waiting-requests", type=int, default=256, help="beyond this, 429 with Retry-After")
     parser.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
     parser.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
@@ -49,7 +50,7 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
-        warmup_tokens=args.warmup_tokens,
+        warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots,
     )
 
 
@@ -64,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         state = build_state(options)
     except PlanRefused as exc:
         print(f"headroom serve: no plan fits: {exc.message} (binding: {exc.binding_constraint})", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"headroom serve: {exc}", file=sys.stderr)
         return 2
     start_warm_up(state, options.warmup_tokens)
     try:

@@ -47,6 +47,7 @@ class ServeOptions:
     strict_fcfs: bool = False
     log_rejections: bool = False
     warmup_tokens: int | None = None
+    ssm_slots: int | None = None
 
 
 def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
@@ -82,6 +83,11 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
 def build_state(options: ServeOptions) -> ServerState:
     model_dir = Path(options.model) if options.model else ensure_default_model()
     plan = resolve_plan(options, model_dir)
+    if options.ssm_slots is not None and options.ssm_slots != plan.ssm_slots:
+        raise ValueError(
+            f"--ssm-slots {options.ssm_slots} disagrees with the plan's {plan.ssm_slots} SSM slots "
+            "(they follow from chunk, context and running requests); pass --plan plan.json to pin a plan"
+        )
     config = EngineConfig.from_plan(plan, str(model_dir), device=options.device)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.

@@ -39,3 +39,57 @@ __all__ = [
     "kivi_dequantize_keys", "kivi_dequantize_values", "kivi_quantize_keys", "kivi_quantize_values",
     "prefix_attention", "rms_norm", "rotary_inv_freq",
 ]
+
+
+# GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
+# the interpreter, and the CPU path must not import Triton at all.
+def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len=None):
+    """(out [N, Hq, D], lse [N, Hq]) over the paged pool: Triton on CUDA, the reference elsewhere."""
+    if q.is_cuda:
+        from headroom.kernels.paged_attention import paged_attention as run
+
+        return run(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len)
+    from headroom.kernels.paged_kv import naive_paged_attention
+
+    return naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
+
+
+def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens):
+    """Many sequences in one call: fla-core on CUDA when installed, the reference elsewhere."""
+    from headroom.kernels.gdn_fla import fla_available
+
+    if q.is_cuda and fla_available():
+        from headroom.kernels.gdn_fla import gated_delta_rule_varlen as run
+    else:
+        from headroom.kernels.gdn_fla import naive_gated_delta_rule_varlen as run
+    return run(q, k, v, g, beta, states, cu_seqlens)
+
+
+def causal_conv1d_update(x, weight, states, slots):
+    """Decode-step conv over pool slots, in place: Triton on CUDA, the reference elsewhere."""
+    if x.is_cuda:
+        from headroom.kernels.conv_update import causal_conv1d_update as run
+    else:
+        from headroom.kernels.conv_update import naive_causal_conv1d_update as run
+    return run(x, weight, states, slots)
+
+
+def quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:
+    """Quantize-on-write with Triton on CUDA (fp8 or KIVI pages). False: the caller uses the reference."""
+    if not k.is_cuda or kv_dtype not in ("fp8", "int8", "int4", "int2"):
+        return False
+    import torch
+
+    if kv_dtype == "fp8":
+        from headroom.kernels.kv_quant_triton import fp8_quantize_into
+
+        index = torch.tensor(slots, dtype=torch.int32, device=k.device)
+        fp8_quantize_into(k, index, store["k"], store["k_scale"])
+        fp8_quantize_into(v, index, store["v"], store["v_scale"])
+        return True
+    from headroom.kernels.kv_quant_triton import kivi_quantize_pages
+    from headroom.kernels.paged_kv import PagedKV
+
+    pages = torch.tensor(slots[::page_tokens], dtype=torch.int32, device=k.device) // page_tokens
+    kivi_quantize_pages(k, v, pages, PagedKV.from_store(store, kv_dtype, bits, page_tokens, value_group))
+    return True

@@ -6,6 +6,7 @@ import torch
 from headroom.engine.forward_batch import ForwardBatch
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
 from headroom.kernels import ops
 
@@ -43,12 +44,17 @@ class FullAttention:
         k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
         q = ops.apply_rotary(q, batch.positions, self.inv_freq)
         k = ops.apply_rotary(k, batch.positions, self.inv_freq)
-        out = torch.empty_like(q)
         for span in batch.spans:
             rows = slice(span.offset, span.offset + span.length)
             kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
-            k_ctx, v_ctx = kv_pool.context(self.pool_layer, span.seq, span.end)
-            out[rows] = ops.prefix_attention(q[rows], k_ctx, v_ctx, batch.positions[rows], self.scale)
+        if q.is_cuda:
+            out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale)
+        else:
+            out = torch.empty_like(q)
+            for span in batch.spans:
+                rows = slice(span.offset, span.offset + span.length)
+                k_ctx, v_ctx = kv_pool.context(self.pool_layer, span.seq, span.end)
+                out[rows] = ops.prefix_attention(q[rows], k_ctx, v_ctx, batch.positions[rows], self.scale)
         attn = out.reshape(n, -1)
         if gate is not None:
             attn = attn * torch.sigmoid(gate)

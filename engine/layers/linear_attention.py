@@ -35,22 +35,32 @@ class GatedDeltaNet:
         mixed, z, b, a = self.project(x)
         beta = torch.sigmoid(b)
         g = self.neg_a * F.softplus(a.float() + self.dt_bias.float())
-        core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
+        conv_out = torch.empty_like(mixed)
+        slots: list[int] = []
         for span in batch.spans:
             slot = span.seq.ssm_slot
             if slot is None:
                 raise ValueError(f"request {span.seq.request_id!r} has no SSM slot but the model is hybrid")
+            slots.append(slot)
             rows = slice(span.offset, span.offset + span.length)
             conv_state = ssm_pool.conv[self.pool_layer, slot]
-            conv_out, new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
+            conv_out[rows], new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
             conv_state.copy_(new_conv)
-            q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
-            state = ssm_pool.recurrent[self.pool_layer, slot]
-            out, new_state = ops.gated_delta_rule(
-                q.reshape(span.length, -1, dk), k.reshape(span.length, -1, dk), v.reshape(span.length, hv, dv),
-                g[rows], beta[rows], state,
-            )
-            state.copy_(new_state)
-            core[rows] = out
+        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
+        q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
+        recurrent = ssm_pool.recurrent[self.pool_layer]
+        if x.is_cuda:
+            # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
+            index = torch.tensor(slots, dtype=torch.long, device=x.device)
+            bounds = torch.tensor([0] + [s.offset + s.length for s in batch.spans], device=x.device)
+            core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[index], bounds)
+            recurrent[index] = final.to(recurrent.dtype)
+        else:
+            core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
+            for span, slot in zip(batch.spans, slots, strict=True):
+                rows = slice(span.offset, span.offset + span.length)
+                out, new_state = ops.gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent[slot])
+                recurrent[slot].copy_(new_state)
+                core[rows] = out
         normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
         return linear(normed.reshape(n, hv * dv), self.out_proj)

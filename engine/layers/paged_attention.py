@@ -1,0 +1,53 @@
+"""GPU attention of one mixed batch straight from the paged KV pool (no dense copy of any prefix).
+
+Every sequence's closed pages are read by the paged kernel with dequantization fused; for KIVI the
+open page (the full-precision residual window, positions closed..end-1) is a second, small pass, and
+the two are merged by log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import torch
+from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.kv_pool import KVPool
+from headroom.kernels import ops
+from headroom.kernels.attention_merge import merge_two
+from headroom.kernels.paged_kv import PagedKV, page_table
+
+
+def _int32(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def paged_attention_over_pool(
+    q: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, layer: int, scale: float
+) -> torch.Tensor:
+    """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D]."""
+    spans, device, page = batch.spans, q.device, kv_pool.page_tokens
+    closed = [s.end - s.end % page if kv_pool.is_kivi else s.end for s in spans]
+    table = page_table([s.seq.kv_slots[:c] for s, c in zip(spans, closed, strict=True)], page, device)
+    offsets = _int32([0] + [s.offset + s.length for s in spans], device)
+    kv = PagedKV.from_store(kv_pool.layers[layer], kv_pool.kv_dtype, kv_pool.bits, page, kv_pool.value_group)
+    max_q_len = max(s.length for s in spans)
+    out, lse = ops.paged_attention(
+        q, batch.positions, offsets, table, _int32([0] * len(spans), device), _int32(closed, device), kv, scale,
+        max_q_len=max_q_len,
+    )
+    if not kv_pool.is_kivi:
+        return out
+    tails = [kv_pool.residual_window(layer, s.seq) for s in spans]
+    empty = q.new_zeros((0, *q.shape[1:2], q.shape[-1]))
+    keys = [t[0] if t is not None else empty[:, : kv.num_kv_heads] for t in tails]
+    values = [t[1] if t is not None else empty[:, : kv.num_kv_heads] for t in tails]
+    lens = [x.shape[0] for x in keys]
+    if not any(lens):
+        return out
+    window = PagedKV("dense", torch.cat(keys).to(q.dtype).contiguous(), torch.cat(values).to(q.dtype).contiguous())
+    starts = [sum(lens[:b]) for b in range(len(lens))]
+    window_table = page_table([list(range(a, a + n)) for a, n in zip(starts, lens, strict=True)], 1, device)
+    out_window, lse_window = ops.paged_attention(
+        q, batch.positions, offsets, window_table, _int32(closed, device), _int32(lens, device), window, scale,
+        max_q_len=max_q_len,
+    )
+    merged, _ = merge_two(out, lse, out_window, lse_window)
+    return merged

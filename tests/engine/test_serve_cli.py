@@ -1,0 +1,45 @@
+"""`headroom serve` takes the flags `headroom plan` renders for the builtin engine, and checks them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from headroom.engine.default_model import ensure_default_model
+from headroom.engine.plan import PlanRequest, Targets, load_geometry, make_plan, parse_size
+from headroom.engine.serve_cli import add_arguments, options_from_args
+from headroom.engine.server_factory import build_state
+
+
+def _serve_args(model_dir, engine_args: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--model", str(model_dir), "--device", "cpu", "--gpu-memory", "2GiB",
+                              "--max-new-tokens", "64", *engine_args])
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    model_dir = ensure_default_model(tmp_path_factory.mktemp("serve") / "default-model")
+    plan = make_plan(PlanRequest(
+        geometry=load_geometry(model_dir), gpu_memory_bytes=parse_size("2GiB"), engine="builtin",
+        targets=Targets(context_length=2048, max_running_requests=4, max_new_tokens=64),
+    ))
+    return model_dir, plan
+
+
+def test_the_plans_builtin_flags_start_the_same_plan(rendered):
+    model_dir, plan = rendered
+    state = build_state(options_from_args(_serve_args(model_dir, plan.engine_args)))
+    served = state.plan
+    for key in ("max_total_tokens", "chunked_prefill_size", "context_length", "max_running_requests", "ssm_slots"):
+        assert served[key] == getattr(plan, key), key
+    state.loop.stop()
+
+
+def test_ssm_slots_that_disagree_with_the_plan_are_refused(rendered):
+    model_dir, plan = rendered
+    args = [*plan.engine_args]
+    args[args.index("--ssm-slots") + 1] = str(plan.ssm_slots + 1)
+    with pytest.raises(ValueError, match=f"--ssm-slots {plan.ssm_slots + 1} disagrees with the plan's {plan.ssm_slots}"):
+        build_state(options_from_args(_serve_args(model_dir, args)))
