@@ -1,0 +1,228 @@
+"""The engine on the GPU (issue 8): correctness against transformers, then prefill/decode speed of a
+Qwen3.5-4B-shaped random-weight bf16 model against the roofline and against transformers.
+
+Run on the H200 (see bench/device_env.sh):  python3 bench/gpu_engine.py OUT.json [sections...]
+sections: env roofline correctness perf  (default: all). Each section records its own error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+DEV = torch.device("cuda")
+MODEL_4B = Path("/tmp/headroom-q35-4b")
+KV_DTYPES = ("bf16", "fp8", "int8", "int4", "int2")
+
+
+def sync_time(fn):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, result
+
+
+def section_env() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(DEV)
+    return {"gpu": props.name, "memory_bytes": props.total_memory, "torch": torch.__version__,
+            "triton": triton.__version__, "sms": props.multi_processor_count}
+
+
+def section_roofline() -> dict:
+    """Measured ceilings: device-to-device copy bandwidth and bf16 matmul rate."""
+    src = torch.empty(4 * 1024**3 // 2, dtype=torch.bfloat16, device=DEV)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    seconds, _ = sync_time(lambda src=src, dst=dst: [dst.copy_(src) for _ in range(10)])
+    bandwidth = 2 * src.numel() * 2 * 10 / seconds
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    for _ in range(3):
+        a @ b
+    seconds, _ = sync_time(lambda: [a @ b for _ in range(10)])
+    return {"hbm_bytes_per_s": bandwidth, "bf16_matmul_flops": 2 * 8192**3 * 10 / seconds}
+
+
+def _tiny_config(seed: int):
+    from transformers import Qwen3_5TextConfig
+
+    rng = random.Random(seed)
+    return Qwen3_5TextConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=rng.choice([512, 704]), num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=rng.choice([2, 4]), head_dim=rng.choice([64, 128]),
+        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_conv_kernel_dim=4, max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    )
+
+
+def _save_random(config, path: Path, seed: int) -> None:
+    from transformers import Qwen3_5ForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(DEV):
+        model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+    for param in model.parameters():
+        # Larger than the init so every part (norms, gates, decays) shapes the logits.
+        param.data.normal_(0, 0.05)
+    model.save_pretrained(path, safe_serialization=True)
+    del model
+
+
+def section_correctness() -> dict:
+    """bf16 on the GPU: our engine vs transformers (logits, greedy tokens); KV dtypes vs our bf16."""
+    from headroom.engine.llm import LLM
+    from transformers import Qwen3_5ForCausalLM
+
+    out = {}
+    for seed in (0, 1):
+        path = Path(f"/tmp/headroom-tiny-{seed}")
+        _save_random(_tiny_config(seed), path, seed)
+        reference = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
+        prompt = [random.Random(seed).randrange(1000) for _ in range(777)]
+        with torch.no_grad():
+            ref_logits = reference(torch.tensor([prompt], device=DEV), logits_to_keep=1).logits[0, -1].float()
+            ref_tokens = reference.generate(
+                torch.tensor([prompt], device=DEV), max_new_tokens=24, do_sample=False, min_new_tokens=24
+            )[0, len(prompt):].tolist()
+        case = {}
+        base_tokens = None
+        for kv in ("auto", *KV_DTYPES):
+            llm = LLM(str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=4096, ssm_slots=16,
+                      chunked_prefill_size=97, context_length=4096, max_running_requests=4, enable_prefix_cache=False)
+            gen = llm.generate([prompt], max_new_tokens=24, ignore_eos=True)[0]
+            logits = gen.prompt_logits.float()
+            entry = {
+                "max_abs_logit_diff_vs_transformers": float((logits - ref_logits).abs().max()),
+                "logit_scale": float(ref_logits.abs().max()),
+                "greedy_agreement_vs_transformers": sum(a == b for a, b in zip(gen.token_ids, ref_tokens, strict=True)) / 24,
+            }
+            if kv == "auto":
+                base_tokens = gen.token_ids
+            else:
+                entry["greedy_agreement_vs_engine_bf16"] = sum(a == b for a, b in zip(gen.token_ids, base_tokens, strict=True)) / 24
+            case[kv] = entry
+            del llm
+            torch.cuda.empty_cache()
+        out[f"seed{seed}"] = case
+        del reference
+    return out
+
+
+def _build_4b() -> None:
+    if (MODEL_4B / "config.json").exists():
+        return
+    from headroom.engine.plan.presets import preset_config
+    from transformers import Qwen3_5TextConfig
+
+    config_dict, _ = preset_config("qwen3.5-4b")
+    fields = {k: v for k, v in config_dict.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    _save_random(Qwen3_5TextConfig(**fields), MODEL_4B, 4)
+
+
+def _params(path: Path) -> int:
+    from headroom.engine.plan import load_geometry
+
+    return load_geometry(path).total_weight_bytes() // 2
+
+
+def section_perf(budget_s: float = 420.0) -> dict:
+    """Prefill tok/s at 8K/32K/128K and decode tok/s at batch 1/8/32, bf16 vs int2 KV, engine vs transformers."""
+    from headroom.engine.llm import LLM
+    from headroom.engine.plan import geometry_from_config
+    from transformers import Qwen3_5ForCausalLM
+
+    started = time.perf_counter()
+    _build_4b()
+    geometry = geometry_from_config(json.loads((MODEL_4B / "config.json").read_text()))
+    out: dict = {"model": "Qwen3.5-4B-shaped random bf16", "params": _params(MODEL_4B), "engine": {}, "hf": {}}
+    rng = random.Random(7)
+
+    def prompt(n):
+        return [rng.randrange(1000, 200000) for _ in range(n)]
+
+    for kv in ("bf16", "int2"):
+        llm = LLM(str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=140000,
+                  ssm_slots=40, chunked_prefill_size=8192, context_length=140000, max_running_requests=32,
+                  enable_prefix_cache=False)
+        llm.generate([prompt(300)], max_new_tokens=2, ignore_eos=True)
+        res: dict = {"prefill": {}, "decode": {}}
+        for n in (8192, 32768, 131072):
+            if time.perf_counter() - started > budget_s:
+                res["prefill"][n] = "skipped: time budget"
+                continue
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            seconds, _ = sync_time(lambda n=n, llm=llm: llm.generate([prompt(n)], max_new_tokens=1, ignore_eos=True))
+            res["prefill"][n] = {"seconds": seconds, "tokens_per_s": n / seconds,
+                                 "peak_above_static_bytes": torch.cuda.max_memory_allocated() - before}
+        for batch in (1, 8, 32):
+            if time.perf_counter() - started > budget_s:
+                res["decode"][batch] = "skipped: time budget"
+                continue
+            prompts = [prompt(256) for _ in range(batch)]
+            t1, _ = sync_time(lambda p=prompts, llm=llm: llm.generate(p, max_new_tokens=1, ignore_eos=True))
+            prompts = [prompt(256) for _ in range(batch)]
+            t65, _ = sync_time(lambda p=prompts, llm=llm: llm.generate(p, max_new_tokens=65, ignore_eos=True))
+            res["decode"][batch] = {"tokens_per_s": batch * 64 / (t65 - t1), "step_ms": (t65 - t1) / 64 * 1000}
+        out["engine"][kv] = res
+        del llm
+        torch.cuda.empty_cache()
+    hf = Qwen3_5ForCausalLM.from_pretrained(MODEL_4B, dtype=torch.bfloat16).to(DEV).eval()
+    for n in (8192, 32768, 131072):
+        if time.perf_counter() - started > budget_s:
+            out["hf"][f"prefill_{n}"] = "skipped: time budget"
+            continue
+        ids = torch.tensor([prompt(n)], device=DEV)
+        with torch.no_grad():
+            try:
+                seconds, _ = sync_time(lambda ids=ids: hf(ids, logits_to_keep=1, use_cache=False))
+                out["hf"][f"prefill_{n}"] = {"seconds": seconds, "tokens_per_s": n / seconds}
+            except torch.OutOfMemoryError as exc:
+                out["hf"][f"prefill_{n}"] = f"OOM: {exc}"[:200]
+        torch.cuda.empty_cache()
+    for batch in (1, 8, 32):
+        if time.perf_counter() - started > budget_s:
+            out["hf"][f"decode_{batch}"] = "skipped: time budget"
+            continue
+        ids = torch.tensor([prompt(256) for _ in range(batch)], device=DEV)
+        with torch.no_grad():
+            t1, _ = sync_time(lambda ids=ids: hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False))
+            t65, _ = sync_time(lambda ids=ids: hf.generate(ids, max_new_tokens=65, min_new_tokens=65, do_sample=False))
+        out["hf"][f"decode_{batch}"] = {"tokens_per_s": batch * 64 / (t65 - t1)}
+    out["geometry"] = {"full_attention_layers": geometry.num_full_attention_layers,
+                       "linear_attention_layers": geometry.num_linear_attention_layers}
+    out["elapsed_s"] = time.perf_counter() - started
+    return out
+
+
+SECTIONS = {"env": section_env, "roofline": section_roofline, "correctness": section_correctness, "perf": section_perf}
+
+
+def main() -> None:
+    target = Path(sys.argv[1])
+    names = sys.argv[2:] or list(SECTIONS)
+    results: dict = {"command": "python3 bench/gpu_engine.py " + " ".join(sys.argv[1:])}
+    for name in names:
+        started = time.perf_counter()
+        try:
+            results[name] = SECTIONS[name]()
+        except Exception:  # noqa: BLE001 - one failing section must not lose the others
+            results[name] = {"error": traceback.format_exc()[-3000:]}
+        results[name + "_seconds"] = time.perf_counter() - started
+        target.write_text(json.dumps(results, indent=1, default=str))
+        print(name, "done in", round(time.perf_counter() - started, 1), "s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
