@@ -88,14 +88,21 @@ def section_correctness() -> dict:
     for seed in (0, 1):
         path = Path(f"/tmp/headroom-tiny-{seed}")
         _save_random(_tiny_config(seed), path, seed)
-        reference = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
         prompt = [random.Random(seed).randrange(1000) for _ in range(777)]
+        # Truth: transformers in fp32. bf16 transformers' own distance from it is the noise floor.
+        truth_model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEV).eval()
+        with torch.no_grad():
+            truth = truth_model(torch.tensor([prompt], device=DEV), logits_to_keep=1).logits[0, -1].float()
+        del truth_model
+        top2 = truth.topk(2).values
+        reference = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
         with torch.no_grad():
             ref_logits = reference(torch.tensor([prompt], device=DEV), logits_to_keep=1).logits[0, -1].float()
             ref_tokens = reference.generate(
                 torch.tensor([prompt], device=DEV), max_new_tokens=24, do_sample=False, min_new_tokens=24
             )[0, len(prompt):].tolist()
-        case = {}
+        case: dict = {"transformers_bf16_vs_fp32_max_abs": float((ref_logits - truth).abs().max()),
+                      "fp32_top2_margin": float(top2[0] - top2[1])}
         base_tokens = None
         for kv in ("auto", *KV_DTYPES):
             llm = LLM(str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=4096, ssm_slots=16,
@@ -104,6 +111,7 @@ def section_correctness() -> dict:
             logits = gen.prompt_logits.float()
             entry = {
                 "max_abs_logit_diff_vs_transformers": float((logits - ref_logits).abs().max()),
+                "max_abs_logit_diff_vs_fp32_truth": float((logits - truth).abs().max()),
                 "logit_scale": float(ref_logits.abs().max()),
                 "greedy_agreement_vs_transformers": sum(a == b for a, b in zip(gen.token_ids, ref_tokens, strict=True)) / 24,
             }

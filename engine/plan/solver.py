@@ -209,7 +209,7 @@ def _pool_refusal(
 
 
 def _search(request: PlanRequest) -> Plan:
-    """Best plan over free chunk and context choices: the longest context, then the largest pool."""
+    """Best plan over free chunk and context choices: the longest context, then the preferred chunk."""
     model = engine_model(request.engine)
     t, pin = request.targets, request.pinned
     ctx_fixed = pin.context_length or t.context_length
@@ -229,7 +229,9 @@ def _search(request: PlanRequest) -> Plan:
             except PlanRefused as refusal:
                 refusals.append(refusal)
         if feasible:
-            return max(feasible, key=lambda p: p.max_total_tokens)
+            # The first feasible chunk in preference order: a bigger pool from a smaller chunk is not worth
+            # the prefill throughput it costs (seed 002); every target is already met.
+            return feasible[0]
     # Name what fails for the candidate that got furthest (the most lenient one): a chunk that
     # breaks the activation headroom is not the reason when a smaller chunk gets to the pool.
     furthest = max(_STAGE[r.binding_constraint] for r in refusals)
