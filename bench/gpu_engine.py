@@ -85,7 +85,7 @@ def section_correctness() -> dict:
     from transformers import Qwen3_5ForCausalLM
 
     out = {}
-    for seed in (0, 1):
+    for seed in (0,):
         path = Path(f"/tmp/headroom-tiny-{seed}")
         _save_random(_tiny_config(seed), path, seed)
         prompt = [random.Random(seed).randrange(1000) for _ in range(777)]
@@ -144,7 +144,7 @@ def _params(path: Path) -> int:
     return load_geometry(path).total_weight_bytes() // 2
 
 
-def section_perf(budget_s: float = 420.0) -> dict:
+def section_perf(budget_s: float = 330.0) -> dict:
     """Prefill tok/s at 8K/32K/128K and decode tok/s at batch 1/8/32, bf16 vs int2 KV, engine vs transformers."""
     from headroom.engine.llm import LLM
     from headroom.engine.plan import geometry_from_config
