@@ -14,7 +14,7 @@ from headroom.engine.cache_manager import CacheManager
 from headroom.engine.engine_loop_capacity import CacheCapacity
 from headroom.engine.forward_batch import BatchItem
 from headroom.engine.model_runner import ModelRunner
-from headroom.engine.sampling import sample_one
+from headroom.engine.sampling import sample
 from headroom.engine.scheduler import Scheduler
 from headroom.engine.scheduler_types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
 from headroom.engine.sequence import Sequence, SequenceStatus
@@ -125,7 +125,10 @@ class StepRunner:
                 self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
             return
         finished: set[str] = set()
-        for row, item in zip(logits, items, strict=True):
+        sampling = [i for i, item in enumerate(items) if item.samples]
+        tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
+                                                              for i in sampling]), strict=True)) if sampling else {}
+        for index, item in enumerate(items):
             seq = self.sequences[item.request.request_id]
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 # Publish the prefix at every chunk boundary with an SSM checkpoint: hybrid models can
@@ -133,7 +136,7 @@ class StepRunner:
                 self.cache.checkpoint(seq)
             if not item.samples:
                 continue
-            token = sample_one(row, seq)
+            token = tokens[index]
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)
             self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))

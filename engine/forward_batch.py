@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from headroom.engine.sequence import Sequence
@@ -35,6 +37,18 @@ class ForwardBatch:
     token_ids: torch.Tensor
     positions: torch.Tensor
     spans: list[ItemSpan]
+    # Index tensors every layer of this pass needs: built by the first layer, reused by the rest.
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """build() once per pass (every layer sees the same spans and slots)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(span.length == 1 for span in self.spans)
 
     @classmethod
     def build(cls, items: list[BatchItem], device: torch.device) -> ForwardBatch:

@@ -72,13 +72,7 @@ class KVPool:
         ):
             return
         if not self.is_kivi:
-            index = torch.tensor(slots, dtype=torch.long, device=k.device)
-            if self.kv_dtype == "fp8":
-                for name, x in (("k", k), ("v", v)):
-                    codes, scale = ops.fp8_quantize(x)
-                    store[name][index], store[name + "_scale"][index] = codes, scale
-            else:
-                store["k"][index], store["v"][index] = k.to(store["k"].dtype), v.to(store["v"].dtype)
+            self.write_rows(layer, torch.tensor(slots, dtype=torch.long, device=k.device), k, v)
             return
         page_len = self.page_tokens
         for start in range(0, len(slots), page_len):
@@ -90,6 +84,20 @@ class KVPool:
             store["v"][page] = v_packed
             value_rows = slice(slots[start], slots[start] + page_len)
             store["v_scale"][value_rows], store["v_zero"][value_rows] = v_scale, v_zero
+
+    def write_rows(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Token-granular formats (auto/bf16/fp8): k, v [T, H, D] into pool rows index [T] (int64)."""
+        assert not self.is_kivi
+        store = self.layers[layer]
+        if self.kv_dtype == "fp8":
+            if k.is_cuda:
+                ops.fp8_quantize_into_rows(k, v, index, store)
+                return
+            for name, x in (("k", k), ("v", v)):
+                codes, scale = ops.fp8_quantize(x)
+                store[name][index], store[name + "_scale"][index] = codes, scale
+            return
+        store["k"][index], store["v"][index] = k.to(store["k"].dtype), v.to(store["v"].dtype)
 
     def read(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized k, v [T, H, D] in the model dtype (KIVI: whole pages)."""

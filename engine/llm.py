@@ -11,7 +11,7 @@ from headroom.engine.cache_manager import CacheManager
 from headroom.engine.config import EngineConfig
 from headroom.engine.forward_batch import BatchItem
 from headroom.engine.model_runner import CapacityError, ModelRunner
-from headroom.engine.sampling import sample_one
+from headroom.engine.sampling import sample
 from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 
@@ -87,13 +87,15 @@ class LLM:
                     )
                 items.append(BatchItem(seq, seq.token_ids[start : start + length]))
             logits = self.runner.forward(items)
-            for seq, row in zip(active, logits, strict=True):
+            decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
+            tokens = dict(zip(decoding, sample(logits[decoding], [active[i] for i in decoding]), strict=True))
+            for index, (seq, row) in enumerate(zip(active, logits, strict=True)):
                 if seq.num_computed_tokens <= seq.num_prompt_tokens:
                     self.cache.checkpoint(seq)
                 if seq.is_prefilling:
                     continue
                 first_logits.setdefault(seq.request_id, row)
-                token = sample_one(row, seq)
+                token = tokens[index]
                 seq.output_token_ids.append(token)
                 stops = set(seq.sampling.stop_token_ids) | (set() if seq.sampling.ignore_eos else set(self.eos_token_ids))
                 if len(seq.output_token_ids) >= seq.sampling.max_new_tokens or token in stops:

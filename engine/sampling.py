@@ -27,7 +27,11 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits [num_items, vocab], one row per sequence."""
+    """logits [num_items, vocab], one row per sequence. Greedy rows share one argmax (one device sync)."""
     if logits.shape[0] != len(seqs):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(seqs)} sequences")
-    return [sample_one(row, seq) for row, seq in zip(logits, seqs, strict=True)]
+    greedy = torch.argmax(logits, dim=-1).tolist()
+    return [
+        int(greedy[i]) if seq.sampling.temperature == 0 else sample_one(logits[i], seq)
+        for i, seq in enumerate(seqs)
+    ]

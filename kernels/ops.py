@@ -7,6 +7,7 @@ without any caller changing.
 
 from __future__ import annotations
 
+import torch
 from headroom.kernels.attention import naive_prefix_attention
 from headroom.kernels.conv import naive_causal_conv1d
 from headroom.kernels.gated_delta import naive_gated_delta_rule
@@ -74,18 +75,22 @@ def causal_conv1d_update(x, weight, states, slots):
     return run(x, weight, states, slots)
 
 
+def fp8_quantize_into_rows(k, v, index, store) -> None:
+    """fp8 quantize-on-write of k, v [T, H, D] into pool rows index [T] (Triton, CUDA only)."""
+    from headroom.kernels.kv_quant_triton import fp8_quantize_into
+
+    rows = index.to(torch.int32)
+    fp8_quantize_into(k.contiguous(), rows, store["k"], store["k_scale"])
+    fp8_quantize_into(v.contiguous(), rows, store["v"], store["v_scale"])
+
+
 def quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:
     """Quantize-on-write with Triton on CUDA (fp8 or KIVI pages). False: the caller uses the reference."""
     if not k.is_cuda or kv_dtype not in ("fp8", "int8", "int4", "int2"):
         return False
-    import torch
 
     if kv_dtype == "fp8":
-        from headroom.kernels.kv_quant_triton import fp8_quantize_into
-
-        index = torch.tensor(slots, dtype=torch.int32, device=k.device)
-        fp8_quantize_into(k, index, store["k"], store["k_scale"])
-        fp8_quantize_into(v, index, store["v"], store["v_scale"])
+        fp8_quantize_into_rows(k, v, torch.tensor(slots, dtype=torch.long, device=k.device), store)
         return True
     from headroom.kernels.kv_quant_triton import kivi_quantize_pages
     from headroom.kernels.paged_kv import PagedKV

@@ -44,9 +44,17 @@ class FullAttention:
         k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
         q = ops.apply_rotary(q, batch.positions, self.inv_freq)
         k = ops.apply_rotary(k, batch.positions, self.inv_freq)
-        for span in batch.spans:
-            rows = slice(span.offset, span.offset + span.length)
-            kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
+        if kv_pool.is_kivi:
+            # Whole pages are quantized; each sequence's open page stays in its residual window.
+            for span in batch.spans:
+                rows = slice(span.offset, span.offset + span.length)
+                kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
+        else:
+            index = batch.cached("kv_write_rows", lambda: torch.tensor(
+                [slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], dtype=torch.long,
+                device=x.device,
+            ))
+            kv_pool.write_rows(self.pool_layer, index, k, v)
         if q.is_cuda:
             out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale)
         else:

@@ -35,32 +35,43 @@ class GatedDeltaNet:
         mixed, z, b, a = self.project(x)
         beta = torch.sigmoid(b)
         g = self.neg_a * F.softplus(a.float() + self.dt_bias.float())
-        conv_out = torch.empty_like(mixed)
-        slots: list[int] = []
-        for span in batch.spans:
-            slot = span.seq.ssm_slot
-            if slot is None:
-                raise ValueError(f"request {span.seq.request_id!r} has no SSM slot but the model is hybrid")
-            slots.append(slot)
-            rows = slice(span.offset, span.offset + span.length)
-            conv_state = ssm_pool.conv[self.pool_layer, slot]
-            conv_out[rows], new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
-            conv_state.copy_(new_conv)
+        slots = batch.cached("gdn.slots", lambda: _slot_index(batch, x.device))
+        conv_states = ssm_pool.conv[self.pool_layer]
+        if batch.is_decode_only:
+            # One token per sequence: one batched conv step over the pool's states, in place.
+            conv_out = ops.causal_conv1d_update(mixed.contiguous(), self.conv_weight, conv_states, slots.to(torch.int32))
+        else:
+            conv_out = torch.empty_like(mixed)
+            for span in batch.spans:
+                rows = slice(span.offset, span.offset + span.length)
+                conv_state = conv_states[span.seq.ssm_slot]
+                conv_out[rows], new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
+                conv_state.copy_(new_conv)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
         if x.is_cuda:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
-            index = torch.tensor(slots, dtype=torch.long, device=x.device)
-            bounds = torch.tensor([0] + [s.offset + s.length for s in batch.spans], device=x.device)
-            core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[index], bounds)
-            recurrent[index] = final.to(recurrent.dtype)
+            bounds = batch.cached("gdn.bounds", lambda: torch.tensor(
+                [0] + [s.offset + s.length for s in batch.spans], device=x.device
+            ))
+            core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], bounds)
+            recurrent[slots] = final.to(recurrent.dtype)
         else:
             core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
-            for span, slot in zip(batch.spans, slots, strict=True):
+            for span in batch.spans:
+                slot = span.seq.ssm_slot
                 rows = slice(span.offset, span.offset + span.length)
                 out, new_state = ops.gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent[slot])
                 recurrent[slot].copy_(new_state)
                 core[rows] = out
         normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
         return linear(normed.reshape(n, hv * dv), self.out_proj)
+
+
+def _slot_index(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
+    """SSM slot of every span, int64 [num_spans]; a hybrid model needs one per running request."""
+    missing = [span.seq.request_id for span in batch.spans if span.seq.ssm_slot is None]
+    if missing:
+        raise ValueError(f"requests {missing} have no SSM slot but the model is hybrid")
+    return torch.tensor([span.seq.ssm_slot for span in batch.spans], dtype=torch.long, device=device)

@@ -24,14 +24,19 @@ def paged_attention_over_pool(
 ) -> torch.Tensor:
     """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D]."""
     spans, device, page = batch.spans, q.device, kv_pool.page_tokens
-    closed = [s.end - s.end % page if kv_pool.is_kivi else s.end for s in spans]
-    table = page_table([s.seq.kv_slots[:c] for s, c in zip(spans, closed, strict=True)], page, device)
-    offsets = _int32([0] + [s.offset + s.length for s in spans], device)
+
+    def pool_index() -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        closed = [s.end - s.end % page if kv_pool.is_kivi else s.end for s in spans]
+        table = page_table([s.seq.kv_slots[:c] for s, c in zip(spans, closed, strict=True)], page, device)
+        offsets = _int32([0] + [s.offset + s.length for s in spans], device)
+        return closed, table, offsets, _int32([0] * len(spans), device), _int32(closed, device), max(
+            s.length for s in spans
+        )
+
+    closed, table, offsets, zeros, closed_t, max_q_len = batch.cached("paged_attention.pool", pool_index)
     kv = PagedKV.from_store(kv_pool.layers[layer], kv_pool.kv_dtype, kv_pool.bits, page, kv_pool.value_group)
-    max_q_len = max(s.length for s in spans)
     out, lse = ops.paged_attention(
-        q, batch.positions, offsets, table, _int32([0] * len(spans), device), _int32(closed, device), kv, scale,
-        max_q_len=max_q_len,
+        q, batch.positions, offsets, table, zeros, closed_t, kv, scale, max_q_len=max_q_len
     )
     if not kv_pool.is_kivi:
         return out
@@ -43,11 +48,16 @@ def paged_attention_over_pool(
     if not any(lens):
         return out
     window = PagedKV("dense", torch.cat(keys).to(q.dtype).contiguous(), torch.cat(values).to(q.dtype).contiguous())
-    starts = [sum(lens[:b]) for b in range(len(lens))]
-    window_table = page_table([list(range(a, a + n)) for a, n in zip(starts, lens, strict=True)], 1, device)
+
+    def window_index() -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer's window holds the same positions, so one table serves the pass.
+        starts = [sum(lens[:b]) for b in range(len(lens))]
+        table = page_table([list(range(a, a + n)) for a, n in zip(starts, lens, strict=True)], 1, device)
+        return table, _int32(lens, device)
+
+    window_table, window_lens = batch.cached("paged_attention.window", window_index)
     out_window, lse_window = ops.paged_attention(
-        q, batch.positions, offsets, window_table, _int32(closed, device), _int32(lens, device), window, scale,
-        max_q_len=max_q_len,
+        q, batch.positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
     )
     merged, _ = merge_two(out, lse, out_window, lse_window)
     return merged
