@@ -107,3 +107,16 @@ def test_revision_changes_with_the_plan_and_not_otherwise() -> None:
 def test_spec_model_names_the_failing_field(changes, field) -> None:
     with pytest.raises(SpecError, match=field.replace(".", r"\.")):
         parse_spec(inference_server(**changes)["spec"])
+
+
+# Contract with `headroom serve`: every flag the Deployment passes must be one the engine accepts.
+def test_builtin_deployment_args_parse_with_headroom_serve() -> None:
+    import argparse
+
+    serve_cli = pytest.importorskip("headroom.engine.serve_cli")
+    p = planned()
+    args = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]["args"]
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    parsed = parser.parse_args(args)
+    assert parsed.context_length == p.plan.context_length
