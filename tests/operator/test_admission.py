@@ -7,7 +7,6 @@ import uuid
 from typing import Any
 
 import aiohttp
-
 from headroom.operator.smoke_gate import SmokeOutcome, SmokeRequest
 
 from tests.operator.conftest import Api, OperatorHarness
