@@ -19,11 +19,19 @@ from headroom.engine.plan.kv_format import KV_DTYPES, kv_format, kv_heads_per_gp
 
 # Tokens of the cached prefix one attention program dequantizes at a time.
 _DEQUANT_BLOCK_TOKENS = 256
-# Measured for torch + Triton on Hopper; recalibrated by bench/ on the H200 (issue 8).
-_CUDA_CONTEXT_BYTES = 512 * MiB
+# Calibrated on the H200 (bench/results/gpu_plans_before_calibration.json, torch 2.11 + CUDA 13, three plans
+# of a Qwen3.5-4B-shaped model at chunk 8192): memory outside torch's allocator (CUDA context, cuBLAS and
+# Triton modules) peaked at 686 MiB, so 704 MiB.
+_CUDA_CONTEXT_BYTES = 704 * MiB
+# Kept for decode CUDA graphs (not captured yet): headroom for their pools when they land.
 _GRAPH_RESERVE_BYTES = 256 * MiB
-# Caching-allocator fragmentation, as a share of the GPU.
-_FRAGMENTATION_SHARE = 0.02
+# The shape-based activation estimate (engines/base.py) saw 644-649 MiB where torch's allocator peaked
+# 1,181-1,242 MiB above the static pools (fla and attention workspaces, q/k/v and gate copies): x1.95.
+_ACTIVATION_SCALE = 1.95
+# Caching-allocator slack (reserved minus allocated at the peak), as a share of the GPU: 3.8-5.1% for
+# token-granular KV, 9.0% for KIVI (its page-sized temporaries of many sizes fragment more).
+_FRAGMENTATION_SHARE = 0.055
+_FRAGMENTATION_SHARE_KIVI = 0.095
 
 
 class BuiltinEngine(EngineModel):
@@ -59,12 +67,13 @@ class BuiltinEngine(EngineModel):
     def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
         quantized = kv_format(layout.kv_dtype).bits < 16
         workspace = dense_prefix_bytes(geometry, _DEQUANT_BLOCK_TOKENS, layout.tp) if quantized else 0
+        share = _FRAGMENTATION_SHARE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SHARE
         return {
             "cuda_context": _CUDA_CONTEXT_BYTES,
-            "activations": activation_bytes(geometry, layout.chunk, layout.running, layout.tp),
+            "activations": int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp)),
             "dequant_transient": workspace,
             "graph_reserve": _GRAPH_RESERVE_BYTES,
-            "fragmentation": int(_FRAGMENTATION_SHARE * gpu_memory),
+            "fragmentation": int(share * gpu_memory),
         }
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
