@@ -70,6 +70,8 @@ class EngineSpec(_Camel):
 
 class KvCacheSpec(_Camel):
     dtype: Literal["bf16", "fp8", "int8", "int4", "int2"] = "bf16"
+    # Recurrent-state dtype of hybrid models' SSM slots; None: the engine's default (fp32).
+    ssm_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(default=None, alias="ssmDtype")
 
 
 class TargetsSpec(_Camel):
@@ -179,6 +181,7 @@ def plan_request(spec: InferenceServerSpec, geometry: ModelGeometry, gpu_memory_
         geometry=geometry,
         gpu_memory_bytes=gpu_memory_bytes,
         kv_dtype=spec.kv_cache.dtype,
+        ssm_dtype=spec.kv_cache.ssm_dtype,
         engine=spec.engine.kind,
         tp=spec.gpu.count,
         targets=targets,

@@ -57,7 +57,7 @@ class Api:
         return await self.call("DELETE", path)
 
     async def wait_for(
-        self, path: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+        self, path: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0
     ) -> dict[str, Any]:
         """Poll until predicate(object) holds; fail with the last object seen."""
         last: dict[str, Any] | None = None

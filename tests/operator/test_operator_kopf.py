@@ -142,7 +142,7 @@ async def test_delete_removes_children(operator: OperatorHarness, emulator) -> N
         assert await api.get(path) is not None, path
     await api.delete(f"{ISVC}/qwen")
     for path in [*children, f"{ISVC}/qwen"]:
-        deadline = asyncio.get_running_loop().time() + 10
+        deadline = asyncio.get_running_loop().time() + 30
         while await api.get(path) is not None:
             assert asyncio.get_running_loop().time() < deadline, f"{path} still exists"
             await asyncio.sleep(0.05)
