@@ -5,17 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from headroom.engine.plan.presets import preset_config
+
 NAMESPACE = "llm"
 
 # A Qwen3.5-4B-shaped config.json (hybrid: 3 Gated DeltaNet layers per full-attention layer).
-CONFIG_JSON: dict[str, Any] = {
-    "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
-    "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-    "head_dim": 256, "intermediate_size": 9216, "vocab_size": 248320, "full_attention_interval": 4,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}
+CONFIG_JSON: dict[str, Any] = preset_config("qwen3.5-4b")[0]
 
 SPEC: dict[str, Any] = {
     "model": {"pvc": {"claimName": "models"}, "path": "qwen3.5-4b", "config": CONFIG_JSON},
