@@ -2,13 +2,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+# The repo root holds a folder named operator/ (import name headroom.operator): a Python started here with
+# `-m` or `-c` would put the root first on sys.path and shadow the standard library's `operator`. Tools run
+# through their own scripts, and PYTHONSAFEPATH (3.11+) keeps the root off sys.path everywhere else.
+export PYTHONSAFEPATH := 1
 
 .PHONY: install demo test lint typecheck imports pytest bench-plan sync-crds clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	cd / && $(PYTHON) -m venv $(abspath $(VENV))
 	$(PIP) install -q --upgrade pip
 
 # torch first, from the CPU build on local disk, so the project's range admits it and no CUDA build is fetched.
@@ -23,10 +27,10 @@ demo: $(STAMP)
 	$(VENV)/bin/headroom demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check .
+	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy engine operator
+	$(VENV)/bin/mypy engine operator
 
 # import-linter cannot see through the editable install's path hook, so it reads a plain,
 # freshly built copy of the package tree.
@@ -37,7 +41,7 @@ imports: $(STAMP)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
 pytest: $(STAMP)
-	$(PY) -m pytest
+	$(VENV)/bin/pytest
 
 test: lint typecheck imports pytest
 
