@@ -108,11 +108,14 @@ class CacheManager:
         if not self._publish(seq, length, ckpt) and ckpt is not None:
             self.ssm_allocator.free(ckpt)  # type: ignore[union-attr]
 
-    def finish(self, seq: Sequence) -> None:
-        """Release seq: publish what it computed (whole pages), unlock, free the rest."""
+    def finish(self, seq: Sequence, publish: bool = True) -> None:
+        """Release seq: publish what it computed (whole pages), unlock, free the rest.
+
+        publish=False frees without publishing: after a failed pass the SSM slot may hold a half-updated state.
+        """
         length = seq.num_computed_tokens - seq.num_computed_tokens % self.page
         slot_adopted = False
-        if self.radix is not None and length > seq.num_shared_slots:
+        if publish and self.radix is not None and length > seq.num_shared_slots:
             final = seq.ssm_slot if length == seq.num_computed_tokens else None
             slot_adopted = self._publish(seq, length, final)
         own = seq.kv_slots[seq.num_shared_slots :]

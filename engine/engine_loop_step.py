@@ -66,12 +66,13 @@ class StepRunner:
         seq = self.sequences.pop(request_id, None)
         self.eos_ids.pop(request_id, None)
         if seq is not None:
-            self._release(seq)
+            # A failed pass may have updated some layers' SSM state in place: never publish it as a checkpoint.
+            self._release(seq, publish=error is None)
             self.emit(request_id, TokenEvent([], reason, error, seq.num_prompt_tokens, seq.cached_tokens))
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, publish: bool = True) -> None:
         if seq.kv_slots or seq.ssm_slot is not None:
-            self.cache.finish(seq)
+            self.cache.finish(seq, publish)
         self.runner.kv_pool.release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -118,16 +119,16 @@ class StepRunner:
         for item in items:
             seq = self.sequences[item.request.request_id]
             batch.append(BatchItem(seq, seq.token_ids[item.start:item.start + item.num_tokens]))
+        sampling = [i for i, item in enumerate(items) if item.samples]
         try:
             logits = self.runner.forward(batch)
-        except Exception as exc:  # noqa: BLE001 - one failing pass must not take the server down
+            tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
+                                                                  for i in sampling]), strict=True)) if sampling else {}
+        except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server
             for item in items:
                 self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
             return
         finished: set[str] = set()
-        sampling = [i for i, item in enumerate(items) if item.samples]
-        tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
-                                                              for i in sampling]), strict=True)) if sampling else {}
         for index, item in enumerate(items):
             seq = self.sequences[item.request.request_id]
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
