@@ -109,7 +109,10 @@ async def _respond(state: ServerState, request: Request, body: SamplingFields, s
         return JSONResponse({**base, "object": kind, "choices": [_choice(whole, chat, False, body, seq)],
                              "usage": usage.to_dict()})
     # Pull the first event before answering 200, so a full queue is still a 429.
-    first = await anext(deltas)
+    first = await anext(deltas, None)
+    if first is None:
+        # The client left before the first token (generate aborted the request): nobody reads an answer.
+        return Response(status_code=499)
 
     async def sse() -> AsyncIterator[str]:
         kind = "chat.completion.chunk" if chat else "text_completion"

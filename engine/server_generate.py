@@ -20,6 +20,9 @@ from headroom.engine.protocol import SamplingFields
 from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.tokenizer import Tokenizer
 
+# Seconds between checks that the client is still there (the request is aborted when it is not).
+_DISCONNECT_CHECK_S = 0.25
+
 
 class APIError(Exception):
     """An error answered as HTTP `status` with an OpenAI-style body; the message says the numbers."""
@@ -119,16 +122,22 @@ async def generate(state: ServerState, request: Request, seq: Sequence, stops: l
     state.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
     assembler = TextAssembler(state.tokenizer, stops)
     started = last = time.perf_counter()
+    next_check = started + _DISCONNECT_CHECK_S
     done = engine_done = False
     try:
         while not done:
             try:
-                event = await asyncio.wait_for(stream.events.get(), timeout=0.25)
+                event = await asyncio.wait_for(stream.events.get(), timeout=_DISCONNECT_CHECK_S)
             except asyncio.TimeoutError:
+                event = None
+            now = time.perf_counter()
+            # Also while tokens flow: a non-streaming handler is never cancelled when its client leaves.
+            if now >= next_check:
+                next_check = now + _DISCONNECT_CHECK_S
                 if await request.is_disconnected():
                     return
+            if event is None:
                 continue
-            now = time.perf_counter()
             if event.token_ids:
                 (state.metrics.itl if usage.completion_tokens else state.metrics.ttft).observe(
                     now - (last if usage.completion_tokens else started))
