@@ -1,13 +1,14 @@
 """OpenAI-compatible request bodies (pydantic): validation at the edge, errors that name the field.
 
-Unknown fields are ignored (clients send many); fields we accept but cannot honour (n > 1) are refused.
+Unknown fields are ignored (clients send many); fields we accept but cannot honour (n > 1, logprobs,
+top_logprobs, echo, best_of > 1) are refused with 422.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class StreamOptions(BaseModel):
@@ -26,9 +27,28 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
+    # Not computed here: refused when asked for, rather than answered with null logprobs or no echo.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
     # vLLM extensions.
     ignore_eos: bool = False
     return_token_ids: bool = False
+
+    @field_validator("logprobs", "top_logprobs", "echo")
+    @classmethod
+    def _not_supported(cls, value: bool | int | None, info: ValidationInfo) -> bool | int | None:
+        if value:
+            raise ValueError(f"{info.field_name}={value!r} is not supported by this server (leave it unset)")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError(f"best_of={value} is not supported: one candidate per request (best_of 1)")
+        return value
 
     @field_validator("stop")
     @classmethod
