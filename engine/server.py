@@ -121,6 +121,10 @@ async def _respond(state: ServerState, request: Request, body: SamplingFields, s
             while delta is not None:
                 yield "data: " + json.dumps({**base, "object": kind, "choices": [_choice(delta, chat, True, body, seq)]}) + "\n\n"
                 delta = await anext(deltas, None)
+        except APIError as exc:
+            # The 200 is long sent: say what failed in the stream instead of cutting the connection.
+            kind_of_error = "invalid_request_error" if exc.status < 500 else "server_error"
+            yield "data: " + json.dumps({"error": {"message": exc.message, "type": kind_of_error, "code": exc.status}}) + "\n\n"
         finally:
             # A client that hung up cancels us here; closing `deltas` aborts the request in the engine.
             await deltas.aclose()

@@ -83,3 +83,22 @@ def test_a_stream_whose_client_left_before_the_first_token_ends_without_a_server
         finally:
             logging.getLogger("uvicorn.error").removeHandler(handler)
     assert not [r for r in errors if "Exception in ASGI application" in r.getMessage()]
+
+
+def test_an_engine_failure_mid_stream_is_reported_in_the_stream(tmp_path):
+    with running_server(tmp_path) as server:
+        runner = server.state.loop.steps.runner
+
+        def failing_forward(batch, all_positions=False):
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+        body = {"prompt": "tell me a long story", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            lines = (line for line in response.iter_lines() if line.startswith("data: "))
+            assert '"choices"' in next(lines)
+            runner.forward = failing_forward
+            rest = list(lines)
+        errors = [line for line in rest if '"error"' in line]
+        assert len(errors) == 1 and "CUDA out of memory (simulated)" in errors[0] and '"code": 500' in errors[0]
+        assert rest[-1] == "data: [DONE]"
