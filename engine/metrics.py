@@ -70,7 +70,8 @@ class EngineMetrics:
         self.running.set(len(scheduler.running))
         self.prefilling.set(scheduler.num_prefilling)
         self.preemptions.set(scheduler.num_preemptions)
-        for reason, count in scheduler.rejections.items():
+        # /metrics runs this on the event loop while the engine thread may add a reason: iterate a copy.
+        for reason, count in dict(scheduler.rejections).items():
             self.rejections.labels(reason=reason).set(count)
 
     def render(self) -> bytes:
