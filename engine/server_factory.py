@@ -88,6 +88,12 @@ def build_state(options: ServeOptions) -> ServerState:
             f"--ssm-slots {options.ssm_slots} disagrees with the plan's {plan.ssm_slots} SSM slots "
             "(they follow from chunk, context and running requests); pass --plan plan.json to pin a plan"
         )
+    if plan.context_length > plan.max_total_tokens:
+        # No request longer than the KV pool can ever be admitted: it would wait forever.
+        raise ValueError(
+            f"plan context_length {plan.context_length} exceeds its max_total_tokens {plan.max_total_tokens}: "
+            "a request of that length could never fit the KV pool"
+        )
     config = EngineConfig.from_plan(plan, str(model_dir), device=options.device)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.

@@ -43,3 +43,19 @@ def test_ssm_slots_that_disagree_with_the_plan_are_refused(rendered):
     args[args.index("--ssm-slots") + 1] = str(plan.ssm_slots + 1)
     with pytest.raises(ValueError, match=f"--ssm-slots {plan.ssm_slots + 1} disagrees with the plan's {plan.ssm_slots}"):
         build_state(options_from_args(_serve_args(model_dir, args)))
+
+
+def test_a_plan_file_whose_context_exceeds_the_kv_pool_is_refused(rendered, tmp_path):
+    import dataclasses
+    import json
+
+    model_dir, plan = rendered
+    edited = dataclasses.replace(plan, context_length=plan.max_total_tokens + 1)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(edited.to_dict()))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", str(model_dir), "--device", "cpu", "--plan", str(path)])
+    expected = f"context_length {plan.max_total_tokens + 1} exceeds its max_total_tokens {plan.max_total_tokens}"
+    with pytest.raises(ValueError, match=expected):
+        build_state(options_from_args(args))
