@@ -38,8 +38,10 @@ def build_app(state: ServerState) -> FastAPI:
         return _error(422, f"invalid request body: {problems}")
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "live"}
+    async def health() -> JSONResponse:
+        if state.warmup_error is not None:
+            return JSONResponse({"status": "failed", "reason": state.warmup_error}, 503)
+        return JSONResponse({"status": "live"})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:

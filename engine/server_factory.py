@@ -7,6 +7,7 @@ every kernel path serving uses has run once; its pass times calibrate the schedu
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 from headroom.engine.config import EngineConfig
 from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from headroom.engine.engine_loop import EngineLoop
-from headroom.engine.engine_loop_step import StepStats
+from headroom.engine.engine_loop_step import StepStats, TokenEvent
 from headroom.engine.metrics import EngineMetrics
 from headroom.engine.model_runner import ModelRunner
 from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
@@ -23,6 +24,8 @@ from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server_generate import ServerState
 from headroom.engine.telemetry import gpu_memory_bytes
 from headroom.engine.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 # Without NVML (a CPU), plan against this much memory unless --gpu-memory says otherwise.
 CPU_MEMORY_BUDGET = "2GiB"
@@ -114,13 +117,31 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     length = min(num_tokens or 2 * chunk + 1, state.context_length - 2)
     vocab = state.tokenizer.vocab_size
     timings: list[StepStats] = []
-    previous = loop.on_step
+    failures: list[str] = []
+    previous_step, previous_emit = loop.on_step, loop.steps.emit
+
+    def record(request_id: str, event: TokenEvent) -> None:
+        if event.finish_reason == "error":
+            failures.append(f"{request_id}: {event.error}")
+        previous_emit(request_id, event)
+
     loop.on_step = lambda stats, _: timings.append(stats)
-    loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)), frozenset())
-    loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
-                            SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
-    loop.run_until_idle()
-    loop.on_step = previous
+    loop.steps.emit = record
+    try:
+        loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)),
+                       frozenset())
+        loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
+                                SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+        loop.run_until_idle()
+    except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
+        failures.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        loop.on_step, loop.steps.emit = previous_step, previous_emit
+    if failures:
+        # A server that cannot run its own warm-up is not usable: never ready, and not live either.
+        state.warmup_error = "warm-up failed: " + "; ".join(failures)
+        logger.error("%s", state.warmup_error)
+        return
     loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings))
     loop.start()
     state.ready.set()

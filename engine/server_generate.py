@@ -42,6 +42,8 @@ class ServerState:
     plan: dict[str, Any] | None = None
     default_max_tokens: int = 256
     ready: threading.Event = field(default_factory=threading.Event)
+    # Set when warm-up failed: /health then answers 503 so the orchestrator restarts the server.
+    warmup_error: str | None = None
     request_ids: itertools.count = field(default_factory=itertools.count)
 
 

@@ -62,3 +62,25 @@ def test_client_disconnect_frees_slot_and_pages(tmp_path):
         assert kv.num_used_tokens == cached
         finished = [s for s in server.state.metrics.requests.collect()[0].samples if s.name.endswith("_total")]
         assert not any(s.labels["finish_reason"] == "length" and s.value for s in finished)
+
+
+def test_a_failed_warm_up_is_never_ready_and_not_live(tmp_path, monkeypatch):
+    from headroom.engine.default_model import ensure_default_model
+    from headroom.engine.server import build_app
+    from headroom.engine.server_factory import ServeOptions, build_state, warm_up
+    from starlette.testclient import TestClient
+
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=1024,
+                                     max_total_tokens=4096, chunked_prefill_size=128, max_running_requests=4,
+                                     max_new_tokens=64))
+
+    def broken_forward(*_args, **_kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(state.loop.steps.runner, "forward", broken_forward)
+    warm_up(state)
+    client = TestClient(build_app(state))
+    assert client.get("/ready").status_code == 503
+    health = client.get("/health")
+    assert health.status_code == 503
+    assert "CUDA out of memory (simulated)" in health.json()["reason"]
