@@ -6,6 +6,7 @@ APIError (400 context overflow, 429 queue full). Generation runs on the engine t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -24,9 +25,32 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
 
 
+# Generous for any text or token-id prompt that can fit the context (JSON ids take about 7 bytes each).
+_BODY_BYTES_PER_TOKEN = 64
+_BODY_BYTES_FLOOR = 1024**2
+
+
+def max_body_bytes(context_length: int) -> int:
+    """Largest request body the server reads: 64 bytes per token of context, at least 1 MiB."""
+    return max(_BODY_BYTES_FLOOR, _BODY_BYTES_PER_TOKEN * context_length)
+
+
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="headroom", docs_url=None, redoc_url=None)
     app.state.headroom = state
+    max_body = max_body_bytes(state.context_length)
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
+        # Bound what one request can make the server read and tokenize before the context check runs.
+        if request.method == "POST":
+            declared = request.headers.get("content-length")
+            if declared is None:
+                return _error(411, "a Content-Length header is required")
+            if not declared.isdigit() or int(declared) > max_body:
+                return _error(413, f"request body of {declared} bytes exceeds {max_body} bytes "
+                                   f"({_BODY_BYTES_PER_TOKEN} per token of context length {state.context_length})")
+        return await call_next(request)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -65,10 +89,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        # Tokenizing a long prompt takes a while: off the event loop, so running streams keep flowing.
         if isinstance(body.prompt, str):
-            prompt_ids = state.tokenizer.encode(body.prompt)
+            prompt_ids = await asyncio.to_thread(state.tokenizer.encode, body.prompt)
         elif isinstance(body.prompt[0], str):
-            prompt_ids = state.tokenizer.encode(str(body.prompt[0]))
+            prompt_ids = await asyncio.to_thread(state.tokenizer.encode, str(body.prompt[0]))
         else:
             prompt_ids = [int(t) for t in body.prompt]
         seq = make_sequence(state, "cmpl", prompt_ids, body, body.max_tokens)
@@ -78,10 +103,11 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            prompt = state.tokenizer.apply_chat_template(messages)
+            prompt = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages)
         except ValueError as exc:
             raise APIError(400, str(exc)) from exc
-        seq = make_sequence(state, "chatcmpl", state.tokenizer.encode(prompt), body, body.requested_max_tokens)
+        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
+        seq = make_sequence(state, "chatcmpl", prompt_ids, body, body.requested_max_tokens)
         return await _respond(state, request, body, seq, chat=True)
 
     return app

@@ -84,3 +84,25 @@ def test_a_failed_warm_up_is_never_ready_and_not_live(tmp_path, monkeypatch):
     health = client.get("/health")
     assert health.status_code == 503
     assert "CUDA out of memory (simulated)" in health.json()["reason"]
+
+
+def test_oversized_or_unsized_bodies_are_refused_before_reading(tmp_path):
+    import httpx
+    from headroom.engine.server import max_body_bytes
+
+    from tests.engine.server_fixtures import running_server
+
+    with running_server(tmp_path, warm=False) as server:
+        limit = max_body_bytes(2048)
+        too_big = b'{"model": "x", "prompt": "' + b"a" * limit + b'"}'
+        answer = httpx.post(f"{server.base_url}/v1/completions", content=too_big,
+                            headers={"content-type": "application/json"})
+        assert answer.status_code == 413
+        assert f"exceeds {limit} bytes" in answer.json()["error"]["message"]
+
+        def chunks():
+            yield b'{"model": "x", "prompt": "hi"}'
+
+        unsized = httpx.post(f"{server.base_url}/v1/completions", content=chunks(),
+                             headers={"content-type": "application/json"})
+        assert unsized.status_code == 411
