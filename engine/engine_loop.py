@@ -109,10 +109,11 @@ class EngineLoop:
             self._step()
             self.drain_inbox()
 
-    def _step(self) -> None:
+    def _step(self) -> StepStats:
         stats = self.steps.step()
         if self.on_step is not None:
             self.on_step(stats, self)
+        return stats
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -122,7 +123,11 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             try:
-                self._step()
+                stats = self._step()
+                if stats.num_prefill_tokens == 0 and stats.num_decodes == 0:
+                    # Work waits on memory that only an arrival or an abort can free: do not spin.
+                    self._wake.wait(0.01)
+                    self._wake.clear()
             except Exception:  # noqa: BLE001 - the loop must outlive any single bug
                 logger.exception("engine step failed; failing the running requests")
                 self._fail_running()
