@@ -35,22 +35,33 @@ def max_body_bytes(context_length: int) -> int:
     return max(_BODY_BYTES_FLOOR, _BODY_BYTES_PER_TOKEN * context_length)
 
 
+class BodyLimit:
+    """Bound what one request can make the server read and tokenize before the context check runs."""
+
+    def __init__(self, app: Any, max_bytes: int, context_length: int):
+        self.app, self.max_bytes, self.context_length = app, max_bytes, context_length
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            declared = dict(scope["headers"]).get(b"content-length")
+            refusal = None
+            if declared is None:
+                refusal = _error(411, "a Content-Length header is required")
+            elif not declared.isdigit() or int(declared) > self.max_bytes:
+                refusal = _error(413, f"request body of {declared.decode(errors='replace')} bytes exceeds "
+                                      f"{self.max_bytes} bytes ({_BODY_BYTES_PER_TOKEN} per token of context length "
+                                      f"{self.context_length})")
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="headroom", docs_url=None, redoc_url=None)
     app.state.headroom = state
-    max_body = max_body_bytes(state.context_length)
-
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
-        # Bound what one request can make the server read and tokenize before the context check runs.
-        if request.method == "POST":
-            declared = request.headers.get("content-length")
-            if declared is None:
-                return _error(411, "a Content-Length header is required")
-            if not declared.isdigit() or int(declared) > max_body:
-                return _error(413, f"request body of {declared} bytes exceeds {max_body} bytes "
-                                   f"({_BODY_BYTES_PER_TOKEN} per token of context length {state.context_length})")
-        return await call_next(request)
+    # Pure ASGI, not @app.middleware: that wrapper hides client disconnects from the endpoints.
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes(state.context_length), context_length=state.context_length)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
