@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headroom.engine.models.moe_config import MoEConfigError, moe_fields_from_hf
+from headroom.engine.plan.geometry import GeometryError, layer_types
 
 # architecture -> (family, whether the checkpoint nests the text model under model.language_model)
 SUPPORTED_ARCHITECTURES = {
@@ -116,10 +117,11 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     num_layers = int(_field(cfg, "num_hidden_layers"))
     hybrid = family in _HYBRID_FAMILIES
     if hybrid:
-        types = cfg.get("layer_types") or [
-            "full_attention" if (i + 1) % int(cfg.get("full_attention_interval", 4)) == 0 else "linear_attention"
-            for i in range(num_layers)
-        ]
+        # The planner's reading of the layer kinds, so the pools it sizes are the pools the model uses.
+        try:
+            types = layer_types(cfg, num_layers, family)
+        except GeometryError as exc:
+            raise ModelConfigError(str(exc)) from exc
     else:
         types = ["full_attention"] * num_layers
         if cfg.get("use_sliding_window"):

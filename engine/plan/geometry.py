@@ -102,7 +102,8 @@ def _require(cfg: dict[str, Any], key: str, model_type: str) -> Any:
     return cfg[key]
 
 
-def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> list[str]:
+def layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> list[str]:
+    """Each layer's kind from layer_types, or every full_attention_interval-th layer full (default 4)."""
     types = cfg.get("layer_types")
     if types is None:
         interval = int(cfg.get("full_attention_interval", 4))
@@ -147,7 +148,7 @@ def geometry_from_config(cfg: dict[str, Any]) -> ModelGeometry:
     )
     if model_type == "qwen3":
         return ModelGeometry(num_full_attention_layers=num_layers, num_linear_attention_layers=0, **common)
-    types = _layer_types(cfg, num_layers, model_type)
+    types = layer_types(cfg, num_layers, model_type)
     num_full = types.count("full_attention")
     linear: dict[str, Any] = {
         key: int(_require(cfg, key, model_type))
