@@ -88,25 +88,40 @@ def make_sequence(state: ServerState, prefix: str, prompt_ids: list[int], body: 
 
 
 class TextAssembler:
-    """Incremental detokenization; holds back a partial UTF-8 character and a possible stop-string prefix."""
+    """Incremental detokenization; holds back a partial UTF-8 character and a possible stop-string prefix.
+
+    Each step decodes only the tokens since the last commit plus the window before it (the context a
+    tokenizer needs for spacing), so a long output costs linear, not quadratic, decoding.
+    """
 
     def __init__(self, tokenizer: Tokenizer, stops: list[str]):
         self.tokenizer, self.stops = tokenizer, stops
         self.token_ids: list[int] = []
+        self.text = ""
         self.emitted = 0
         self.hold = max((len(s) for s in stops), default=1) - 1
+        # token_ids[prefix_offset:read_offset] is the window already turned into text.
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _commit(self, final: bool) -> None:
+        known = self.tokenizer.decode(self.token_ids[self.prefix_offset:self.read_offset])
+        window = self.tokenizer.decode(self.token_ids[self.prefix_offset:])
+        # A trailing replacement character is a UTF-8 sequence still cut in half: wait for its last byte.
+        if len(window) > len(known) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(known):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
 
     def add(self, token_ids: list[int], final: bool) -> tuple[str, bool]:
         """New text to send, and whether a stop string ended it."""
         self.token_ids += token_ids
-        text = self.tokenizer.decode(self.token_ids)
+        self._commit(final)
+        text = self.text
         hits = [i for i in (text.find(s, max(0, self.emitted - self.hold)) for s in self.stops) if i >= 0]
         if hits:
             delta, self.emitted = text[self.emitted:min(hits)], len(text)
             return delta, True
         end = len(text) if final else len(text) - self.hold
-        while not final and end > self.emitted and text[end - 1] == "\ufffd":
-            end -= 1
         delta = text[self.emitted:max(self.emitted, end)]
         self.emitted += len(delta)
         return delta, False
