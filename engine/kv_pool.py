@@ -65,14 +65,14 @@ class KVPool:
     def write(self, layer: int, slots: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize-on-write k, v [T, H, D] into slots (KIVI: whole pages, page-aligned, in order)."""
         store = self.layers[layer]
-        if self.is_kivi and any(slots[i] % self.page_tokens for i in range(0, len(slots), self.page_tokens)):
-            raise ValueError(f"KIVI writes take whole pages of {self.page_tokens} slots, page-aligned")
-        if ops.quantize_into_pool(
-            store, self.kv_dtype, self.bits, self.page_tokens, self.value_group, slots, k.contiguous(), v.contiguous()
-        ):
-            return
         if not self.is_kivi:
             self.write_rows(layer, torch.tensor(slots, dtype=torch.long, device=k.device), k, v)
+            return
+        if any(slots[i] % self.page_tokens for i in range(0, len(slots), self.page_tokens)):
+            raise ValueError(f"KIVI writes take whole pages of {self.page_tokens} slots, page-aligned")
+        if ops.kivi_quantize_into_pool(
+            store, self.kv_dtype, self.bits, self.page_tokens, self.value_group, slots, k.contiguous(), v.contiguous()
+        ):
             return
         page_len = self.page_tokens
         for start in range(0, len(slots), page_len):

@@ -84,14 +84,10 @@ def fp8_quantize_into_rows(k, v, index, store) -> None:
     fp8_quantize_into(v.contiguous(), rows, store["v"], store["v_scale"])
 
 
-def quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:
-    """Quantize-on-write with Triton on CUDA (fp8 or KIVI pages). False: the caller uses the reference."""
-    if not k.is_cuda or kv_dtype not in ("fp8", "int8", "int4", "int2"):
+def kivi_quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:
+    """KIVI quantize-on-write of whole pages with Triton on CUDA. False: the caller uses the reference."""
+    if not k.is_cuda:
         return False
-
-    if kv_dtype == "fp8":
-        fp8_quantize_into_rows(k, v, torch.tensor(slots, dtype=torch.long, device=k.device), store)
-        return True
     from headroom.kernels.kv_quant_triton import kivi_quantize_pages
     from headroom.kernels.paged_kv import PagedKV
 

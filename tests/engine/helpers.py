@@ -36,3 +36,22 @@ def chunked_logits(runner: ModelRunner, seq: Sequence, chunk: int) -> torch.Tens
         tokens = seq.prompt_token_ids[start : start + chunk]
         rows.append(runner.forward([BatchItem(seq, tokens)], all_positions=True))
     return torch.cat(rows)
+
+
+def assert_hit_then_rest_equals_cold_run(model_dir, vocab: int) -> None:
+    """A 24-token prefix cached at chunk 8, then the prompt extended: the hit covers all 24 tokens and the
+    logits and greedy tokens equal a cold run of the whole prompt."""
+    from headroom.engine.llm import LLM
+
+    shared = random_prompt(vocab, 24, seed=3)
+    second = shared + random_prompt(vocab, 9, seed=4)
+    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
+    warm.generate([shared], max_new_tokens=3)
+    hit = warm.generate([second], max_new_tokens=6)[0]
+    # Checkpoints sit at chunk ends (8, 16, 24): the hit is the whole shared prefix.
+    assert hit.cached_tokens == 24
+    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
+    cold_run = cold.generate([second], max_new_tokens=6)[0]
+    assert cold_run.cached_tokens == 0
+    torch.testing.assert_close(hit.prompt_logits, cold_run.prompt_logits, atol=1e-4, rtol=0)
+    assert hit.token_ids == cold_run.token_ids

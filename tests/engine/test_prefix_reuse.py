@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from headroom.engine.llm import LLM
 
-from tests.engine.helpers import random_prompt
+from tests.engine.helpers import assert_hit_then_rest_equals_cold_run, random_prompt
 
 
 @pytest.mark.parametrize(("kind", "index"), [("qwen3", 0), ("qwen3_5", 0), ("qwen3_5", 2)])
 def test_hit_then_rest_equals_cold_run(tiny_model_factory, kind, index):
     model_dir, reference = tiny_model_factory(kind, index)
-    vocab = reference.config.vocab_size
-    shared = random_prompt(vocab, 24, seed=3)
-    second = shared + random_prompt(vocab, 9, seed=4)
-    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
-    warm.generate([shared], max_new_tokens=3)
-    hit = warm.generate([second], max_new_tokens=6)[0]
-    # Checkpoints sit at chunk ends (8, 16, 24): the hit is the whole shared prefix.
-    assert hit.cached_tokens == 24
-    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
-    cold_run = cold.generate([second], max_new_tokens=6)[0]
-    assert cold_run.cached_tokens == 0
-    torch.testing.assert_close(hit.prompt_logits, cold_run.prompt_logits, atol=1e-4, rtol=0)
-    assert hit.token_ids == cold_run.token_ids
+    assert_hit_then_rest_equals_cold_run(model_dir, reference.config.vocab_size)
 
 
 def test_hybrid_hit_stops_at_the_deepest_checkpoint(tiny_model_factory):

@@ -14,7 +14,13 @@ from headroom.engine.models.config import ModelConfigError, model_config_from_hf
 from headroom.engine.plan.geometry import load_geometry
 from headroom.engine.plan.kv_format import kv_bytes_per_token, ssm_slot_bytes
 
-from tests.engine.helpers import chunked_logits, new_sequence, random_prompt, reference_logits
+from tests.engine.helpers import (
+    assert_hit_then_rest_equals_cold_run,
+    chunked_logits,
+    new_sequence,
+    random_prompt,
+    reference_logits,
+)
 
 CONFIGS = [
     # Odd sizes; expert count, top-k, norm_topk_prob, shared expert size, sparse layers and key/value head
@@ -138,7 +144,6 @@ def test_mixed_batch_and_prefix_hit_equal_cold_runs(qwen3_next):
     """A prefill chunk and a decode in one pass (the router sees both) each match transformers; a prefix-cache
     hit restored from an SSM checkpoint, followed by the rest of the prompt, matches a cold run."""
     from headroom.engine.forward_batch import BatchItem
-    from headroom.engine.llm import LLM
 
     model_dir, reference = qwen3_next(1)
     vocab = reference.config.vocab_size
@@ -151,16 +156,7 @@ def test_mixed_batch_and_prefix_hit_equal_cold_runs(qwen3_next):
     want = torch.stack([reference_logits(reference, long_ids)[-1], reference_logits(reference, short_ids)[-1]])
     torch.testing.assert_close(mixed, want, atol=1e-4, rtol=0)
 
-    shared = random_prompt(vocab, 24, seed=3)
-    second = shared + random_prompt(vocab, 9, seed=4)
-    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
-    warm.generate([shared], max_new_tokens=3)
-    hit = warm.generate([second], max_new_tokens=6)[0]
-    assert hit.cached_tokens == 24
-    cold_llm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
-    cold = cold_llm.generate([second], max_new_tokens=6)[0]
-    torch.testing.assert_close(hit.prompt_logits, cold.prompt_logits, atol=1e-4, rtol=0)
-    assert hit.token_ids == cold.token_ids
+    assert_hit_then_rest_equals_cold_run(model_dir, vocab)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "int4", "int2"])
