@@ -25,15 +25,15 @@ def paged_attention_over_pool(
     """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D]."""
     spans, device, page = batch.spans, q.device, kv_pool.page_tokens
 
-    def pool_index() -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def pool_index() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        # KIVI pool keys end at each sequence's last whole page; the rest is its residual window.
         closed = [s.end - s.end % page if kv_pool.is_kivi else s.end for s in spans]
         table = page_table([s.seq.kv_slots[:c] for s, c in zip(spans, closed, strict=True)], page, device)
         offsets = _int32([0] + [s.offset + s.length for s in spans], device)
-        return closed, table, offsets, _int32([0] * len(spans), device), _int32(closed, device), max(
-            s.length for s in spans
-        )
+        max_q_len = max(s.length for s in spans)
+        return table, offsets, _int32([0] * len(spans), device), _int32(closed, device), max_q_len
 
-    closed, table, offsets, zeros, closed_t, max_q_len = batch.cached("paged_attention.pool", pool_index)
+    table, offsets, zeros, closed_t, max_q_len = batch.cached("paged_attention.pool", pool_index)
     kv = PagedKV.from_store(kv_pool.layers[layer], kv_pool.kv_dtype, kv_pool.bits, page, kv_pool.value_group)
     out, lse = ops.paged_attention(
         q, batch.positions, offsets, table, zeros, closed_t, kv, scale, max_q_len=max_q_len
@@ -41,9 +41,9 @@ def paged_attention_over_pool(
     if not kv_pool.is_kivi:
         return out
     tails = [kv_pool.residual_window(layer, s.seq) for s in spans]
-    empty = q.new_zeros((0, *q.shape[1:2], q.shape[-1]))
-    keys = [t[0] if t is not None else empty[:, : kv.num_kv_heads] for t in tails]
-    values = [t[1] if t is not None else empty[:, : kv.num_kv_heads] for t in tails]
+    none = q.new_zeros((0, kv.num_kv_heads, q.shape[-1]))
+    keys = [t[0] if t is not None else none for t in tails]
+    values = [t[1] if t is not None else none for t in tails]
     lens = [x.shape[0] for x in keys]
     if not any(lens):
         return out
