@@ -53,7 +53,7 @@ def prompt_logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Tens
         start = seq.num_computed_tokens
         rows.append(runner.forward([BatchItem(seq, ids[start : start + chunk])], all_positions=True))
     runner.kv_allocator.free(seq.kv_slots)
-    runner.kv_pool.release(seq)
+    runner.release(seq)
     if seq.ssm_slot is not None and runner.ssm_pool is not None:
         runner.ssm_pool.free(seq.ssm_slot)
     return torch.cat(rows)

@@ -16,7 +16,9 @@ class EngineConfig:
     """Sizes in tokens / slots / bytes. dtype `auto` = the checkpoint's dtype; kv_dtype `auto` = model dtype.
 
     static_budget_bytes (weights + pools) comes from the plan (mem_fraction_static x GPU memory);
-    None skips that check (CPU tests).
+    None skips that check (CPU tests). cuda_graph_max_batch: decode passes of up to this many sequences
+    replay CUDA graphs (engine/decode_graphs.py); None = min(max_running_requests, 64) on CUDA with a
+    token-granular KV pool, else off; 0 = off.
     """
 
     model_path: str
@@ -33,6 +35,7 @@ class EngineConfig:
     static_budget_bytes: int | None = None
     gpu_memory_bytes: int | None = None
     seed: int = 0
+    cuda_graph_max_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -44,6 +47,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ssm_slots < 0:
             raise ValueError(f"ssm_slots must be >= 0, got {self.ssm_slots}")
+        if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch < 0:
+            raise ValueError(f"cuda_graph_max_batch must be >= 0 (0 = off), got {self.cuda_graph_max_batch}")
 
     @classmethod
     def from_plan(cls, plan: Plan, model_path: str, **overrides: Any) -> EngineConfig:

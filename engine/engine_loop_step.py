@@ -73,7 +73,7 @@ class StepRunner:
     def _release(self, seq: Sequence, publish: bool = True) -> None:
         if seq.kv_slots or seq.ssm_slot is not None:
             self.cache.finish(seq, publish)
-        self.runner.kv_pool.release(seq)
+        self.runner.release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
 

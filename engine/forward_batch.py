@@ -32,6 +32,15 @@ class ItemSpan:
         return self.start + self.length
 
 
+# Names of the per-pass index tensors the layers build through ForwardBatch.cached(); DecodeGraphs fills
+# them with its static buffers instead (engine/decode_graphs.py).
+KV_WRITE_ROWS = "kv_write_rows"
+POOL_INDEX = "paged_attention.pool"
+GDN_SLOTS = "gdn.slots"
+GDN_BOUNDS = "gdn.bounds"
+LAST_ROWS = "last_rows"
+
+
 @dataclass(frozen=True)
 class ForwardBatch:
     token_ids: torch.Tensor
@@ -39,6 +48,9 @@ class ForwardBatch:
     spans: list[ItemSpan]
     # Index tensors every layer of this pass needs: built by the first layer, reused by the rest.
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # True for a decode pass of DecodeGraphs: every index above is given, the spans are placeholders
+    # (their sequences are not the requests), so layers must take their batched, index-driven paths.
+    is_static: bool = False
 
     def cached(self, key: str, build: Callable[[], Any]) -> Any:
         """build() once per pass (every layer sees the same spans and slots)."""
@@ -77,4 +89,6 @@ class ForwardBatch:
 
     @property
     def last_rows(self) -> torch.Tensor:
-        return torch.tensor([s.offset + s.length - 1 for s in self.spans], device=self.token_ids.device)
+        return self.cached(LAST_ROWS, lambda: torch.tensor(
+            [s.offset + s.length - 1 for s in self.spans], device=self.token_ids.device
+        ))

@@ -30,6 +30,7 @@ class LLM:
         """settings are EngineConfig fields (device, kv_dtype, max_total_tokens, chunked_prefill_size, ...)."""
         self.config = replace(config, **settings) if config else EngineConfig(model_path=model_path, **settings)
         self.runner = ModelRunner(self.config)
+        self.graph_capture = self.runner.capture_decode_graphs()
         ssm = self.runner.ssm_pool
         self.cache = CacheManager(
             self.runner.kv_allocator, ssm.allocator if ssm else None,
@@ -104,7 +105,7 @@ class LLM:
 
     def _finish(self, seq: Sequence) -> None:
         self.cache.finish(seq)
-        self.runner.kv_pool.release(seq)
+        self.runner.release(seq)
         seq.status = SequenceStatus.FINISHED
 
 

@@ -6,15 +6,19 @@ from pathlib import Path
 
 import torch
 from headroom.engine.config import EngineConfig
+from headroom.engine.decode_graphs import CaptureReport, DecodeGraphs
 from headroom.engine.forward_batch import BatchItem, ForwardBatch
 from headroom.engine.kv_cache import KVAllocator
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.loader import load_config, load_weights
 from headroom.engine.models.causal_lm import CausalLM
 from headroom.engine.plan import kv_bytes_per_token, load_geometry, ssm_slot_bytes
+from headroom.engine.sequence import Sequence
 from headroom.engine.ssm_pool import SSMPool
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Largest decode batch graphed by default: beyond it a step's GPU work dwarfs its launch overhead anyway.
+_DEFAULT_GRAPH_BATCH = 64
 
 
 class CapacityError(RuntimeError):
@@ -55,6 +59,23 @@ class ModelRunner:
         self.kv_allocator = KVAllocator(config.max_total_tokens, self.kv_pool.page_tokens)
         self.weight_bytes = weight_bytes
         self._check_budget()
+        graph_batch = config.cuda_graph_max_batch
+        if graph_batch is None:
+            graphable = self.device.type == "cuda" and not self.kv_pool.is_kivi
+            graph_batch = min(config.max_running_requests, _DEFAULT_GRAPH_BATCH) if graphable else 0
+        self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
+
+    def capture_decode_graphs(self) -> CaptureReport:
+        """Capture the decode graphs (before the first request: capture overwrites slots 0..max_batch-1)."""
+        if self.decode_graphs is None:
+            return CaptureReport((), 0.0, 0)
+        return self.decode_graphs.capture()
+
+    def release(self, seq: Sequence) -> None:
+        """Forget seq's per-request state here (KIVI residual window, decode-graph table row)."""
+        self.kv_pool.release(seq)
+        if self.decode_graphs is not None:
+            self.decode_graphs.release(seq)
 
     @property
     def static_bytes(self) -> int:
@@ -114,7 +135,7 @@ class ModelRunner:
             end = seq.num_computed_tokens + len(item.token_ids)
             if end > seq.num_tokens:
                 raise ValueError(f"request {seq.request_id!r}: item reaches position {end} past its {seq.num_tokens} tokens")
-            if item.token_ids != seq.token_ids[seq.num_computed_tokens:end]:
+            if item.token_ids != seq.tokens_between(seq.num_computed_tokens, end):
                 raise ValueError(f"request {seq.request_id!r}: item tokens are not its next uncomputed tokens")
             if len(seq.kv_slots) < end:
                 raise ValueError(f"request {seq.request_id!r} holds {len(seq.kv_slots)} kv slots, needs {end}")
@@ -123,8 +144,11 @@ class ModelRunner:
                     raise ValueError(f"request {seq.request_id!r} has no SSM slot")
                 if seq.num_computed_tokens == 0:
                     self.ssm_pool.reset(seq.ssm_slot)
-        batch = ForwardBatch.build(items, self.device)
-        logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
+        if not all_positions and self.decode_graphs is not None and self.decode_graphs.can_run(items):
+            logits = self.decode_graphs.run(items)
+        else:
+            batch = ForwardBatch.build(items, self.device)
+            logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
         for item in items:
             item.seq.num_computed_tokens += len(item.token_ids)
         return logits

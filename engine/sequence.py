@@ -60,6 +60,15 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without concatenating the whole sequence (a decode step asks every pass)."""
+        prompt = len(self.prompt_token_ids)
+        if end <= prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt:
+            return self.output_token_ids[start - prompt : end - prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

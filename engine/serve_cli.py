@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
     parser.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
     parser.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
+    parser.add_argument("--cuda-graph-max-batch", type=int,
+                        help="decode batches up to this size replay CUDA graphs (0 = off; default min(running, 64))")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -50,7 +52,7 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
-        warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots,
+        warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
     )
 
 

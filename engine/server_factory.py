@@ -51,6 +51,7 @@ class ServeOptions:
     log_rejections: bool = False
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
+    cuda_graph_max_batch: int | None = None
 
 
 def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
@@ -97,7 +98,8 @@ def build_state(options: ServeOptions) -> ServerState:
             f"plan context_length {plan.context_length} exceeds its max_total_tokens {plan.max_total_tokens}: "
             "a request of that length could never fit the KV pool"
         )
-    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device)
+    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device,
+                                    cuda_graph_max_batch=options.cuda_graph_max_batch)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.
         config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
@@ -128,6 +130,11 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop.on_step = lambda stats, _: timings.append(stats)
     loop.steps.emit = record
     try:
+        # Before any request: capture decodes placeholders through the first slots of the pools.
+        report = loop.runner.capture_decode_graphs()
+        if report.batch_sizes:
+            logger.info("captured decode CUDA graphs for batch 1..%d in %.1f s (graph pool %d MiB)",
+                        max(report.batch_sizes), report.seconds, report.pool_bytes // 2**20)
         loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)),
                        frozenset())
         loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.forward_batch import KV_WRITE_ROWS, ForwardBatch
 from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.mlp import linear
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
@@ -45,17 +45,18 @@ class FullAttention:
         q = ops.apply_rotary(q, batch.positions, self.inv_freq)
         k = ops.apply_rotary(k, batch.positions, self.inv_freq)
         if kv_pool.is_kivi:
+            assert not batch.is_static, "DecodeGraphs never takes a KIVI pool"
             # Whole pages are quantized; each sequence's open page stays in its residual window.
             for span in batch.spans:
                 rows = slice(span.offset, span.offset + span.length)
                 kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
         else:
-            index = batch.cached("kv_write_rows", lambda: torch.tensor(
+            index = batch.cached(KV_WRITE_ROWS, lambda: torch.tensor(
                 [slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], dtype=torch.long,
                 device=x.device,
             ))
             kv_pool.write_rows(self.pool_layer, index, k, v)
-        if q.is_cuda:
+        if q.is_cuda or batch.is_static:
             out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale)
         else:
             out = torch.empty_like(q)

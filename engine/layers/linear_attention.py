@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
 from headroom.engine.layers.gdn_projection import gdn_projection
 from headroom.engine.layers.mlp import linear
 from headroom.engine.models.config import ModelConfig
@@ -35,7 +35,7 @@ class GatedDeltaNet:
         mixed, z, b, a = self.project(x)
         beta = torch.sigmoid(b)
         g = self.neg_a * F.softplus(a.float() + self.dt_bias.float())
-        slots = batch.cached("gdn.slots", lambda: _slot_index(batch, x.device))
+        slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
         conv_states = ssm_pool.conv[self.pool_layer]
         if batch.is_decode_only:
             # One token per sequence: one batched conv step over the pool's states, in place.
@@ -50,9 +50,9 @@ class GatedDeltaNet:
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
-        if x.is_cuda:
+        if x.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
-            bounds = batch.cached("gdn.bounds", lambda: torch.tensor(
+            bounds = batch.cached(GDN_BOUNDS, lambda: torch.tensor(
                 [0] + [s.offset + s.length for s in batch.spans], device=x.device
             ))
             core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], bounds)

@@ -8,7 +8,7 @@ the two are merged by log-sum-exp.
 from __future__ import annotations
 
 import torch
-from headroom.engine.forward_batch import ForwardBatch
+from headroom.engine.forward_batch import POOL_INDEX, ForwardBatch
 from headroom.engine.kv_pool import KVPool
 from headroom.kernels import ops
 from headroom.kernels.attention_merge import merge_two
@@ -33,7 +33,7 @@ def paged_attention_over_pool(
         max_q_len = max(s.length for s in spans)
         return table, offsets, _int32([0] * len(spans), device), _int32(closed, device), max_q_len
 
-    table, offsets, zeros, closed_t, max_q_len = batch.cached("paged_attention.pool", pool_index)
+    table, offsets, zeros, closed_t, max_q_len = batch.cached(POOL_INDEX, pool_index)
     kv = PagedKV.from_store(kv_pool.layers[layer], kv_pool.kv_dtype, kv_pool.bits, page, kv_pool.value_group)
     out, lse = ops.paged_attention(
         q, batch.positions, offsets, table, zeros, closed_t, kv, scale, max_q_len=max_q_len
