@@ -2,7 +2,7 @@
 Qwen3.5-4B-shaped random-weight bf16 model against the roofline and against transformers.
 
 Run on the H200 (see bench/device_env.sh):  python3 bench/gpu_engine.py OUT.json [sections...]
-sections: env roofline correctness perf  (default: all). Each section records its own error.
+sections: env roofline correctness perf perf_engine build graphs (default: all). Each section records its own error.
 """
 
 from __future__ import annotations
@@ -224,8 +224,95 @@ def section_perf(budget_s: float = 330.0, with_hf: bool = True) -> dict:
     return out
 
 
+def _teacher_forced_decode(path: Path, kv: str, graph_batch: int) -> tuple[torch.Tensor, dict]:
+    """Five prompts prefilled, then 12 decode passes of fixed tokens (a sixth prompt prefills in pass 4, a
+    mixed eager pass, and decodes from pass 5): logits of every pass, and the capture report."""
+    from headroom.engine.config import EngineConfig
+    from headroom.engine.forward_batch import BatchItem
+    from headroom.engine.model_runner import ModelRunner
+    from headroom.engine.sequence import Sequence
+
+    runner = ModelRunner(EngineConfig(
+        model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=16384, ssm_slots=16,
+        context_length=4096, max_running_requests=8, cuda_graph_max_batch=graph_batch,
+    ))
+    report = runner.capture_decode_graphs()
+    rng = random.Random(11)
+    vocab = min(runner.model_config.vocab_size, 1000)
+
+    def new(name: str, length: int) -> Sequence:
+        seq = Sequence(name, [rng.randrange(vocab) for _ in range(length)])
+        seq.kv_slots = runner.kv_allocator.alloc(length) or []
+        seq.ssm_slot = runner.ssm_pool.alloc() if runner.ssm_pool else None
+        return seq
+
+    def step(seq: Sequence, token: int) -> BatchItem:
+        seq.output_token_ids.append(token)
+        seq.kv_slots += runner.kv_allocator.alloc(1) or []
+        return BatchItem(seq, [token])
+
+    running = [new(f"r{i}", n) for i, n in enumerate((97, 300, 513, 1024, 33))]
+    for seq in running:
+        runner.forward([BatchItem(seq, seq.prompt_token_ids)])
+    late = new("late", 777)
+    rows = []
+    for t in range(12):
+        items = [step(seq, (t * 31 + i * 7) % vocab) for i, seq in enumerate(running)]
+        if t == 4:
+            items.append(BatchItem(late, late.prompt_token_ids))
+            running.append(late)
+        rows.append(runner.forward(items)[: len(running)].float())
+    torch.cuda.synchronize()
+    info = {"captured": list(report.batch_sizes), "capture_seconds": report.seconds, "graph_pool_bytes": report.pool_bytes}
+    return torch.cat([r.flatten() for r in rows]), info
+
+
+def section_graphs() -> dict:
+    """Decode CUDA graphs: logits against the eager path (same passes), capture cost, decode tok/s vs eager."""
+    from headroom.engine.llm import LLM
+
+    _build_4b()
+    tiny = Path("/tmp/headroom-tiny-0")
+    if not (tiny / "config.json").exists():
+        _save_random(_tiny_config(0), tiny, 0)
+    out: dict = {"correctness": {}, "decode": {}}
+    for label, path in (("tiny", tiny), ("4b", MODEL_4B)):
+        for kv in ("bf16", "fp8"):
+            eager, _ = _teacher_forced_decode(path, kv, 0)
+            graphed, info = _teacher_forced_decode(path, kv, 8)
+            torch.cuda.empty_cache()
+            out["correctness"][f"{label}_{kv}"] = {
+                "max_abs_logit_diff_graph_vs_eager": float((eager - graphed).abs().max()),
+                "logit_scale": float(eager.abs().max()), **info,
+            }
+    rng = random.Random(5)
+
+    def prompt(n):
+        return [rng.randrange(1000, 200000) for _ in range(n)]
+
+    for kv, graph_batch in (("bf16", None), ("bf16", 0), ("fp8", None)):
+        label = f"{kv}_{'eager' if graph_batch == 0 else 'graphs'}"
+        llm = LLM(str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=32768, ssm_slots=40,
+                  chunked_prefill_size=8192, context_length=4096, max_running_requests=32, enable_prefix_cache=False,
+                  cuda_graph_max_batch=graph_batch)
+        llm.generate([prompt(64) for _ in range(32)], max_new_tokens=3, ignore_eos=True)
+        res: dict = {"capture_seconds": llm.graph_capture.seconds, "graph_pool_bytes": llm.graph_capture.pool_bytes,
+                     "captured_batch_sizes": len(llm.graph_capture.batch_sizes)}
+        for batch in (1, 8, 32):
+            prompts = [prompt(256) for _ in range(batch)]
+            t1, _ = sync_time(lambda p=prompts, llm=llm: llm.generate(p, max_new_tokens=1, ignore_eos=True))
+            prompts = [prompt(256) for _ in range(batch)]
+            t65, _ = sync_time(lambda p=prompts, llm=llm: llm.generate(p, max_new_tokens=65, ignore_eos=True))
+            res[batch] = {"tokens_per_s": batch * 64 / (t65 - t1), "step_ms": (t65 - t1) / 64 * 1000}
+        out["decode"][label] = res
+        del llm
+        torch.cuda.empty_cache()
+    return out
+
+
 SECTIONS = {"env": section_env, "roofline": section_roofline, "correctness": section_correctness, "perf": section_perf,
-            "perf_engine": lambda: section_perf(budget_s=200.0, with_hf=False)}
+            "perf_engine": lambda: section_perf(budget_s=200.0, with_hf=False), "build": _build_4b,
+            "graphs": section_graphs}
 
 
 def main() -> None:

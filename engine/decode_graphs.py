@@ -13,7 +13,8 @@ when it first decodes through a graph, and each replay writes only the new token
 Graphs are captured for every batch size 1..max_batch, exactly: padding a batch would need a scratch SSM
 slot (about 50 MB for a 4B model) or would race in the in-place conv-state update of duplicated rows.
 Only token-granular KV pools (auto/bf16/fp8) are graphed: a KIVI decode appends to per-request residual
-windows whose lengths change every step, which a graph cannot record; those passes run eagerly.
+windows whose lengths change every step, which a graph cannot record; those passes run eagerly. Sparse
+MoE models (Qwen3-Next) are not graphed either: the router's choice gives data-dependent shapes.
 
 Off the GPU (tests) the same static-buffer pass runs without capture, so everything but the capture
 itself is checked on the CPU against the eager path.
@@ -64,6 +65,9 @@ class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_batch: int, capture: bool | None = None):
         if runner.kv_pool.is_kivi:
             raise ValueError(f"decode graphs need a token-granular KV pool, not {runner.kv_pool.kv_dtype}")
+        if runner.model_config.moe_layers:
+            # The router's per-token expert choice gives data-dependent shapes, which a graph cannot record.
+            raise ValueError("decode graphs cannot record a sparse MoE model (Qwen3-Next): set cuda_graph_max_batch=0")
         config = runner.config
         if not 1 <= max_batch <= min(config.max_running_requests, config.max_total_tokens):
             raise ValueError(

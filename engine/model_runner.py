@@ -61,7 +61,7 @@ class ModelRunner:
         self._check_budget()
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
-            graphable = self.device.type == "cuda" and not self.kv_pool.is_kivi
+            graphable = self.device.type == "cuda" and not self.kv_pool.is_kivi and not mc.moe_layers
             graph_batch = min(config.max_running_requests, _DEFAULT_GRAPH_BATCH) if graphable else 0
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
 

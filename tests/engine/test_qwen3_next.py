@@ -213,3 +213,8 @@ def test_dense_when_no_experts(qwen3_next):
     cfg = {**json.loads((model_dir / "config.json").read_text()), "num_experts": 0}
     config = model_config_from_hf(cfg)
     assert config.moe_layers == () and config.family == "qwen3_next" and config.is_hybrid
+
+
+def test_decode_graphs_are_refused_for_moe(qwen3_next):
+    with pytest.raises(ValueError, match="cannot record a sparse MoE model"):
+        _runner(qwen3_next(0)[0], cuda_graph_max_batch=2)
