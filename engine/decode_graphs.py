@@ -53,6 +53,8 @@ class CaptureReport:
     batch_sizes: tuple[int, ...]
     seconds: float
     pool_bytes: int
+    # Device memory the capture took, torch's allocator and the driver's graph objects together.
+    device_bytes: int = 0
 
 
 @dataclass
@@ -87,7 +89,9 @@ class DecodeGraphs:
         self._zeros = torch.zeros(max_batch, dtype=torch.int32, device=device)
         # Placeholder spans: the layers read only their count and lengths in a static pass.
         self._spans = [ItemSpan(Sequence(f"decode-graph-row-{i}", [0]), i, 1, 0) for i in range(max_batch)]
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # One output buffer for every graph: each graph's own logits would stay allocated in the pool.
+        self._logits = torch.zeros((max_batch, runner.model_config.vocab_size), dtype=torch.float32, device=device)
 
     @property
     def leased_rows(self) -> int:
@@ -129,10 +133,10 @@ class DecodeGraphs:
             entry.uploaded = position + 1
         self._index[:, :size].copy_(torch.tensor(columns, dtype=torch.long))
         if not self.capture_graphs:
-            return self._pass(size).clone()
-        graph, logits = self._graphs[size]
-        graph.replay()
-        return logits.clone()
+            self._pass(size)
+        else:
+            self._graphs[size].replay()
+        return self._logits[:size].clone()
 
     def _lease(self, seq: Sequence, position: int) -> _TableRow:
         """seq's table row with slots of positions 0..position-1 in it (uploads what an eager pass added)."""
@@ -146,8 +150,9 @@ class DecodeGraphs:
             self.table[entry.row, start:position].copy_(slots)
         return entry
 
-    def _pass(self, size: int) -> torch.Tensor:
-        """The recorded work: write each token's slot into the table, then the model over static indices."""
+    def _pass(self, size: int) -> None:
+        """The recorded work: write each token's slot into the table, then the model over static indices,
+        its logits into the shared output buffer."""
         index = self._index[:, :size]
         positions, write_slots, rows = index[_POSITION], index[_WRITE_SLOT], index[_TABLE_ROW]
         self.table[rows, positions] = write_slots.to(torch.int32)
@@ -157,7 +162,19 @@ class DecodeGraphs:
             GDN_BOUNDS: self._arange[: size + 1], LAST_ROWS: self._arange[:size],
         }, is_static=True)
         runner = self.runner
-        return runner.model(batch, runner.kv_pool, runner.ssm_pool)
+        self._logits[:size].copy_(runner.model(batch, runner.kv_pool, runner.ssm_pool))
+
+    def replay_seconds(self, size: int, repeats: int = 20) -> float:
+        """Seconds per replay of the size's graph alone (GPU time, for benchmarks); re-runs the last pass of
+        that size, so call it only when no request is running."""
+        graph = self._graphs[size]
+        graph.replay()
+        torch.cuda.synchronize(self.runner.device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            graph.replay()
+        torch.cuda.synchronize(self.runner.device)
+        return (time.perf_counter() - started) / repeats
 
     def capture(self) -> CaptureReport:
         """Capture every batch size, largest first so the smaller graphs reuse its memory.
@@ -170,7 +187,10 @@ class DecodeGraphs:
         started = time.perf_counter()
         device = self.runner.device
         torch.cuda.synchronize(device)
+        # torch.cuda.graph empties the allocator's cache itself: do it first so the deltas are the graphs'.
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(device)
+        free = torch.cuda.mem_get_info(device)[0]
         pool = torch.cuda.graph_pool_handle()
         for size in range(self.max_batch, 0, -1):
             self._index.zero_()
@@ -184,9 +204,12 @@ class DecodeGraphs:
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._pass(size)
-            self._graphs[size] = (graph, logits)
+                self._pass(size)
+            self._graphs[size] = graph
         torch.cuda.synchronize(device)
+        # The eager warm passes' blocks are cached, not the graphs': hand them back before measuring.
+        torch.cuda.empty_cache()
         return CaptureReport(
-            self.captured_sizes, time.perf_counter() - started, torch.cuda.memory_reserved(device) - reserved
+            self.captured_sizes, time.perf_counter() - started, torch.cuda.memory_reserved(device) - reserved,
+            free - torch.cuda.mem_get_info(device)[0],
         )

@@ -118,7 +118,7 @@ class StepRunner:
         batch = []
         for item in items:
             seq = self.sequences[item.request.request_id]
-            batch.append(BatchItem(seq, seq.token_ids[item.start:item.start + item.num_tokens]))
+            batch.append(BatchItem(seq, seq.tokens_between(item.start, item.start + item.num_tokens)))
         sampling = [i for i, item in enumerate(items) if item.samples]
         try:
             logits = self.runner.forward(batch)

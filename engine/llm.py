@@ -86,7 +86,7 @@ class LLM:
                         f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
                         f"{seq.request_id!r} at {start + length} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
                     )
-                items.append(BatchItem(seq, seq.token_ids[start : start + length]))
+                items.append(BatchItem(seq, seq.tokens_between(start, start + length)))
             logits = self.runner.forward(items)
             decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
             tokens = dict(zip(decoding, sample(logits[decoding], [active[i] for i in decoding]), strict=True))

@@ -15,3 +15,13 @@ def test_cache_modules_do_not_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_tokens_between_equals_a_slice_of_token_ids():
+    from headroom.engine.sequence import Sequence
+
+    seq = Sequence("r", [1, 2, 3, 4])
+    seq.output_token_ids = [5, 6, 7]
+    for start in range(8):
+        for end in range(start, 9):
+            assert seq.tokens_between(start, end) == seq.token_ids[start:end], (start, end)
