@@ -325,9 +325,57 @@ def section_graphs() -> dict:
     return out
 
 
+def section_profile() -> dict:
+    """Where a decode step's GPU time goes: kernels of one eager decode pass (batch 1 and 8, bf16 KV), by name."""
+    from headroom.engine.config import EngineConfig
+    from headroom.engine.forward_batch import BatchItem
+    from headroom.engine.model_runner import ModelRunner
+    from headroom.engine.sequence import Sequence
+    from torch.profiler import ProfilerActivity, profile
+
+    _build_4b()
+    runner = ModelRunner(EngineConfig(
+        model_path=str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=16384,
+        ssm_slots=16, context_length=4096, max_running_requests=8, cuda_graph_max_batch=0,
+    ))
+    seqs = []
+    for i in range(8):
+        seq = Sequence(f"p{i}", [1000 + i] * 256)
+        seq.kv_slots = runner.kv_allocator.alloc(256 + 16) or []
+        seq.ssm_slot = runner.ssm_pool.alloc() if runner.ssm_pool else None
+        runner.forward([BatchItem(seq, seq.prompt_token_ids)])
+        seqs.append(seq)
+    out: dict = {}
+    for batch in (1, 8):
+        def step(batch=batch):
+            for seq in seqs[:batch]:
+                seq.output_token_ids.append(7)
+            runner.forward([BatchItem(seq, [7]) for seq in seqs[:batch]])
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        # GPU-side events only (the CPU ops' totals would count their kernels twice).
+        by_name: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                entry = by_name.setdefault(event.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.time_range.elapsed_us()
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
+        out[batch] = {
+            "kernel_launches": sum(int(c) for c, _ in by_name.values()),
+            "kernel_time_ms": sum(t for _, t in by_name.values()) / 1000,
+            "top": [{"name": name[:90], "count": int(c), "ms": t / 1000} for name, (c, t) in top],
+        }
+    return out
+
+
 SECTIONS = {"env": section_env, "roofline": section_roofline, "correctness": section_correctness, "perf": section_perf,
             "perf_engine": lambda: section_perf(budget_s=200.0, with_hf=False), "build": _build_4b,
-            "graphs": section_graphs}
+            "graphs": section_graphs, "profile": section_profile}
 
 
 def main() -> None:

@@ -56,6 +56,7 @@ def probe(plan_path: str) -> None:
     # The H200 is larger than the plan's GPU: keep the static-budget check, skip the device-size one.
     config = EngineConfig.from_plan(plan, str(MODEL), dtype="bfloat16", gpu_memory_bytes=None)
     llm = LLM(str(MODEL), config=config)
+    capture = llm.graph_capture
     long_prompt = [1000 + (i * 7919) % 200000 for i in range(plan.context_length - plan.max_new_tokens)]
     others = [[2000 + (i * 31 + j) % 5000 for i in range(64)] for j in range(plan.max_running_requests - 1)]
     started = time.perf_counter()
@@ -66,7 +67,9 @@ def probe(plan_path: str) -> None:
     done.set()
     print(json.dumps({"peak_used_above_baseline": peak[0] - baseline, "seconds": elapsed,
                       "torch_max_allocated": torch.cuda.max_memory_allocated(),
-                      "torch_max_reserved": torch.cuda.max_memory_reserved()}))
+                      "torch_max_reserved": torch.cuda.max_memory_reserved(),
+                      "static_bytes": llm.runner.static_bytes, "decode_graphs": len(capture.batch_sizes),
+                      "graph_pool_bytes": capture.pool_bytes, "graph_device_bytes": capture.device_bytes}))
 
 
 def main() -> None:
@@ -79,7 +82,8 @@ def main() -> None:
             plan_path = Path(f"/tmp/plan-{gib}-{kv}-{context}.json")
             plan_path.write_text(json.dumps(plan))
             ledger = plan["ledger"]
-            predicted = ledger["static_total"] + ledger["non_static_total"] - ledger["fragmentation"]
+            # The whole ledger: the allocator's slack is device memory pynvml sees, so it counts.
+            predicted = ledger["static_total"] + ledger["non_static_total"]
             case.update(plan={k: plan[k] for k in ("mem_fraction_static", "max_total_tokens", "chunked_prefill_size",
                                                    "ssm_slots", "static_bytes")},
                         ledger=ledger, predicted_peak_bytes=predicted)

@@ -9,7 +9,11 @@ serve_args=${SERVE_ARGS:---model /tmp/headroom-q35-4b --device cuda --context-le
 # shellcheck disable=SC2086
 headroom serve $serve_args --port 18080 > "$out/serve.log" 2>&1 &
 server=$!
-for _ in $(seq 240); do curl -sf localhost:18080/ready >/dev/null && break; sleep 0.5; done
+for _ in $(seq 240); do
+  curl -sf localhost:18080/ready >/dev/null && break
+  kill -0 $server 2>/dev/null || { echo "headroom serve exited; see $out/serve.log"; tail -20 "$out/serve.log"; exit 1; }
+  sleep 0.5
+done
 curl -s localhost:18080/plan > "$out/plan.json"
 ids="--token-id-range 32 127"
 headroom bench --url http://localhost:18080 --workload hom_c8_2k_each --workload mix_short6_long2_c8 \

@@ -2,13 +2,14 @@
 
 Not a measurement: it assumes what lived outside the static pools on the H200 (context, activations,
 allocator slack) stays the same when only the pool sizes change, which holds because none of those
-depend on the pool size. The measurement itself is bench/results/gpu_plans_before_calibration.json.
-Run: .venv/bin/python bench/plan_calibration_check.py
+depend on the pool size. The measurement itself is the file named (bench/results/gpu_plans_*.json).
+Run: .venv/bin/python bench/plan_calibration_check.py [MEASURED.json]
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from headroom.engine.plan import PlanRequest, Targets, geometry_from_config, make_plan
@@ -18,7 +19,8 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
-    measured = json.loads((RESULTS / "gpu_plans_before_calibration.json").read_text())
+    source = sys.argv[1] if len(sys.argv) > 1 else "gpu_plans_after_first_calibration.json"
+    measured = json.loads((RESULTS / source).read_text())
     rows = []
     for case in measured["cases"]:
         if "measured" not in case:
@@ -40,7 +42,7 @@ def main() -> None:
             "extrapolated_peak_bytes": extrapolated, "extrapolated_over_predicted": extrapolated / predicted,
             "extrapolated_fits_gpu": extrapolated <= gpu,
         })
-    out = {"command": ".venv/bin/python bench/plan_calibration_check.py", "note": __doc__.split("\n\n")[1], "cases": rows}
+    out = {"command": f".venv/bin/python bench/plan_calibration_check.py {source}", "source": source, "note": __doc__.split("\n\n")[1], "cases": rows}
     (RESULTS / "plan_calibration_extrapolation.json").write_text(json.dumps(out, indent=1) + "\n")
     for row in rows:
         print(f"{row['gpu_memory_gib']} GiB {row['kv_dtype']} ctx {row['context_length']}: "

@@ -13,12 +13,11 @@ from headroom.engine.kv_pool import KVPool
 from headroom.engine.loader import load_config, load_weights
 from headroom.engine.models.causal_lm import CausalLM
 from headroom.engine.plan import kv_bytes_per_token, load_geometry, ssm_slot_bytes
+from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
 from headroom.engine.sequence import Sequence
 from headroom.engine.ssm_pool import SSMPool
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Largest decode batch graphed by default: beyond it a step's GPU work dwarfs its launch overhead anyway.
-_DEFAULT_GRAPH_BATCH = 64
 
 
 class CapacityError(RuntimeError):
@@ -62,7 +61,7 @@ class ModelRunner:
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
             graphable = self.device.type == "cuda" and not self.kv_pool.is_kivi and not mc.moe_layers
-            graph_batch = min(config.max_running_requests, _DEFAULT_GRAPH_BATCH) if graphable else 0
+            graph_batch = min(config.max_running_requests, DECODE_GRAPH_MAX_BATCH) if graphable else 0
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
 
     def capture_decode_graphs(self) -> CaptureReport:

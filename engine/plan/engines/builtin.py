@@ -23,15 +23,32 @@ _DEQUANT_BLOCK_TOKENS = 256
 # of a Qwen3.5-4B-shaped model at chunk 8192): memory outside torch's allocator (CUDA context, cuBLAS and
 # Triton modules) peaked at 686 MiB, so 704 MiB.
 _CUDA_CONTEXT_BYTES = 704 * MiB
-# Kept for decode CUDA graphs (not captured yet): headroom for their pools when they land.
-_GRAPH_RESERVE_BYTES = 256 * MiB
+# Decode CUDA graphs (engine/decode_graphs.py): one per batch size up to this many running requests (a
+# bound on capture time, about 0.1 s a graph, and on graph memory).
+DECODE_GRAPH_MAX_BATCH = 64
+# Device memory of the captured graphs (their private pool, the driver's graph objects, the capture
+# stream's cuBLAS workspace), H200 (bench/results/gpu_engine_e.json, gpu_plans_after_calibration.json):
+# 170 MiB for 16 graphs, 566 MiB for 64, about 94 / 118 MiB outside torch plus 100-300 MiB inside it for
+# 4 / 8: a base plus a share per graph, rounded up.
+_GRAPH_BASE_BYTES = 256 * MiB
+_GRAPH_BYTES_EACH = 8 * MiB
 # The shape-based activation estimate (engines/base.py) saw 644-649 MiB where torch's allocator peaked
 # 1,181-1,242 MiB above the static pools (fla and attention workspaces, q/k/v and gate copies): x1.95.
 _ACTIVATION_SCALE = 1.95
-# Caching-allocator slack (reserved minus allocated at the peak), as a share of the GPU: 3.8-5.1% for
-# token-granular KV, 9.0% for KIVI (its page-sized temporaries of many sizes fragment more).
-_FRAGMENTATION_SHARE = 0.055
-_FRAGMENTATION_SHARE_KIVI = 0.095
+# Caching-allocator slack (reserved minus allocated at the peak) follows the activations' block sizes,
+# not the GPU's size (gpu_plans_after_calibration.json: 857-949 MiB for token-granular KV, 1,413-1,456 MiB
+# for KIVI, whose page-sized temporaries of many sizes fragment more, at 1,257-1,265 MiB of activations
+# on 16, 24 and 32 GiB plans alike): a multiple of the activations, rounded up.
+_FRAGMENTATION_SCALE = 0.85
+_FRAGMENTATION_SCALE_KIVI = 1.2
+
+
+def decode_graph_count(geometry: ModelGeometry, layout: Layout) -> int:
+    """Decode graphs the engine captures by default: none for KIVI pools (their residual windows change
+    length every step) or sparse MoE models (data-dependent routing), else one per batch size."""
+    if kv_format(layout.kv_dtype).is_kivi or geometry.num_experts:
+        return 0
+    return min(layout.running, DECODE_GRAPH_MAX_BATCH)
 
 
 class BuiltinEngine(EngineModel):
@@ -67,13 +84,15 @@ class BuiltinEngine(EngineModel):
     def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
         quantized = kv_format(layout.kv_dtype).bits < 16
         workspace = dense_prefix_bytes(geometry, _DEQUANT_BLOCK_TOKENS, layout.tp) if quantized else 0
-        share = _FRAGMENTATION_SHARE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SHARE
+        scale = _FRAGMENTATION_SCALE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SCALE
+        activations = int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp))
+        graphs = decode_graph_count(geometry, layout)
         return {
             "cuda_context": _CUDA_CONTEXT_BYTES,
-            "activations": int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp)),
+            "activations": activations,
             "dequant_transient": workspace,
-            "graph_reserve": _GRAPH_RESERVE_BYTES,
-            "fragmentation": int(share * gpu_memory),
+            "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
+            "fragmentation": int(scale * activations),
         }
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
