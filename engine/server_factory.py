@@ -22,7 +22,6 @@ from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geomet
 from headroom.engine.scheduler_types import PassCostModel, SchedulerConfig
 from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server_generate import ServerState
-from headroom.engine.telemetry import gpu_memory_bytes
 from headroom.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,13 +53,22 @@ class ServeOptions:
     cuda_graph_max_batch: int | None = None
 
 
+def cuda_total_memory(device: str) -> int:
+    """Total memory of the device as CUDA reports it: what the engine can allocate and what ModelRunner
+    checks a plan against. NVML's total is larger (on the H200 150,754,820,096 bytes against CUDA's
+    150,109,880,320), and a plan made for NVML's figure was refused at start-up."""
+    import torch
+
+    return torch.cuda.mem_get_info(torch.device(device))[1]
+
+
 def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
     """--plan file, or the builtin planner with the pinned flags and the device's memory."""
     if options.plan_path:
         return Plan.from_dict(json.loads(Path(options.plan_path).read_text()))
     memory = parse_size(options.gpu_memory) if options.gpu_memory else None
     if memory is None and options.device.startswith("cuda"):
-        memory = gpu_memory_bytes()
+        memory = cuda_total_memory(options.device)
     if memory is None:
         memory = parse_size(CPU_MEMORY_BUDGET)
     request = PlanRequest(

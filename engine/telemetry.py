@@ -51,12 +51,6 @@ def gpu_samples() -> list[GPUSample]:
     return samples
 
 
-def gpu_memory_bytes(index: int = 0) -> int | None:
-    """Total memory of one GPU in bytes, or None without NVML."""
-    samples = gpu_samples()
-    return samples[index].memory_total_bytes if len(samples) > index else None
-
-
 class GPUCollector:
     """A prometheus_client custom collector: reads NVML at scrape time; yields nothing without it."""
 

@@ -59,3 +59,15 @@ def test_a_plan_file_whose_context_exceeds_the_kv_pool_is_refused(rendered, tmp_
     expected = f"context_length {plan.max_total_tokens + 1} exceeds its max_total_tokens {plan.max_total_tokens}"
     with pytest.raises(ValueError, match=expected):
         build_state(options_from_args(args))
+
+
+def test_a_cuda_plan_is_sized_by_the_memory_cuda_reports(monkeypatch):
+    """NVML's total exceeds what CUDA can allocate (H200: 150.75 vs 150.11 GB); planning for NVML's
+    figure made ModelRunner refuse the plan at start-up."""
+    import torch
+    from headroom.engine.server_factory import ServeOptions, resolve_plan
+
+    cuda_total = 150_109_880_320
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (cuda_total - 10**9, cuda_total))
+    plan = resolve_plan(ServeOptions(device="cuda"), ensure_default_model())
+    assert plan.gpu_memory_bytes == cuda_total

@@ -49,7 +49,7 @@ async def rollout_to_validated(api: Api) -> str:
     assert body["status"]["phase"] in ("Deploying", "Validating")
     await api.wait_for(DEPLOYMENT, lambda o: True)
     await api.mark_deployment_ready("qwen")
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("phase") == "Ready")
+    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Ready")
     assert condition(body, "Validated")["status"] == "True"
     assert body["status"]["lastGoodRevision"] == revision
     return revision
@@ -85,11 +85,11 @@ async def test_failed_smoke_rolls_back_to_last_good(operator: OperatorHarness, e
     good = await rollout_to_validated(api)
     targets = {"contextLength": 16384, "maxRunningRequests": 4, "maxNewTokens": 512}
     await api.merge_patch(f"{ISVC}/qwen", {"spec": {"targets": targets}})
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("currentRevision") != good)
+    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("currentRevision") != good)
     bad = body["status"]["currentRevision"]
     await api.wait_for(DEPLOYMENT, lambda o: o["metadata"]["annotations"]["headroom.dev/revision"] == bad)
     await api.mark_deployment_ready("qwen")
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("failedRevision") == bad)
+    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("failedRevision") == bad)
     validated = condition(body, "Validated")
     assert validated["status"] == "False" and validated["reason"] == "SmokeFailed"
     assert "empty completion" in validated["message"]
@@ -98,7 +98,7 @@ async def test_failed_smoke_rolls_back_to_last_good(operator: OperatorHarness, e
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--context-length") + 1] == "32768"
     await api.mark_deployment_ready("qwen")
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("phase") == "Degraded")
+    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Degraded")
     assert condition(body, "Degraded")["reason"] == "RolledBack"
     assert condition(body, "Ready")["status"] == "True"
     assert (await api.get(SERVICE))["spec"]["selector"]["headroom.dev/revision"] == good
@@ -121,11 +121,11 @@ async def test_restart_mid_smoke_resumes_and_validates(operator: OperatorHarness
     await api.create(ISVC, inference_server("qwen"))
     await api.wait_for(DEPLOYMENT, lambda o: True)
     await api.mark_deployment_ready("qwen")
-    await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("phase") == "Validating")
+    await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Validating")
     await operator.stop()
     release.set()
     await operator.start(passing_smoke)
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o["status"].get("phase") == "Ready")
+    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Ready")
     assert condition(body, "Validated")["status"] == "True"
     assert body["status"]["lastSmoke"]["summary"].startswith("fake smoke passed")
 
