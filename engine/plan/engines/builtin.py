@@ -26,17 +26,20 @@ _CUDA_CONTEXT_BYTES = 704 * MiB
 # Decode CUDA graphs (engine/decode_graphs.py): one per batch size up to this many running requests (a
 # bound on capture time, about 0.1 s a graph, and on graph memory).
 DECODE_GRAPH_MAX_BATCH = 64
-# Device memory of the captured graphs (their private pool, the driver's graph objects, the capture
-# stream's cuBLAS workspace), H200 (bench/results/gpu_engine_e.json, gpu_plans_after_calibration.json):
-# 170 MiB for 16 graphs, 566 MiB for 64, about 94 / 118 MiB outside torch plus 100-300 MiB inside it for
-# 4 / 8: a base plus a share per graph, rounded up.
-_GRAPH_BASE_BYTES = 256 * MiB
+# Device memory of the captured graphs: their private pool, the driver's graph objects and the cuBLAS
+# workspaces of the warm-up and capture streams. H200, fresh processes (gpu_plans_recalibrated.json):
+# 348 MiB for 4 graphs and 516 MiB for 8, but those runs warmed each size on a new stream, and cuBLAS
+# kept a ~37 MiB workspace for each; with one warm-up stream (engine/decode_graphs.py) that leaves about
+# 300 MiB and a few MiB a graph (170 MiB for 16 and 566 MiB for 64 graphs in a process whose streams
+# were already warm, gpu_engine_e.json). The per-stream part is inferred, not re-measured: a base with
+# margin plus a share per graph.
+_GRAPH_BASE_BYTES = 320 * MiB
 _GRAPH_BYTES_EACH = 8 * MiB
 # The shape-based activation estimate (engines/base.py) saw 644-649 MiB where torch's allocator peaked
 # 1,181-1,242 MiB above the static pools (fla and attention workspaces, q/k/v and gate copies): x1.95.
 _ACTIVATION_SCALE = 1.95
 # Caching-allocator slack (reserved minus allocated at the peak) follows the activations' block sizes,
-# not the GPU's size (gpu_plans_after_calibration.json: 857-949 MiB for token-granular KV, 1,413-1,456 MiB
+# not the GPU's size (gpu_plans_after_first_calibration.json: 857-949 MiB for token-granular KV, 1,413-1,456 MiB
 # for KIVI, whose page-sized temporaries of many sizes fragment more, at 1,257-1,265 MiB of activations
 # on 16, 24 and 32 GiB plans alike): a multiple of the activations, rounded up.
 _FRAGMENTATION_SCALE = 0.85
