@@ -55,7 +55,10 @@ class SGLangEngine(EngineModel):
     ) -> int:
         if not geometry.is_hybrid:
             return 0
-        return -(-total_tokens // layout.chunk) + layout.running
+        # One checkpoint per chunk of pool, and never fewer than the retained sessions' own chunk
+        # boundaries: a session that ends mid-chunk still holds a checkpoint for its partial chunk.
+        retained = retained_sessions * -(-session_tokens // layout.chunk)
+        return max(-(-total_tokens // layout.chunk), retained) + layout.running
 
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
         return {"req_to_token_table": req_to_token_table_bytes(layout.running, layout.context_length)}

@@ -5,6 +5,8 @@ The inequalities are written here from the ledger, independently of the solver's
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 from headroom.engine.plan import (
@@ -113,7 +115,8 @@ def _check_refusal(request: PlanRequest, refusal: PlanRefused) -> None:
         for chunk in chunks:
             layout = Layout(chunk, context, running, request.kv_dtype, request.tp, request.ssm_dtype or "fp32")
             outside = sum(model.non_static(g, layout, total).values())
-            fraction = request.pinned.mem_fraction_static or (total - outside) / total
+            # The solver floors a free mem-fraction-static to the flag's three decimals.
+            fraction = request.pinned.mem_fraction_static or math.floor((total - outside) / total * 1000) / 1000
             if name in ("non_static_headroom", "dequant_transient"):
                 assert outside > (1 - fraction) * total
                 continue
