@@ -103,3 +103,22 @@ def test_graphs_are_off_by_default_on_the_cpu_and_capture_is_a_no_op(tiny_model_
     assert runner.capture_decode_graphs().batch_sizes == ()
     emulated = DecodeGraphs(runner, 2)
     assert emulated.capture().batch_sizes == ()
+
+
+def test_a_one_token_prompt_starts_in_a_static_pass(tiny_model_factory):
+    """A new request whose prompt is one token joins a decode-only pass: the static pass resets its SSM
+    state and attends over its position 0 only."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    runs = {}
+    for graph_batch in (0, 2):
+        runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64, ssm_slots=4,
+                                          max_running_requests=2, cuda_graph_max_batch=graph_batch))
+        first = new_sequence(runner, "a", random_prompt(vocab, 5, seed=3))
+        runner.forward([BatchItem(first, first.prompt_token_ids)])
+        first.output_token_ids.append(7)
+        first.kv_slots += runner.kv_allocator.alloc(1) or []
+        single = new_sequence(runner, "b", [11])
+        runs[graph_batch] = runner.forward([BatchItem(first, [7]), BatchItem(single, [11])])
+    assert runs[2].shape[0] == 2
+    torch.testing.assert_close(runs[0], runs[2], atol=1e-5, rtol=0)

@@ -6,7 +6,6 @@ The inequalities are written here from the ledger, independently of the solver's
 from __future__ import annotations
 
 import math
-
 from dataclasses import replace
 
 from headroom.engine.plan import (
