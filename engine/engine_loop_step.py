@@ -50,7 +50,7 @@ class StepRunner:
         self.eos_ids: dict[str, frozenset[int]] = {}
         self.cache = CacheManager(runner.kv_allocator, runner.ssm_pool.allocator if runner.ssm_pool else None,
                                   runner.ssm_pool.copy if runner.ssm_pool else (lambda src, dst: None),
-                                  runner.config.enable_prefix_cache)
+                                  runner.config.enable_prefix_cache, scheduler_config.max_running_requests)
         self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
         self.scheduler = Scheduler(scheduler_config, self.capacity)
 

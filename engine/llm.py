@@ -34,7 +34,7 @@ class LLM:
         ssm = self.runner.ssm_pool
         self.cache = CacheManager(
             self.runner.kv_allocator, ssm.allocator if ssm else None,
-            ssm.copy if ssm else _no_ssm, self.config.enable_prefix_cache,
+            ssm.copy if ssm else _no_ssm, self.config.enable_prefix_cache, self.config.max_running_requests,
         )
         self._ids = itertools.count()
 

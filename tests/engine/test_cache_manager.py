@@ -101,3 +101,36 @@ def test_new_checkpoints_replace_the_least_recently_used_when_slots_are_full():
     # third finds only checkpoints on the request's own locked path and is skipped, not forced.
     assert manager.radix.match_prefix(list(range(200, 230))).num_tokens == 20
     assert manager.radix.match_prefix(list(range(100, 120))).num_tokens == 0
+
+
+def test_checkpoints_never_take_the_slots_kept_for_admission():
+    """Two working slots kept (max running 2): a long prefill checkpointing every chunk stops short of them,
+    so a second request is still admitted while the first runs."""
+    kv, ssm = KVAllocator(256), SSMSlotAllocator(5)
+    manager = CacheManager(kv, ssm, lambda s, d: None, working_slots=2)
+    long = Sequence("long", list(range(100, 160)))
+    assert manager.admit(long) and manager.reserve(long, 60)
+    for end in range(10, 61, 10):
+        long.num_computed_tokens = end
+        manager.checkpoint(long)
+    assert manager.radix is not None and manager.radix.num_checkpoints == 3
+    assert ssm.num_free == 1 and manager.num_working == 1
+    short = Sequence("short", [1, 2, 3])
+    assert manager.admit(short)
+    assert manager.num_working == 2 and ssm.num_free == 0
+    manager.finish(short)
+    manager.finish(long)
+    assert manager.num_working == 0
+
+
+def test_without_a_reserve_checkpoints_may_use_every_slot():
+    kv, ssm = KVAllocator(256), SSMSlotAllocator(4)
+    manager = CacheManager(kv, ssm, lambda s, d: None)
+    long = Sequence("long", list(range(100, 160)))
+    assert manager.admit(long) and manager.reserve(long, 60)
+    for end in range(10, 61, 10):
+        long.num_computed_tokens = end
+        manager.checkpoint(long)
+    # The running request's own path is locked: nothing can be evicted, so admission fails.
+    assert ssm.num_free == 0
+    assert not manager.admit(Sequence("short", [1, 2, 3]))

@@ -114,3 +114,25 @@ def test_the_engine_thread_survives_a_failed_step_whose_abort_fails_too(state):
         assert loop._thread is not None and loop._thread.is_alive()
     finally:
         loop.stop()
+
+
+def test_a_short_request_is_admitted_while_long_prefills_hold_their_checkpoints(tmp_path):
+    """Four long prompts checkpoint at every chunk and pin those checkpoints (their paths are locked); a
+    30-token question arriving mid-prefill still gets an SSM slot at once and its first token long before
+    the long prompts finish (it waited for them on the H200, docs/gpu.md)."""
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=4096,
+                                     chunked_prefill_size=512, max_running_requests=8, max_new_tokens=64))
+    loop = state.loop
+    events = _capture(loop)
+    for i in range(4):
+        prompt = [(7 * j + i) % 200 + 5 for j in range(2000)]
+        loop.steps.add(Sequence(f"long{i}", prompt, SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+    for _ in range(10):
+        loop.steps.step()
+    cache = loop.steps.cache
+    assert cache.ssm_allocator is not None and cache.radix is not None and cache.radix.num_checkpoints >= 8
+    loop.steps.add(Sequence("question", [9] * 30, SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+    assert "question" in loop.steps.step().admitted
+    loop.steps.step()
+    assert events.get("question") and events["question"][0].token_ids
+    assert not any(events.get(f"long{i}") for i in range(4))
