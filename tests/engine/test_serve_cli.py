@@ -71,3 +71,33 @@ def test_a_cuda_plan_is_sized_by_the_memory_cuda_reports(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (cuda_total - 10**9, cuda_total))
     plan = resolve_plan(ServeOptions(device="cuda"), ensure_default_model())
     assert plan.gpu_memory_bytes == cuda_total
+
+
+def test_cuda_graph_max_batch_reaches_the_engine_and_its_static_passes_serve_requests(rendered):
+    """--cuda-graph-max-batch on the CPU runs the graphs' static decode pass (no capture) inside the server's
+    engine loop: outputs equal the eager server's, and every finished request gives its table row back."""
+    from headroom.engine.sequence import SamplingParams, Sequence
+
+    model_dir, plan = rendered
+    outputs = {}
+    for flag in ("0", "3"):
+        state = build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, "--cuda-graph-max-batch", flag])))
+        runner = state.loop.runner
+        assert runner.config.cuda_graph_max_batch == int(flag)
+        assert (runner.decode_graphs is not None) == (flag != "0")
+        static_passes = []
+        if runner.decode_graphs is not None:
+            graphed = runner.decode_graphs.run
+            runner.decode_graphs.run = lambda items, graphed=graphed, n=static_passes: n.append(1) or graphed(items)
+        tokens: dict[str, list[int]] = {}
+        state.loop.steps.emit = lambda rid, event, tokens=tokens: tokens.setdefault(rid, []).extend(event.token_ids)
+        for i, length in enumerate((5, 40, 9)):
+            prompt = [(11 * j + i) % 200 + 3 for j in range(length)]
+            state.loop.steps.add(Sequence(f"r{i}", prompt, SamplingParams(max_new_tokens=12, ignore_eos=True)),
+                                 frozenset())
+        state.loop.run_until_idle()
+        outputs[flag] = tokens
+        if runner.decode_graphs is not None:
+            assert runner.decode_graphs.leased_rows == 0 and len(static_passes) >= 5
+        state.loop.stop()
+    assert outputs["0"] == outputs["3"] and all(len(t) == 12 for t in outputs["3"].values())
