@@ -147,7 +147,7 @@ async def test_chart_applies_and_its_operator_plans_an_example(render: Renderer,
                 process.terminate()
                 try:
                     await asyncio.wait_for(process.wait(), timeout=20)
-                except TimeoutError:
+                except asyncio.TimeoutError:
                     # kopf's graceful stop can outlast 20 s on a loaded 2-core runner (as the kubelet's
                     # grace period would, it ends in a kill); the assertions above are the test.
                     process.kill()
