@@ -58,6 +58,7 @@ class HFTokenizer:
         template_file = model_dir / "chat_template.jinja"
         if self._template is None and template_file.is_file():
             self._template = template_file.read_text()
+        self._compiled: Any = None
         eos = {int(i) for i in extra_eos_ids}
         eos_token = config.get("eos_token")
         if isinstance(eos_token, dict):
@@ -77,10 +78,21 @@ class HFTokenizer:
         if not self._template:
             return "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + "assistant: "
         import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        return str(env.from_string(self._template).render(messages=messages, add_generation_prompt=True))
+        if self._compiled is None:
+            # The template comes with the model files: untrusted. The sandbox refuses attribute walks such as
+            # ''.__class__.__mro__ that a plain Environment would follow to arbitrary code.
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            try:
+                self._compiled = env.from_string(self._template)
+            except jinja2.TemplateError as exc:
+                raise ValueError(f"chat template does not compile: {exc}") from exc
+        try:
+            return str(self._compiled.render(messages=messages, add_generation_prompt=True))
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template: {exc}") from exc
 
 
 def _raise_template_error(message: str) -> None:

@@ -65,3 +65,27 @@ def test_subword_tokenizers_keep_their_spacing_when_decoded_in_windows(tmp_path,
     for step in (1, 2, 5):
         text, _ = stream(TextAssembler(tokenizer, []), ids, step)
         assert text == tokenizer.decode(ids)
+
+
+def _tokenizer_with_template(tmp_path, template: str):
+    import json
+
+    from headroom.engine.tokenizer import HFTokenizer
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return HFTokenizer(tmp_path)
+
+
+def test_chat_templates_render_in_a_sandbox(tmp_path):
+    good = _tokenizer_with_template(tmp_path, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                                              "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert good.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+    # A model's template is untrusted input: walking to Python internals is refused, as a clear error.
+    hostile = _tokenizer_with_template(tmp_path, "{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError, match="chat template"):
+        hostile.apply_chat_template([{"role": "user", "content": "hi"}])
+    raising = _tokenizer_with_template(tmp_path, "{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(ValueError, match="roles must alternate"):
+        raising.apply_chat_template([{"role": "user", "content": "hi"}])
