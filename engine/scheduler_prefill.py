@@ -92,7 +92,9 @@ class PrefillPlanner:
             # A preempted request comes back only when all of it fits, or it would be preempted again (thrash).
             whole = self.config.judge_whole_prompt or request.num_preemptions > 0
             judged = request.num_tokens - cached if whole else chunk
-            reserve = self.config.decode_reserve_tokens * (self.num_decodes + 1)
+            # Room kept for running decodes to grow. With nothing running there is nothing to protect, and a
+            # reserve would keep a preempted request as long as the pool out forever.
+            reserve = self.config.decode_reserve_tokens * (self.num_decodes + 1) if scheduler.running else 0
             # Judging whole prompts also means honouring what running prefills were promised.
             reserve += self._promised_after_this_pass() if whole else 0
             need = self.capacity.kv_tokens_to_extend(request, judged) + reserve

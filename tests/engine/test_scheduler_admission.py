@@ -96,6 +96,23 @@ def test_kv_exhaustion_preempts_by_recompute_and_every_request_completes():
     assert capacity.free_kv_tokens() == 160
 
 
+def test_a_preempted_request_as_long_as_the_pool_comes_back_once_the_pool_is_idle():
+    """Prompt 150 + 10 new tokens fill a 160-token pool exactly. The second request is preempted; judged on
+    its whole length plus the decode reserve it never fitted, even alone, and waited forever."""
+    capacity = CountingCapacity(160, 4)
+    scheduler = Scheduler(SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=16), capacity)
+    requests = [SchedRequest(name, prompt_len=150, max_new_tokens=10) for name in ("a", "b")]
+    for request in requests:
+        scheduler.add(request)
+    for _ in range(2000):
+        if not scheduler.has_work:
+            break
+        run_counted_pass(scheduler, capacity)
+    assert not scheduler.has_work
+    assert scheduler.num_preemptions >= 1
+    assert [r.num_generated for r in requests] == [10, 10]
+
+
 def test_no_free_ssm_slot_means_wait_not_crash():
     capacity = CountingCapacity(100_000, 1)
     scheduler = Scheduler(SchedulerConfig(chunked_prefill_size=256), capacity)
