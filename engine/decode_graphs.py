@@ -37,6 +37,7 @@ from headroom.engine.forward_batch import (
     ForwardBatch,
     ItemSpan,
 )
+from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
 from headroom.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -71,9 +72,12 @@ class DecodeGraphs:
             # The router's per-token expert choice gives data-dependent shapes, which a graph cannot record.
             raise ValueError("decode graphs cannot record a sparse MoE model (Qwen3-Next): set cuda_graph_max_batch=0")
         config = runner.config
-        if not 1 <= max_batch <= min(config.max_running_requests, config.max_total_tokens):
+        # The planner's graph reserve covers at most DECODE_GRAPH_MAX_BATCH graphs.
+        limit = min(config.max_running_requests, config.max_total_tokens, DECODE_GRAPH_MAX_BATCH)
+        if not 1 <= max_batch <= limit:
             raise ValueError(
-                f"cuda_graph_max_batch={max_batch} must be in 1..max_running_requests={config.max_running_requests}"
+                f"cuda_graph_max_batch={max_batch} must be in 1..{limit} (max_running_requests="
+                f"{config.max_running_requests}; the plan reserves memory for at most {DECODE_GRAPH_MAX_BATCH} graphs)"
             )
         self.runner = runner
         self.max_batch = max_batch

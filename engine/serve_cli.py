@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
     parser.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
     parser.add_argument("--cuda-graph-max-batch", type=int,
-                        help="decode batches up to this size replay CUDA graphs (0 = off; default min(running, 64))")
+                        help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
 
 
 def options_from_args(args: argparse.Namespace):

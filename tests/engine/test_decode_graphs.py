@@ -90,8 +90,11 @@ def test_kivi_pool_and_bad_sizes_are_refused_with_the_numbers(tiny_model_factory
     with pytest.raises(ValueError, match="token-granular KV pool, not int4"):
         ModelRunner(EngineConfig(model_path=str(model_dir), kv_dtype="int4", max_total_tokens=128,
                                  cuda_graph_max_batch=2))
-    with pytest.raises(ValueError, match=r"cuda_graph_max_batch=9 must be in 1..max_running_requests=8"):
+    with pytest.raises(ValueError, match=r"cuda_graph_max_batch=9 must be in 1..8 \(max_running_requests=8"):
         ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=128, cuda_graph_max_batch=9))
+    with pytest.raises(ValueError, match=r"cuda_graph_max_batch=65 must be in 1..64 .* at most 64 graphs"):
+        ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=256, max_running_requests=100,
+                                 ssm_slots=100, cuda_graph_max_batch=65))
     with pytest.raises(ValueError, match="cuda_graph_max_batch must be >= 0"):
         EngineConfig(model_path=str(model_dir), cuda_graph_max_batch=-1)
 
