@@ -18,6 +18,11 @@ from headroom.engine.model_runner import ModelRunner
 from tests.engine.helpers import new_sequence, random_prompt
 
 
+def _runner(model_dir, graph_batch: int, max_total_tokens: int) -> ModelRunner:
+    return ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=max_total_tokens, ssm_slots=4,
+                                    max_running_requests=2, cuda_graph_max_batch=graph_batch))
+
+
 def _generate(model_dir, vocab: int, graph_batch: int, kv_dtype: str, **settings):
     llm = LLM(str(model_dir), max_total_tokens=512, ssm_slots=16, chunked_prefill_size=5, max_running_requests=4,
               kv_dtype=kv_dtype, cuda_graph_max_batch=graph_batch, **settings)
@@ -47,8 +52,7 @@ def test_static_pass_logits_equal_eager_logits_step_by_step(tiny_model_factory):
     vocab = reference.config.vocab_size
     runs = {}
     for graph_batch in (0, 2):
-        runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=128, ssm_slots=4,
-                                          max_running_requests=2, cuda_graph_max_batch=graph_batch))
+        runner = _runner(model_dir, graph_batch, max_total_tokens=128)
         first = new_sequence(runner, "a", random_prompt(vocab, 7, seed=1))
         second = new_sequence(runner, "b", random_prompt(vocab, 4, seed=2))
         runner.forward([BatchItem(first, first.prompt_token_ids)])
@@ -67,8 +71,7 @@ def test_static_pass_logits_equal_eager_logits_step_by_step(tiny_model_factory):
 
 def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
     model_dir, _ = tiny_model_factory("qwen3_5", 0)
-    runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64, ssm_slots=4,
-                                      max_running_requests=2, cuda_graph_max_batch=2))
+    runner = _runner(model_dir, 2, max_total_tokens=64)
     graphs = runner.decode_graphs
     assert graphs is not None
     seqs = [new_sequence(runner, name, [1, 2]) for name in "abc"]
@@ -115,8 +118,7 @@ def test_a_one_token_prompt_starts_in_a_static_pass(tiny_model_factory):
     vocab = reference.config.vocab_size
     runs = {}
     for graph_batch in (0, 2):
-        runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64, ssm_slots=4,
-                                          max_running_requests=2, cuda_graph_max_batch=graph_batch))
+        runner = _runner(model_dir, graph_batch, max_total_tokens=64)
         first = new_sequence(runner, "a", random_prompt(vocab, 5, seed=3))
         runner.forward([BatchItem(first, first.prompt_token_ids)])
         first.output_token_ids.append(7)

@@ -79,10 +79,12 @@ def test_without_aging_the_short_stream_would_starve_it():
     assert drive_with_short_stream(max_times_overtaken=10**9, passes=200) is None
 
 
-def test_kv_exhaustion_preempts_by_recompute_and_every_request_completes():
+def run_two_on_a_small_pool(prompt_len: int, max_new_tokens: int, decode_reserve_tokens: int):
+    """Two requests on a 160-token pool until both finish (or 2,000 passes): (scheduler, capacity, requests)."""
     capacity = CountingCapacity(160, 4)
-    scheduler = Scheduler(SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=0), capacity)
-    requests = [SchedRequest(name, prompt_len=50, max_new_tokens=100) for name in ("a", "b")]
+    config = SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=decode_reserve_tokens)
+    scheduler = Scheduler(config, capacity)
+    requests = [SchedRequest(name, prompt_len=prompt_len, max_new_tokens=max_new_tokens) for name in ("a", "b")]
     for request in requests:
         scheduler.add(request)
     for _ in range(2000):
@@ -90,6 +92,11 @@ def test_kv_exhaustion_preempts_by_recompute_and_every_request_completes():
             break
         # CountingCapacity.allocate raises if the scheduler ever over-commits the pool.
         run_counted_pass(scheduler, capacity)
+    return scheduler, capacity, requests
+
+
+def test_kv_exhaustion_preempts_by_recompute_and_every_request_completes():
+    scheduler, capacity, requests = run_two_on_a_small_pool(50, 100, decode_reserve_tokens=0)
     assert not scheduler.has_work
     assert scheduler.num_preemptions >= 1
     assert [r.num_generated for r in requests] == [100, 100]
@@ -99,15 +106,7 @@ def test_kv_exhaustion_preempts_by_recompute_and_every_request_completes():
 def test_a_preempted_request_as_long_as_the_pool_comes_back_once_the_pool_is_idle():
     """Prompt 150 + 10 new tokens fill a 160-token pool exactly. The second request is preempted; judged on
     its whole length plus the decode reserve it never fitted, even alone, and waited forever."""
-    capacity = CountingCapacity(160, 4)
-    scheduler = Scheduler(SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=16), capacity)
-    requests = [SchedRequest(name, prompt_len=150, max_new_tokens=10) for name in ("a", "b")]
-    for request in requests:
-        scheduler.add(request)
-    for _ in range(2000):
-        if not scheduler.has_work:
-            break
-        run_counted_pass(scheduler, capacity)
+    scheduler, _, requests = run_two_on_a_small_pool(150, 10, decode_reserve_tokens=16)
     assert not scheduler.has_work
     assert scheduler.num_preemptions >= 1
     assert [r.num_generated for r in requests] == [10, 10]
