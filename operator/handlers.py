@@ -2,11 +2,15 @@
 
 The create/update/resume handlers give a prompt first pass (status.plan within a second); the
 per-object daemon re-runs the same pass every tick, which is what drives a rollout forward.
-Handlers are sync on purpose: kopf runs them in threads, and the API calls and the planner block.
+Handlers are sync on purpose: kopf runs them in threads, and the API calls and the planner block. The
+daemon alone is async, running each blocking pass in a worker thread: a sync daemon ends only when kopf
+sets its stop flag, so an operator cancelled without that (a test harness, an abrupt shutdown) left its
+thread reconciling forever and the event loop's shutdown waiting on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
@@ -50,17 +54,18 @@ def inferenceserver_resume(namespace: str, name: str, memo: Any, logger: logging
     _handle(memo, namespace, name, logger)
 
 
-def inferenceserver_daemon(
+async def inferenceserver_daemon(
     stopped: kopf.DaemonStopped, namespace: str, name: str, memo: Any, logger: logging.Logger, **_: Any
 ) -> None:
-    """Re-check every tick: Deployment readiness and smoke results arrive without any event."""
+    """Re-check every tick: Deployment readiness and smoke results arrive without any event. Stopping or
+    cancelling the operator ends it at the next await; a pass already in its thread runs to its end."""
     tick = _context(memo).settings.tick_seconds
     while not stopped:
         try:
-            _locked_reconcile(memo, namespace, name, logger)
+            await asyncio.to_thread(_locked_reconcile, memo, namespace, name, logger)
         except Exception as exc:  # noqa: BLE001 - the daemon must outlive one failed pass; the next tick retries
             logger.warning(f"reconcile of {namespace}/{name} failed, retrying in {tick} s: {exc}")
-        stopped.wait(tick)
+        await stopped.wait(tick)
 
 
 def inferenceserver_delete(
