@@ -224,6 +224,12 @@ def section_perf(budget_s: float = 330.0, with_hf: bool = True) -> dict:
     return out
 
 
+def _capture_info(report) -> dict:
+    """A decode-graph CaptureReport as bench JSON."""
+    return {"captured_batch_sizes": list(report.batch_sizes), "capture_seconds": report.seconds,
+            "graph_pool_bytes": report.pool_bytes, "graph_device_bytes": report.device_bytes}
+
+
 def _teacher_forced_decode(path: Path, kv: str, graph_batch: int) -> tuple[torch.Tensor, dict]:
     """Five prompts prefilled, then 12 decode passes of fixed tokens (a sixth prompt prefills in pass 4, a
     mixed eager pass, and decodes from pass 5): logits of every pass, and the capture report."""
@@ -263,7 +269,7 @@ def _teacher_forced_decode(path: Path, kv: str, graph_batch: int) -> tuple[torch
             running.append(late)
         rows.append(runner.forward(items)[: len(running)].float())
     torch.cuda.synchronize()
-    info = {"captured": list(report.batch_sizes), "capture_seconds": report.seconds, "graph_pool_bytes": report.pool_bytes}
+    info = _capture_info(report)
     return torch.cat([r.flatten() for r in rows]), info
 
 
@@ -290,15 +296,11 @@ def section_graphs() -> dict:
     def prompt(n):
         return [rng.randrange(1000, 200000) for _ in range(n)]
 
-    def capture_info(report) -> dict:
-        return {"captured_batch_sizes": len(report.batch_sizes), "capture_seconds": report.seconds,
-                "graph_pool_bytes": report.pool_bytes, "graph_device_bytes": report.device_bytes}
-
     # Graph memory against the number of graphs (the planner's graph reserve).
     for graph_batch in (16,):
         llm = LLM(str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=32768,
                   ssm_slots=80, context_length=4096, max_running_requests=64, cuda_graph_max_batch=graph_batch)
-        out["decode"][f"bf16_capture_only_{graph_batch}"] = capture_info(llm.graph_capture)
+        out["decode"][f"bf16_capture_only_{graph_batch}"] = _capture_info(llm.graph_capture)
         del llm
         torch.cuda.empty_cache()
     for kv, graph_batch in (("bf16", 64), ("bf16", 0), ("fp8", 64)):
@@ -306,7 +308,7 @@ def section_graphs() -> dict:
         llm = LLM(str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=65536, ssm_slots=80,
                   chunked_prefill_size=8192, context_length=4096, max_running_requests=64, enable_prefix_cache=False,
                   cuda_graph_max_batch=graph_batch)
-        res: dict = capture_info(llm.graph_capture)
+        res: dict = _capture_info(llm.graph_capture)
         for batch in (1, 8, 32, 64):
             # Untimed first: the prefill of batch x 256 tokens is a new shape class for Triton.
             warm = [prompt(256) for _ in range(batch)]

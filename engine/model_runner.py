@@ -13,7 +13,7 @@ from headroom.engine.kv_pool import KVPool
 from headroom.engine.loader import load_config, load_weights
 from headroom.engine.models.causal_lm import CausalLM
 from headroom.engine.plan import kv_bytes_per_token, load_geometry, ssm_slot_bytes
-from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
+from headroom.engine.plan.engines.builtin import decode_graph_batch
 from headroom.engine.sequence import Sequence
 from headroom.engine.ssm_pool import SSMPool
 
@@ -60,8 +60,9 @@ class ModelRunner:
         self._check_budget()
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
-            graphable = self.device.type == "cuda" and not self.kv_pool.is_kivi and not mc.moe_layers
-            graph_batch = min(config.max_running_requests, DECODE_GRAPH_MAX_BATCH) if graphable else 0
+            graph_batch = decode_graph_batch(
+                self.kv_pool.is_kivi, bool(mc.moe_layers), config.max_running_requests
+            ) if self.device.type == "cuda" else 0
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
 
     def capture_decode_graphs(self) -> CaptureReport:

@@ -103,6 +103,11 @@ class EngineModel(ABC):
         """Command-line flags of this engine for the solved values."""
 
 
+def session_checkpoints(retained_sessions: int, session_tokens: int, chunk: int) -> int:
+    """SSM checkpoints the retained sessions hold: one per chunk boundary, the partial last chunk included."""
+    return retained_sessions * -(-session_tokens // chunk)
+
+
 def dense_prefix_bytes(geometry: ModelGeometry, prefix_tokens: int, tp: int) -> int:
     """fp16 K and V of `prefix_tokens` tokens of one attention layer on one GPU."""
     return prefix_tokens * 2 * kv_heads_per_gpu(geometry, tp) * geometry.head_dim * 2

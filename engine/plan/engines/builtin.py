@@ -13,6 +13,7 @@ from headroom.engine.plan.engines.base import (
     activation_bytes,
     dense_prefix_bytes,
     req_to_token_table_bytes,
+    session_checkpoints,
 )
 from headroom.engine.plan.geometry import ModelGeometry
 from headroom.engine.plan.kv_format import KV_DTYPES, kv_format, kv_heads_per_gpu
@@ -46,12 +47,17 @@ _FRAGMENTATION_SCALE = 0.85
 _FRAGMENTATION_SCALE_KIVI = 1.2
 
 
-def decode_graph_count(geometry: ModelGeometry, layout: Layout) -> int:
-    """Decode graphs the engine captures by default: none for KIVI pools (their residual windows change
-    length every step) or sparse MoE models (data-dependent routing), else one per batch size."""
-    if kv_format(layout.kv_dtype).is_kivi or geometry.num_experts:
+def decode_graph_batch(kivi_pool: bool, sparse_moe: bool, running: int) -> int:
+    """Decode graphs the engine captures by default (one per batch size up to this): none for KIVI pools
+    (their residual windows change length every step) or sparse MoE models (data-dependent routing).
+    The planner prices them and ModelRunner captures them from this one rule."""
+    if kivi_pool or sparse_moe:
         return 0
-    return min(layout.running, DECODE_GRAPH_MAX_BATCH)
+    return min(running, DECODE_GRAPH_MAX_BATCH)
+
+
+def decode_graph_count(geometry: ModelGeometry, layout: Layout) -> int:
+    return decode_graph_batch(kv_format(layout.kv_dtype).is_kivi, geometry.num_experts > 0, layout.running)
 
 
 class BuiltinEngine(EngineModel):
@@ -69,7 +75,7 @@ class BuiltinEngine(EngineModel):
             return 0
         # The radix cache keeps a checkpoint at every chunk boundary of a cached prefix: enough for the
         # retained sessions, and at least for one full-context request, plus one working slot per runner.
-        retained = retained_sessions * -(-session_tokens // layout.chunk)
+        retained = session_checkpoints(retained_sessions, session_tokens, layout.chunk)
         one_context = -(-layout.context_length // layout.chunk)
         return max(retained, one_context) + layout.running
 

@@ -20,6 +20,7 @@ from headroom.engine.plan.engines.base import (
     activation_bytes,
     dense_prefix_bytes,
     req_to_token_table_bytes,
+    session_checkpoints,
 )
 from headroom.engine.plan.geometry import ModelGeometry
 from headroom.engine.plan.kv_format import kv_heads_per_gpu
@@ -57,7 +58,7 @@ class SGLangEngine(EngineModel):
             return 0
         # One checkpoint per chunk of pool, and never fewer than the retained sessions' own chunk
         # boundaries: a session that ends mid-chunk still holds a checkpoint for its partial chunk.
-        retained = retained_sessions * -(-session_tokens // layout.chunk)
+        retained = session_checkpoints(retained_sessions, session_tokens, layout.chunk)
         return max(-(-total_tokens // layout.chunk), retained) + layout.running
 
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:

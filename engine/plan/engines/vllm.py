@@ -17,6 +17,7 @@ from headroom.engine.plan.engines.base import (
     MiB,
     activation_bytes,
     req_to_token_table_bytes,
+    session_checkpoints,
 )
 from headroom.engine.plan.geometry import ModelGeometry
 from headroom.engine.plan.kv_format import kv_heads_per_gpu
@@ -44,7 +45,7 @@ class VLLMEngine(EngineModel):
     ) -> int:
         if not geometry.is_hybrid:
             return 0
-        return retained_sessions * -(-session_tokens // layout.chunk) + layout.running
+        return session_checkpoints(retained_sessions, session_tokens, layout.chunk) + layout.running
 
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
         # Inside the utilization budget: the profiled forward pass and vLLM's non-torch allocations.
