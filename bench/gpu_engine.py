@@ -234,8 +234,8 @@ def _teacher_forced_decode(path: Path, kv: str, graph_batch: int) -> tuple[torch
     """Five prompts prefilled, then 12 decode passes of fixed tokens (a sixth prompt prefills in pass 4, a
     mixed eager pass, and decodes from pass 5): logits of every pass, and the capture report."""
     from headroom.engine.config import EngineConfig
-    from headroom.engine.forward_batch import BatchItem
-    from headroom.engine.model_runner import ModelRunner
+    from headroom.engine.runtime.forward_batch import BatchItem
+    from headroom.engine.runtime.model_runner import ModelRunner
     from headroom.engine.sequence import Sequence
 
     runner = ModelRunner(EngineConfig(
@@ -330,8 +330,8 @@ def section_graphs() -> dict:
 def section_profile() -> dict:
     """Where a decode step's GPU time goes: kernels of one eager decode pass (batch 1 and 8, bf16 KV), by name."""
     from headroom.engine.config import EngineConfig
-    from headroom.engine.forward_batch import BatchItem
-    from headroom.engine.model_runner import ModelRunner
+    from headroom.engine.runtime.forward_batch import BatchItem
+    from headroom.engine.runtime.model_runner import ModelRunner
     from headroom.engine.sequence import Sequence
     from torch.profiler import ProfilerActivity, profile
 

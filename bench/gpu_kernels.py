@@ -15,16 +15,12 @@ import traceback
 
 import torch
 import triton
-from headroom.kernels.conv_update import causal_conv1d_update, naive_causal_conv1d_update
+from headroom.kernels.conv import naive_causal_conv1d_update
+from headroom.kernels.conv_update import causal_conv1d_update
 from headroom.kernels.gdn_fla import gated_delta_rule_varlen, naive_gated_delta_rule_varlen
-from headroom.kernels.kv_quant_triton import (
-    fp8_quantize_into,
-    kivi_quantize_pages,
-    naive_fp8_quantize_into,
-    naive_kivi_quantize_pages,
-)
+from headroom.kernels.kv_quant_triton import fp8_quantize_into, kivi_quantize_pages
 from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
-from headroom.kernels.paged_kv import PagedKV
+from headroom.kernels.paged_kv import PagedKV, naive_fp8_quantize_into, naive_kivi_quantize_pages
 from triton.testing import do_bench
 
 HQ, HKV, D, PAGE, GROUP = 16, 4, 256, 32, 32

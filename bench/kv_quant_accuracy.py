@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from headroom.engine.forward_batch import BatchItem
 from headroom.engine.llm import LLM
-from headroom.engine.model_runner import ModelRunner
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.sequence import Sequence
 
 DTYPES = ["auto", "bf16", "fp8", "int8", "int4", "int2"]

@@ -1,4 +1,4 @@
-"""Scheduling benchmark: the real engine/scheduler.py driven by a simulated clock and the seed's cost model.
+"""Scheduling benchmark: the real engine/scheduler/scheduler.py driven by a simulated clock and the seed's cost model.
 
 Setup (seed 000): one GPU prefilling at ~1,200-1,300 tok/s with ~0.1 s fixed cost per pass, a KV pool of
 450K tokens (three 130K sessions fit whole, four do not), max 10 running requests, chunk budget 8192.
@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from headroom.engine.scheduler import Scheduler
-from headroom.engine.scheduler_capacity import CountingCapacity
-from headroom.engine.scheduler_types import PassCostModel, SchedRequest, SchedulerConfig
+from headroom.engine.scheduler.capacity import CountingCapacity
+from headroom.engine.scheduler.scheduler import Scheduler
+from headroom.engine.scheduler.types import PassCostModel, SchedRequest, SchedulerConfig
 
 COST = PassCostModel(fixed_s=0.096, prefill_tokens_per_s=1315.0, decode_s=0.004)
 POOL_TOKENS = 450_000

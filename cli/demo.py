@@ -68,8 +68,8 @@ async def _workload(base_url: str, args: argparse.Namespace) -> list[dict[str, A
 def run(args: argparse.Namespace) -> int:
     import httpx
     import uvicorn
-    from headroom.engine.server import build_app
-    from headroom.engine.server_factory import ServeOptions, build_state, start_warm_up
+    from headroom.engine.server.app import build_app
+    from headroom.engine.server.factory import ServeOptions, build_state, start_warm_up
 
     started = time.perf_counter()
     options = ServeOptions(device="cpu", context_length=8192, max_total_tokens=32768, max_new_tokens=64,

@@ -11,7 +11,7 @@ import sys
 # sub-command -> module exposing `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS = {
     "plan": ("headroom.engine.plan.cli", "derive or check engine memory settings"),
-    "serve": ("headroom.engine.serve_cli", "run the OpenAI-compatible engine"),
+    "serve": ("headroom.engine.server.cli", "run the OpenAI-compatible engine"),
     "smoke": ("headroom.client.smoke_cli", "long-prefill smoke test against a running server"),
     "bench": ("headroom.client.bench_cli", "streaming workloads of the field reports"),
     "operator": ("headroom.operator.main", "run the Kubernetes operator"),

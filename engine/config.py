@@ -17,7 +17,7 @@ class EngineConfig:
 
     static_budget_bytes (weights + pools) comes from the plan (mem_fraction_static x GPU memory);
     None skips that check (CPU tests). cuda_graph_max_batch: decode passes of up to this many sequences
-    replay CUDA graphs (engine/decode_graphs.py); None = min(max_running_requests, 64) on CUDA with a
+    replay CUDA graphs (engine/runtime/decode_graphs.py); None = min(max_running_requests, 64) on CUDA with a
     token-granular KV pool, else off; 0 = off.
     """
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from headroom.engine.tokenizer import BYTE_VOCAB_SIZE, ByteTokenizer
+from headroom.engine.server.tokenizer import BYTE_VOCAB_SIZE, ByteTokenizer
 
 DEFAULT_MODEL_NAME = "headroom-tiny-hybrid"
 _SEED = 20260101
@@ -59,8 +59,8 @@ def ensure_default_model(directory: Path | None = None) -> Path:
     if config_path.is_file() and json.loads(config_path.read_text()).get("headroom_default_model") == _FORMAT_VERSION:
         return target
     import torch
-    from headroom.engine.loader import expected_shapes
     from headroom.engine.models.config import model_config_from_hf
+    from headroom.engine.runtime.loader import expected_shapes
     from safetensors.torch import save_file
 
     config = default_config()

@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from headroom.engine.cache_manager import CacheManager
+from headroom.engine.cache.manager import CacheManager
 from headroom.engine.config import EngineConfig
-from headroom.engine.forward_batch import BatchItem
-from headroom.engine.model_runner import CapacityError, ModelRunner
-from headroom.engine.sampling import sample
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import CapacityError, ModelRunner
+from headroom.engine.runtime.sampling import sample
 from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 

@@ -19,3 +19,12 @@ def naive_causal_conv1d(
     out = torch.nn.functional.silu(out[:, -num_tokens:]).transpose(0, 1)
     new_state = window[:, window.shape[1] - (kernel - 1) :]
     return out.contiguous(), new_state.contiguous()
+
+
+def naive_causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Reference: naive_causal_conv1d per sequence, state written back to its slot."""
+    out = torch.empty_like(x)
+    for b, slot in enumerate(slots.tolist()):
+        out[b : b + 1], new_state = naive_causal_conv1d(x[b : b + 1], weight, states[slot])
+        states[slot] = new_state
+    return out

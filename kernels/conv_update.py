@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.conv import naive_causal_conv1d
 
 
 @triton.jit
@@ -54,13 +53,4 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
         x, weight, states, slots, out, x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
         CHANNELS=channels, KERNEL=kernel, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(kernel),
     )
-    return out
-
-
-def naive_causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Reference: naive_causal_conv1d per sequence, state written back to its slot."""
-    out = torch.empty_like(x)
-    for b, slot in enumerate(slots.tolist()):
-        out[b : b + 1], new_state = naive_causal_conv1d(x[b : b + 1], weight, states[slot])
-        states[slot] = new_state
     return out

@@ -1,7 +1,8 @@
 """Quantize-on-write straight into the paged KV pool: fp8 per token per head, KIVI pages (int8/int4/int2).
 
 Same arithmetic as kernels/kv_quant.py (round half to even, fp16 scale and zero point rounded before use), so
-codes and scales are bit-identical to the naive path on the same device: on CUDA torch divides by a Python
+codes and scales are bit-identical to the naive path (naive_fp8_quantize_into / naive_kivi_quantize_pages in
+kernels/paged_kv.py) on the same device: on CUDA torch divides by a Python
 number as a multiplication by its fp32 reciprocal (IEEE division on the CPU), and the kernels follow; packing is pack_codes' layout
 (token i of a page in byte i // (8 / bits), bits * (i % (8 / bits)) up). One program per token (fp8) or per
 page and head (KIVI); nothing but the pool is written.
@@ -12,12 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.kv_quant import (
-    FP8_MAX,
-    naive_fp8_quantize,
-    naive_kivi_quantize_keys,
-    naive_kivi_quantize_values,
-)
+from headroom.kernels.kv_quant import FP8_MAX
 from headroom.kernels.paged_kv import PagedKV
 
 
@@ -173,20 +169,3 @@ def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, k
             scale.stride(0), scale.stride(1), IS_KEY=is_key, HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
             GROUP_D=kv.value_group, RECIPROCAL=k.is_cuda, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
         )
-
-
-def naive_fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """Reference for fp8_quantize_into (naive_fp8_quantize, then an indexed store)."""
-    assert FP8_MAX == 448.0
-    index = slots.long()
-    codes[index], scales[index] = naive_fp8_quantize(x)
-
-
-def naive_kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
-    """Reference for kivi_quantize_pages (the naive per-page quantizers)."""
-    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
-    page = kv.page_tokens
-    for i, dst in enumerate(pages.tolist()):
-        rows, slots = slice(i * page, (i + 1) * page), slice(dst * page, (dst + 1) * page)
-        kv.k[dst], kv.k_scale[dst], kv.k_zero[dst] = naive_kivi_quantize_keys(k[rows], kv.bits)
-        kv.v[dst], kv.v_scale[slots], kv.v_zero[slots] = naive_kivi_quantize_values(v[rows], kv.bits, kv.value_group)

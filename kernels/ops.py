@@ -1,8 +1,10 @@
 """The one dispatch point between the engine and its kernels.
 
-Callers use only these names. Each picks an implementation from its inputs; today every op runs its
-pure-torch naive_* reference (the CPU path). GPU Triton kernels (issue 8) plug in here, per op,
-without any caller changing.
+Callers use only these names. Each picks an implementation from its inputs: on the CPU the pure-torch
+naive_* reference; on CUDA the Triton kernel (paged attention, quantize-on-write, conv decode step) or
+fla-core's Gated DeltaNet where one exists. Triton modules are imported only inside the CUDA branch, and
+every naive_* reference lives in a module that imports no Triton, so the CPU path runs without Triton
+installed.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def causal_conv1d_update(x, weight, states, slots):
     if x.is_cuda:
         from headroom.kernels.conv_update import causal_conv1d_update as run
     else:
-        from headroom.kernels.conv_update import naive_causal_conv1d_update as run
+        from headroom.kernels.conv import naive_causal_conv1d_update as run
     return run(x, weight, states, slots)
 
 

@@ -1,6 +1,7 @@
-"""PagedKV: one layer's KV pool storage as the paged kernels read it, and its naive dense gather.
+"""PagedKV: one layer's KV pool storage as the paged kernels read it; its naive gather, attention and
+quantize-on-write references (no Triton here: the CPU path imports this module).
 
-Kinds (engine/kv_pool.py allocates them; engine/plan/kv_format.py is the byte layout):
+Kinds (engine/runtime/kv_pool.py allocates them; engine/plan/kv_format.py is the byte layout):
 - dense: k, v [slots, H, D] in bf16/fp16/fp32.
 - fp8:   k, v [slots, H, D] float8_e4m3fn; k_scale, v_scale [slots, H] fp32.
 - kivi:  k, v [pages, page_tokens * bits / 8, H, D] uint8 (codes packed along the token axis);
@@ -17,9 +18,13 @@ from dataclasses import dataclass
 import torch
 from headroom.kernels.attention_merge import naive_attention_with_lse
 from headroom.kernels.kv_quant import (
+    FP8_MAX,
     naive_fp8_dequantize,
+    naive_fp8_quantize,
     naive_kivi_dequantize_keys,
     naive_kivi_dequantize_values,
+    naive_kivi_quantize_keys,
+    naive_kivi_quantize_values,
 )
 
 KV_KINDS = ("dense", "fp8", "kivi")
@@ -125,3 +130,20 @@ def page_table(slot_lists: list[list[int]], page_tokens: int, device: torch.devi
     for b, firsts in enumerate(rows):
         table[b, : len(firsts)] = torch.tensor([s // page_tokens for s in firsts], dtype=torch.int32)
     return table.to(device)
+
+
+def naive_fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """Reference for fp8_quantize_into (naive_fp8_quantize, then an indexed store)."""
+    assert FP8_MAX == 448.0
+    index = slots.long()
+    codes[index], scales[index] = naive_fp8_quantize(x)
+
+
+def naive_kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
+    """Reference for kivi_quantize_pages (the naive per-page quantizers)."""
+    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
+    page = kv.page_tokens
+    for i, dst in enumerate(pages.tolist()):
+        rows, slots = slice(i * page, (i + 1) * page), slice(dst * page, (dst + 1) * page)
+        kv.k[dst], kv.k_scale[dst], kv.k_zero[dst] = naive_kivi_quantize_keys(k[rows], kv.bits)
+        kv.v[dst], kv.v_scale[slots], kv.v_zero[slots] = naive_kivi_quantize_values(v[rows], kv.bits, kv.value_group)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.forward_batch import KV_WRITE_ROWS, ForwardBatch
-from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.mlp import linear
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
+from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from headroom.engine.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
 from headroom.engine.layers.gdn_projection import gdn_projection
 from headroom.engine.layers.mlp import linear
 from headroom.engine.models.config import ModelConfig
-from headroom.engine.ssm_pool import SSMPool
+from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
+from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 
 

@@ -8,8 +8,8 @@ the two are merged by log-sum-exp.
 from __future__ import annotations
 
 import torch
-from headroom.engine.forward_batch import POOL_INDEX, ForwardBatch
-from headroom.engine.kv_pool import KVPool
+from headroom.engine.runtime.forward_batch import POOL_INDEX, ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
 from headroom.kernels.attention_merge import merge_two
 from headroom.kernels.paged_kv import PagedKV, page_table

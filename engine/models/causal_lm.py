@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from headroom.engine.forward_batch import ForwardBatch
-from headroom.engine.kv_pool import KVPool
 from headroom.engine.layers.attention import FullAttention
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
-from headroom.engine.loader import check_weights
 from headroom.engine.models.config import ModelConfig
-from headroom.engine.ssm_pool import SSMPool
+from headroom.engine.runtime.forward_batch import ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
+from headroom.engine.runtime.loader import check_weights
+from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 
 

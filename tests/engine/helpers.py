@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.forward_batch import BatchItem
-from headroom.engine.model_runner import ModelRunner
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.sequence import Sequence
 
 

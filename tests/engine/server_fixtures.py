@@ -12,9 +12,9 @@ from pathlib import Path
 
 import uvicorn
 from headroom.engine.default_model import ensure_default_model
-from headroom.engine.server import build_app
-from headroom.engine.server_factory import ServeOptions, build_state, start_warm_up
-from headroom.engine.server_generate import ServerState
+from headroom.engine.server.app import build_app
+from headroom.engine.server.factory import ServeOptions, build_state, start_warm_up
+from headroom.engine.server.generate import ServerState
 
 
 @dataclass

@@ -6,10 +6,10 @@ import json
 
 import pytest
 from headroom.engine.config import EngineConfig
-from headroom.engine.loader import WeightError
-from headroom.engine.model_runner import CapacityError, ModelRunner
 from headroom.engine.models.config import ModelConfigError
 from headroom.engine.plan.types import Plan
+from headroom.engine.runtime.loader import WeightError
+from headroom.engine.runtime.model_runner import CapacityError, ModelRunner
 
 
 def make_plan(**changes) -> Plan:

@@ -9,8 +9,8 @@ import sys
 def test_cache_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import headroom.engine.kv_cache, headroom.engine.ssm_slots, headroom.engine.radix_cache\n"
-        "import headroom.engine.cache_manager, headroom.engine.sequence\n"
+        "import headroom.engine.cache.kv_slots, headroom.engine.cache.ssm_slots, headroom.engine.cache.radix\n"
+        "import headroom.engine.cache.manager, headroom.engine.sequence\n"
         "print('torch' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.conv_update import causal_conv1d_update, naive_causal_conv1d_update
+from headroom.kernels.conv import naive_causal_conv1d_update
+from headroom.kernels.conv_update import causal_conv1d_update
 
 
 @pytest.mark.parametrize("channels,kernel", [(37, 4), (256, 4), (130, 2), (64, 3)])

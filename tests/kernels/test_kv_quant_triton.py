@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.kv_quant_triton import (
-    fp8_quantize_into,
-    kivi_quantize_pages,
-    naive_fp8_quantize_into,
-    naive_kivi_quantize_pages,
-)
+from headroom.kernels.kv_quant_triton import fp8_quantize_into, kivi_quantize_pages
+from headroom.kernels.paged_kv import naive_fp8_quantize_into, naive_kivi_quantize_pages
 
 from tests.kernels.paged_pool import make_pool
 

@@ -113,7 +113,7 @@ def test_spec_model_names_the_failing_field(changes, field) -> None:
 def test_builtin_deployment_args_parse_with_headroom_serve() -> None:
     import argparse
 
-    serve_cli = pytest.importorskip("headroom.engine.serve_cli")
+    serve_cli = pytest.importorskip("headroom.engine.server.cli")
     p = planned()
     args = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]["args"]
     parser = argparse.ArgumentParser()

@@ -18,7 +18,7 @@ from tests.operator.conftest import ISVC, Api, OperatorHarness
 from tests.operator.resources import NAMESPACE, inference_server
 
 engine_process = pytest.importorskip("tests.client.engine_process", reason="the CPU engine is not in this tree")
-pytest.importorskip("headroom.engine.serve_cli", reason="`headroom serve` is not in this tree")
+pytest.importorskip("headroom.engine.server.cli", reason="`headroom serve` is not in this tree")
 
 DEPLOYMENT = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/qwen"
 GOOD_FLAGS = ["--context-length", "1024", "--max-new-tokens", "64", "--chunked-prefill-size", "64"]

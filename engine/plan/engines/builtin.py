@@ -24,13 +24,13 @@ _DEQUANT_BLOCK_TOKENS = 256
 # of a Qwen3.5-4B-shaped model at chunk 8192): memory outside torch's allocator (CUDA context, cuBLAS and
 # Triton modules) peaked at 686 MiB, so 704 MiB.
 _CUDA_CONTEXT_BYTES = 704 * MiB
-# Decode CUDA graphs (engine/decode_graphs.py): one per batch size up to this many running requests (a
+# Decode CUDA graphs (engine/runtime/decode_graphs.py): one per batch size up to this many running requests (a
 # bound on capture time, about 0.1 s a graph, and on graph memory).
 DECODE_GRAPH_MAX_BATCH = 64
 # Device memory of the captured graphs: their private pool, the driver's graph objects and the cuBLAS
 # workspaces of the warm-up and capture streams. H200, fresh processes (gpu_plans_recalibrated.json):
 # 348 MiB for 4 graphs and 516 MiB for 8, but those runs warmed each size on a new stream, and cuBLAS
-# kept a ~37 MiB workspace for each; with one warm-up stream (engine/decode_graphs.py) that leaves about
+# kept a ~37 MiB workspace for each; with one warm-up stream (engine/runtime/decode_graphs.py) that leaves about
 # 300 MiB and a few MiB a graph (170 MiB for 16 and 566 MiB for 64 graphs in a process whose streams
 # were already warm, gpu_engine_e.json). The per-stream part is inferred, not re-measured: a base with
 # margin plus a share per graph.

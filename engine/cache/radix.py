@@ -1,0 +1,248 @@
+"""Radix tree over token ids: shared prefixes keep their KV slots (and, for hybrid models, SSM checkpoints).
+
+Pure Python. Edges are compared in whole pages (page_size tokens, the KV allocator's page), so a node's
+KV slots are always whole pages and eviction never splits one. A node's `ssm_slot` is the recurrent
+state after its last token; for a hybrid model a hit is usable only up to the deepest such node, since
+the SSM state of a shorter prefix cannot be rebuilt from KV. Ownership: the tree owns the KV slots and
+checkpoint slots of its nodes and frees them only on eviction; running requests lock their path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from headroom.engine.cache.kv_slots import KVAllocator
+from headroom.engine.cache.ssm_slots import SSMSlotAllocator
+
+
+@dataclass(eq=False)
+class RadixNode:
+    key: list[int]
+    kv_slots: list[int]
+    parent: RadixNode | None
+    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
+    ssm_slot: int | None = None
+    lock_ref: int = 0
+    last_access: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """A usable hit: num_tokens tokens whose KV lies in kv_slots; ssm_slot checkpoints the state after them."""
+
+    num_tokens: int
+    kv_slots: list[int]
+    node: RadixNode
+    ssm_slot: int | None
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """num_existing: leading tokens the tree already held (the caller's own slots for them are duplicates
+    unless they came from its match); ssm_adopted: whether the tree took the checkpoint slot."""
+
+    num_existing: int
+    ssm_adopted: bool
+    node: RadixNode
+    kv_slots: list[int]
+
+
+class RadixCache:
+    def __init__(
+        self,
+        kv_allocator: KVAllocator,
+        ssm_allocator: SSMSlotAllocator | None = None,
+        require_checkpoint: bool = False,
+    ):
+        if require_checkpoint and ssm_allocator is None:
+            raise ValueError("a hybrid model's radix cache needs the SSM slot allocator")
+        self.kv_allocator = kv_allocator
+        self.ssm_allocator = ssm_allocator
+        self.require_checkpoint = require_checkpoint
+        self.page_size = kv_allocator.page_tokens
+        self.root = RadixNode(key=[], kv_slots=[], parent=None, lock_ref=1)
+        self._clock = itertools.count(1)
+        self.num_cached_tokens = 0
+        self.num_checkpoints = 0
+
+    def _child_key(self, tokens: list[int], pos: int) -> tuple[int, ...]:
+        return tuple(tokens[pos : pos + self.page_size])
+
+    def _common_len(self, edge: list[int], tokens: list[int], pos: int) -> int:
+        """Matching leading tokens, rounded down to whole pages."""
+        limit = min(len(edge), len(tokens) - pos)
+        n = 0
+        while n < limit and edge[n] == tokens[pos + n]:
+            n += 1
+        return n - n % self.page_size
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut node's edge after `at` tokens; returns the new upper node (the checkpoint stays below)."""
+        assert node.parent is not None and 0 < at < len(node.key) and at % self.page_size == 0
+        upper = RadixNode(
+            key=node.key[:at], kv_slots=node.kv_slots[:at], parent=node.parent,
+            lock_ref=node.lock_ref, last_access=node.last_access,
+        )
+        node.parent.children[tuple(node.key[: self.page_size])] = upper
+        node.key, node.kv_slots, node.parent = node.key[at:], node.kv_slots[at:], upper
+        upper.children[tuple(node.key[: self.page_size])] = node
+        return upper
+
+    def match_prefix(self, tokens: list[int]) -> PrefixMatch:
+        """Longest usable cached prefix of tokens (pass prompt[:-1] so one token is left to compute)."""
+        now = next(self._clock)
+        node, pos = self.root, 0
+        best = PrefixMatch(0, [], self.root, None)
+        slots: list[int] = []
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            common = self._common_len(child.key, tokens, pos)
+            if common == 0:
+                break
+            if common < len(child.key):
+                if self.require_checkpoint:
+                    break
+                child = self._split(child, common)
+            child.last_access = now
+            slots.extend(child.kv_slots)
+            pos += common
+            node = child
+            if not self.require_checkpoint or node.ssm_slot is not None:
+                best = PrefixMatch(pos, list(slots), node, node.ssm_slot)
+        return best
+
+    def lock(self, node: RadixNode) -> None:
+        """A running request uses this node's path: none of it may be evicted until unlock."""
+        walk: RadixNode | None = node
+        while walk is not None and walk is not self.root:
+            walk.lock_ref += 1
+            walk = walk.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        walk: RadixNode | None = node
+        while walk is not None and walk is not self.root:
+            if walk.lock_ref <= 0:
+                raise RuntimeError("radix node unlocked more often than locked")
+            walk.lock_ref -= 1
+            walk = walk.parent
+
+    def insert(self, tokens: list[int], kv_slots: list[int], ssm_slot: int | None = None) -> InsertResult:
+        """Add tokens (whole pages) with their slots; ssm_slot, if given, checkpoints the state after them."""
+        if len(tokens) != len(kv_slots):
+            raise ValueError(f"insert of {len(tokens)} tokens with {len(kv_slots)} kv slots")
+        if len(tokens) % self.page_size:
+            raise ValueError(f"insert of {len(tokens)} tokens, not whole pages of {self.page_size}")
+        now = next(self._clock)
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                child = RadixNode(key=tokens[pos:], kv_slots=kv_slots[pos:], parent=node, last_access=now)
+                node.children[self._child_key(tokens, pos)] = child
+                self.num_cached_tokens += len(tokens) - pos
+                node, num_existing = child, pos
+                break
+            common = self._common_len(child.key, tokens, pos)
+            if common < len(child.key):
+                child = self._split(child, common)
+            child.last_access = now
+            pos += common
+            node, num_existing = child, pos
+        else:
+            num_existing = pos
+        adopted = False
+        if ssm_slot is not None and node is not self.root and node.ssm_slot is None:
+            node.ssm_slot = ssm_slot
+            self.num_checkpoints += 1
+            adopted = True
+        return InsertResult(num_existing, adopted, node, self._path_slots(node))
+
+    def _path_slots(self, node: RadixNode) -> list[int]:
+        """KV slots of the whole prefix ending at node."""
+        parts = []
+        walk: RadixNode | None = node
+        while walk is not None and walk is not self.root:
+            parts.append(walk.kv_slots)
+            walk = walk.parent
+        return [slot for part in reversed(parts) for slot in part]
+
+    def fork_checkpoint(self, match: PrefixMatch, copy: Callable[[int, int], None]) -> int | None:
+        """Copy-on-write: a fresh SSM slot holding a copy of the hit's checkpoint (the request then owns and
+        mutates it; the checkpoint stays intact). Evicts unused checkpoints if no slot is free; None if none."""
+        if match.ssm_slot is None or self.ssm_allocator is None:
+            raise ValueError("this match has no SSM checkpoint to fork")
+        slot = self.ssm_allocator.alloc()
+        if slot is None:
+            # The hit's own node must survive the eviction that makes room.
+            self.lock(match.node)
+            self.evict_checkpoints(1)
+            self.unlock(match.node)
+            slot = self.ssm_allocator.alloc()
+        if slot is not None:
+            copy(match.ssm_slot, slot)
+        return slot
+
+    def _evictable_leaves(self) -> list[RadixNode]:
+        leaves = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root and not node.children and node.lock_ref == 0:
+                leaves.append(node)
+        return leaves
+
+    def _drop_checkpoint(self, node: RadixNode) -> None:
+        if node.ssm_slot is not None:
+            assert self.ssm_allocator is not None
+            self.ssm_allocator.free(node.ssm_slot)
+            node.ssm_slot = None
+            self.num_checkpoints -= 1
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens KV slots, least recently used unlocked leaves first (their checkpoints too).
+        Returns the number of slots freed (less if everything left is locked)."""
+        freed = 0
+        leaves = self._evictable_leaves()
+        while freed < num_tokens and leaves:
+            leaves.sort(key=lambda n: n.last_access)
+            node = leaves.pop(0)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[tuple(node.key[: self.page_size])]
+            self.kv_allocator.free(node.kv_slots)
+            self._drop_checkpoint(node)
+            freed += len(node.kv_slots)
+            self.num_cached_tokens -= len(node.kv_slots)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                leaves.append(parent)
+        return freed
+
+    def evict_checkpoints(self, num_slots: int) -> int:
+        """Free SSM checkpoints of unlocked nodes, least recently used first, keeping their KV."""
+        candidates = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.ssm_slot is not None and node.lock_ref == 0:
+                candidates.append(node)
+        candidates.sort(key=lambda n: n.last_access)
+        for node in candidates[:num_slots]:
+            self._drop_checkpoint(node)
+        return min(num_slots, len(candidates))
+
+    def evictable_tokens(self) -> int:
+        """KV slots held only by the cache (no running request's lock)."""
+        total = 0
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root and node.lock_ref == 0:
+                total += len(node.kv_slots)
+        return total

@@ -1,0 +1,161 @@
+"""The engine loop: its own thread runs passes; the server talks to it through a thread-safe inbox.
+
+Each submitted request gets a RequestStream; events cross back to the asyncio side with
+call_soon_threadsafe. A failing pass fails only its own requests (StepRunner); the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from headroom.engine.config import EngineConfig
+from headroom.engine.loop.step import StepRunner, StepStats, TokenEvent
+from headroom.engine.runtime.decode_graphs import CaptureReport
+from headroom.engine.runtime.model_runner import ModelRunner
+from headroom.engine.scheduler.types import SchedulerConfig
+from headroom.engine.sequence import Sequence
+
+logger = logging.getLogger("headroom.engine")
+
+
+class QueueFull(Exception):
+    """More requests waiting than the engine accepts; the server answers 429."""
+
+    def __init__(self, num_waiting: int, max_waiting: int):
+        super().__init__(f"{num_waiting} requests already waiting (max_waiting_requests={max_waiting})")
+
+
+@dataclass
+class RequestStream:
+    """Events of one request, delivered into an asyncio queue owned by `loop`."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[TokenEvent]
+
+    def push(self, event: TokenEvent) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class EngineLoop:
+    def __init__(self, runner: ModelRunner, scheduler_config: SchedulerConfig, max_waiting_requests: int = 256,
+                 on_step: Callable[[StepStats, EngineLoop], None] | None = None):
+        self.runner = runner
+        self.max_waiting_requests = max_waiting_requests
+        self.on_step = on_step
+        self._streams: dict[str, RequestStream] = {}
+        self.steps = StepRunner(runner, scheduler_config, self._emit)
+        self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, scheduler_config: SchedulerConfig, max_waiting_requests: int = 256,
+                    on_step: Callable[[StepStats, EngineLoop], None] | None = None) -> EngineLoop:
+        """Build the model runner (weights and pools) for `config` and a loop around it. The server builds
+        its engine through here: it reaches the runtime only through the loop."""
+        return cls(ModelRunner(config), scheduler_config, max_waiting_requests, on_step)
+
+    @property
+    def scheduler(self):
+        return self.steps.scheduler
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.runner.model_config.eos_token_ids)
+
+    def capture_decode_graphs(self) -> CaptureReport:
+        """Capture the decode CUDA graphs before the loop starts (nothing on a CPU)."""
+        return self.runner.capture_decode_graphs()
+
+    def _emit(self, request_id: str, event: TokenEvent) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.push(event)
+            if event.finish_reason is not None:
+                self._streams.pop(request_id, None)
+
+    def submit(self, seq: Sequence, eos_token_ids: frozenset[int], stream: RequestStream) -> None:
+        """Queue a request; raises QueueFull when max_waiting_requests are already waiting."""
+        with self._lock:
+            waiting = len(self.scheduler.waiting) + self._inbox.qsize()
+            if waiting >= self.max_waiting_requests:
+                raise QueueFull(waiting, self.max_waiting_requests)
+            self._streams[seq.request_id] = stream
+            self._inbox.put(("add", (seq, eos_token_ids)))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Free the request's slot and pages at the start of the next pass (client disconnected)."""
+        self._streams.pop(request_id, None)
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="headroom-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                assert isinstance(payload, tuple)
+                self.steps.add(payload[0], payload[1])
+            else:
+                self.steps.abort(str(payload))
+
+    def run_until_idle(self) -> None:
+        """Synchronous driving (warm-up): run passes until nothing is left."""
+        self.drain_inbox()
+        while self.scheduler.has_work:
+            self._step()
+            self.drain_inbox()
+
+    def _step(self) -> StepStats:
+        stats = self.steps.step()
+        if self.on_step is not None:
+            self.on_step(stats, self)
+        return stats
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.drain_inbox()
+            if not self.scheduler.has_work:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                stats = self._step()
+                if stats.num_prefill_tokens == 0 and stats.num_decodes == 0:
+                    # Work waits on memory that only an arrival or an abort can free: do not spin.
+                    self._wake.wait(0.01)
+                    self._wake.clear()
+            except Exception:  # noqa: BLE001 - the loop must outlive any single bug
+                logger.exception("engine step failed; failing the running requests")
+                self._fail_running()
+
+    def _fail_running(self) -> None:
+        """Abort every running request after a failed step; one abort failing must not end the thread."""
+        for request in list(self.scheduler.running):
+            try:
+                self.steps.abort(request.request_id, "error", "engine step failed")
+            except Exception:  # noqa: BLE001 - the thread is the server's only engine
+                logger.exception("aborting request %s after a failed step failed too", request.request_id)
+                self.scheduler.abort(request.request_id)
+                self.steps.sequences.pop(request.request_id, None)
+                self.steps.emit(request.request_id, TokenEvent([], "error", "engine step failed"))

@@ -1,0 +1,158 @@
+"""One engine step: ask the scheduler for a pass, bind it to the caches, run the model, sample, finish.
+
+Kept apart from the thread and queue plumbing (engine_loop.py) so it can be driven synchronously
+(warm-up, tests). Events go out through `emit(request_id, event)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from headroom.engine.cache.manager import CacheManager
+from headroom.engine.loop.capacity import CacheCapacity
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import ModelRunner
+from headroom.engine.runtime.sampling import sample
+from headroom.engine.scheduler.scheduler import Scheduler
+from headroom.engine.scheduler.types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
+from headroom.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New tokens of one request; the last event has finish_reason ('stop', 'length', 'abort', 'error')."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class StepStats:
+    """What the last pass did, for metrics and the cost model. Seconds are wall time."""
+
+    seconds: float = 0.0
+    num_prefill_tokens: int = 0
+    num_decodes: int = 0
+    admitted: list[str] = field(default_factory=list)
+
+
+class StepRunner:
+    def __init__(self, runner: ModelRunner, scheduler_config: SchedulerConfig,
+                 emit: Callable[[str, TokenEvent], None]):
+        self.runner = runner
+        self.emit = emit
+        self.sequences: dict[str, Sequence] = {}
+        self.eos_ids: dict[str, frozenset[int]] = {}
+        self.cache = CacheManager(runner.kv_allocator, runner.ssm_pool.allocator if runner.ssm_pool else None,
+                                  runner.ssm_pool.copy if runner.ssm_pool else (lambda src, dst: None),
+                                  runner.config.enable_prefix_cache, scheduler_config.max_running_requests)
+        self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
+        self.scheduler = Scheduler(scheduler_config, self.capacity)
+
+    def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
+        self.sequences[seq.request_id] = seq
+        self.eos_ids[seq.request_id] = frozenset() if seq.sampling.ignore_eos else eos_token_ids
+        self.scheduler.add(SchedRequest(seq.request_id, seq.num_prompt_tokens, seq.sampling.max_new_tokens))
+
+    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
+        """Free a request's slot and pages now (client gone, or its pass failed)."""
+        if self.scheduler.abort(request_id) is None and request_id not in self.sequences:
+            return
+        seq = self.sequences.pop(request_id, None)
+        self.eos_ids.pop(request_id, None)
+        if seq is not None:
+            # A failed pass may have updated some layers' SSM state in place: never publish it as a checkpoint.
+            self._release(seq, publish=error is None)
+            self.emit(request_id, TokenEvent([], reason, error, seq.num_prompt_tokens, seq.cached_tokens))
+
+    def _release(self, seq: Sequence, publish: bool = True) -> None:
+        if seq.kv_slots or seq.ssm_slot is not None:
+            self.cache.finish(seq, publish)
+        self.runner.release(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+
+    def step(self) -> StepStats:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        for request in plan.preempted:
+            self._release(self.sequences[request.request_id])
+        for request in list(plan.admitted):
+            self._admit(plan, request)
+        items = [item for item in plan.items if self._reserve(plan, item)]
+        stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
+                          admitted=[r.request_id for r in plan.admitted])
+        if items:
+            self._run(plan, items)
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
+        seq = self.sequences[request.request_id]
+        if not self.cache.admit(seq):
+            # The scheduler counted a slot that a locked checkpoint still holds: wait, never fail.
+            self.scheduler.defer(plan, request, "ssm_slot_held")
+            return
+        seq.status = SequenceStatus.RUNNING
+        if seq.num_computed_tokens != request.num_computed:
+            # The prefix hit at admission differs from the scheduler's estimate: restart the chunk there.
+            item = next(i for i in plan.prefills if i.request is request)
+            plan.remove_item(request)
+            request.num_computed = request.num_cached = seq.num_computed_tokens
+            plan.add_item(request, min(item.num_tokens, request.num_uncomputed))
+
+    def _reserve(self, plan: ScheduledPass, item: PassItem) -> bool:
+        seq = self.sequences[item.request.request_id]
+        if self.cache.reserve(seq, item.start + item.num_tokens):
+            return True
+        # The estimate was off (page rounding, cache locks): skip this item for one pass.
+        plan.remove_item(item.request)
+        return False
+
+    def _run(self, plan: ScheduledPass, items: list[PassItem]) -> None:
+        batch = []
+        for item in items:
+            seq = self.sequences[item.request.request_id]
+            batch.append(BatchItem(seq, seq.tokens_between(item.start, item.start + item.num_tokens)))
+        sampling = [i for i, item in enumerate(items) if item.samples]
+        try:
+            logits = self.runner.forward(batch)
+            tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
+                                                                  for i in sampling]), strict=True)) if sampling else {}
+        except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server
+            for item in items:
+                self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
+            return
+        finished: set[str] = set()
+        for index, item in enumerate(items):
+            seq = self.sequences[item.request.request_id]
+            if seq.num_computed_tokens <= seq.num_prompt_tokens:
+                # Publish the prefix at every chunk boundary with an SSM checkpoint: hybrid models can
+                # only reuse a prefix up to a node that holds one.
+                self.cache.checkpoint(seq)
+            if not item.samples:
+                continue
+            token = tokens[index]
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
+            if reason is not None:
+                finished.add(seq.request_id)
+        self.scheduler.complete(plan, finished)
+        for request_id in finished:
+            seq = self.sequences.pop(request_id)
+            self.eos_ids.pop(request_id, None)
+            self._release(seq)
+            seq.status = SequenceStatus.FINISHED
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in self.eos_ids[seq.request_id] or token in seq.sampling.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= seq.sampling.max_new_tokens:
+            return "length"
+        return None

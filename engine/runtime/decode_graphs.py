@@ -1,0 +1,221 @@
+"""DecodeGraphs: CUDA graphs of decode-only passes (one new token per sequence), one graph per batch size.
+
+Why: a decode step of a 32-layer hybrid model launches several hundred small kernels. Eagerly, the step
+is bound by Python and launch overhead (44 ms at batch 1 on the H200, bench/results/gpu_engine_c.json)
+while its GPU work is a few milliseconds. A graph replays the recorded launches in one call.
+
+A graph reads every tensor at the address it was captured with. The per-pass index tensors the layers
+ask ForwardBatch.cached() for are therefore given here as views of static buffers (ForwardBatch.is_static),
+so the model code is the same in both modes. The KV slots of each running request live in a persistent
+request-to-token table (the planner's `req_to_token_table` line): a request's slots are uploaded once,
+when it first decodes through a graph, and each replay writes only the new token's slot.
+
+Graphs are captured for every batch size 1..max_batch, exactly: padding a batch would need a scratch SSM
+slot (about 50 MB for a 4B model) or would race in the in-place conv-state update of duplicated rows.
+Only token-granular KV pools (auto/bf16/fp8) are graphed: a KIVI decode appends to per-request residual
+windows whose lengths change every step, which a graph cannot record; those passes run eagerly. Sparse
+MoE models (Qwen3-Next) are not graphed either: the router's choice gives data-dependent shapes.
+
+Off the GPU (tests) the same static-buffer pass runs without capture, so everything but the capture
+itself is checked on the CPU against the eager path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
+from headroom.engine.runtime.forward_batch import (
+    GDN_BOUNDS,
+    GDN_SLOTS,
+    KV_WRITE_ROWS,
+    LAST_ROWS,
+    POOL_INDEX,
+    BatchItem,
+    ForwardBatch,
+    ItemSpan,
+)
+from headroom.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from headroom.engine.runtime.model_runner import ModelRunner
+
+# Rows of the static index buffer: one value per sequence of the pass.
+_TOKEN, _POSITION, _WRITE_SLOT, _SSM_SLOT, _TABLE_ROW = range(5)
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """What capture cost: batch sizes captured, seconds, and bytes the graphs' private memory pool holds."""
+
+    batch_sizes: tuple[int, ...]
+    seconds: float
+    pool_bytes: int
+    # Device memory the capture took, torch's allocator and the driver's graph objects together.
+    device_bytes: int = 0
+
+
+@dataclass
+class _TableRow:
+    row: int
+    uploaded: int  # positions 0..uploaded-1 of the request have their slot in the table
+
+
+class DecodeGraphs:
+    def __init__(self, runner: ModelRunner, max_batch: int, capture: bool | None = None):
+        if runner.kv_pool.is_kivi:
+            raise ValueError(f"decode graphs need a token-granular KV pool, not {runner.kv_pool.kv_dtype}")
+        if runner.model_config.moe_layers:
+            # The router's per-token expert choice gives data-dependent shapes, which a graph cannot record.
+            raise ValueError("decode graphs cannot record a sparse MoE model (Qwen3-Next): set cuda_graph_max_batch=0")
+        config = runner.config
+        # The planner's graph reserve covers at most DECODE_GRAPH_MAX_BATCH graphs.
+        limit = min(config.max_running_requests, config.max_total_tokens, DECODE_GRAPH_MAX_BATCH)
+        if not 1 <= max_batch <= limit:
+            raise ValueError(
+                f"cuda_graph_max_batch={max_batch} must be in 1..{limit} (max_running_requests="
+                f"{config.max_running_requests}; the plan reserves memory for at most {DECODE_GRAPH_MAX_BATCH} graphs)"
+            )
+        self.runner = runner
+        self.max_batch = max_batch
+        self.capture_graphs = runner.device.type == "cuda" if capture is None else capture
+        device = runner.device
+        # The request-to-token table: one row per running request, one int32 KV slot per position.
+        self.table = torch.zeros((config.max_running_requests, config.context_length), dtype=torch.int32, device=device)
+        self._free_rows = list(range(config.max_running_requests - 1, -1, -1))
+        self._rows: dict[str, _TableRow] = {}
+        self._index = torch.zeros((5, max_batch), dtype=torch.long, device=device)
+        self._arange = torch.arange(max_batch + 1, device=device)
+        self._offsets = self._arange.to(torch.int32)
+        self._zeros = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        # Placeholder spans: the layers read only their count and lengths in a static pass.
+        self._spans = [ItemSpan(Sequence(f"decode-graph-row-{i}", [0]), i, 1, 0) for i in range(max_batch)]
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # One output buffer for every graph: each graph's own logits would stay allocated in the pool.
+        self._logits = torch.zeros((max_batch, runner.model_config.vocab_size), dtype=torch.float32, device=device)
+
+    @property
+    def leased_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def captured_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def can_run(self, items: list[BatchItem]) -> bool:
+        """A decode-only pass of at most max_batch sequences whose table rows can be leased."""
+        if not 1 <= len(items) <= self.max_batch or any(len(item.token_ids) != 1 for item in items):
+            return False
+        if self.capture_graphs and len(items) not in self._graphs:
+            return False
+        missing = sum(item.seq.request_id not in self._rows for item in items)
+        return missing <= len(self._free_rows)
+
+    def release(self, seq: Sequence) -> None:
+        """seq left the running set (finished, aborted, preempted): its table row is free again."""
+        entry = self._rows.pop(seq.request_id, None)
+        if entry is not None:
+            self._free_rows.append(entry.row)
+
+    def run(self, items: list[BatchItem]) -> torch.Tensor:
+        """Logits [len(items), vocab] fp32 of one decode pass (can_run(items) must hold); a fresh tensor,
+        not the graph's output buffer, so callers may keep it across passes."""
+        size = len(items)
+        columns = [[0] * size for _ in range(5)]
+        for i, item in enumerate(items):
+            seq = item.seq
+            position = seq.num_computed_tokens
+            entry = self._lease(seq, position)
+            columns[_TOKEN][i] = item.token_ids[0]
+            columns[_POSITION][i] = position
+            columns[_WRITE_SLOT][i] = seq.kv_slots[position]
+            columns[_SSM_SLOT][i] = seq.ssm_slot if seq.ssm_slot is not None else 0
+            columns[_TABLE_ROW][i] = entry.row
+            entry.uploaded = position + 1
+        self._index[:, :size].copy_(torch.tensor(columns, dtype=torch.long))
+        if not self.capture_graphs:
+            self._pass(size)
+        else:
+            self._graphs[size].replay()
+        return self._logits[:size].clone()
+
+    def _lease(self, seq: Sequence, position: int) -> _TableRow:
+        """seq's table row with slots of positions 0..position-1 in it (uploads what an eager pass added)."""
+        entry = self._rows.get(seq.request_id)
+        if entry is None:
+            entry = self._rows[seq.request_id] = _TableRow(self._free_rows.pop(), 0)
+        if entry.uploaded != position:
+            # Behind: eager passes decoded since; ahead (cannot happen while release() is called): redo all.
+            start = entry.uploaded if entry.uploaded < position else 0
+            slots = torch.tensor(seq.kv_slots[start:position], dtype=torch.int32)
+            self.table[entry.row, start:position].copy_(slots)
+        return entry
+
+    def _pass(self, size: int) -> None:
+        """The recorded work: write each token's slot into the table, then the model over static indices,
+        its logits into the shared output buffer."""
+        index = self._index[:, :size]
+        positions, write_slots, rows = index[_POSITION], index[_WRITE_SLOT], index[_TABLE_ROW]
+        self.table[rows, positions] = write_slots.to(torch.int32)
+        pool_index = (self.table[rows], self._offsets[: size + 1], self._zeros[:size], (positions + 1).to(torch.int32), 1)
+        batch = ForwardBatch(index[_TOKEN], positions, self._spans[:size], {
+            KV_WRITE_ROWS: write_slots, POOL_INDEX: pool_index, GDN_SLOTS: index[_SSM_SLOT],
+            GDN_BOUNDS: self._arange[: size + 1], LAST_ROWS: self._arange[:size],
+        }, is_static=True)
+        runner = self.runner
+        self._logits[:size].copy_(runner.model(batch, runner.kv_pool, runner.ssm_pool))
+
+    def replay_seconds(self, size: int, repeats: int = 20) -> float:
+        """Seconds per replay of the size's graph alone (GPU time, for benchmarks); re-runs the last pass of
+        that size, so call it only when no request is running."""
+        graph = self._graphs[size]
+        graph.replay()
+        torch.cuda.synchronize(self.runner.device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            graph.replay()
+        torch.cuda.synchronize(self.runner.device)
+        return (time.perf_counter() - started) / repeats
+
+    def capture(self) -> CaptureReport:
+        """Capture every batch size, largest first so the smaller graphs reuse its memory.
+
+        Call before any request runs: capture decodes placeholder tokens through KV slots and SSM slots
+        0..max_batch-1, overwriting what they hold.
+        """
+        if not self.capture_graphs:
+            return CaptureReport((), 0.0, 0)
+        started = time.perf_counter()
+        device = self.runner.device
+        torch.cuda.synchronize(device)
+        # torch.cuda.graph empties the allocator's cache itself: do it first so the deltas are the graphs'.
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved(device)
+        free = torch.cuda.mem_get_info(device)[0]
+        pool = torch.cuda.graph_pool_handle()
+        # One side stream for every warm pass: cuBLAS keeps a workspace per stream it has run on (about
+        # 37 MiB each on the H200), so a new stream per size cost that much per graph.
+        side = torch.cuda.Stream(device)
+        for size in range(self.max_batch, 0, -1):
+            self._index.zero_()
+            for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW):
+                self._index[row] = self._arange[: self.max_batch]
+            # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel.
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                self._pass(size)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._pass(size)
+            self._graphs[size] = graph
+        torch.cuda.synchronize(device)
+        # The eager warm passes' blocks are cached, not the graphs': hand them back before measuring.
+        torch.cuda.empty_cache()
+        return CaptureReport(
+            self.captured_sizes, time.perf_counter() - started, torch.cuda.memory_reserved(device) - reserved,
+            free - torch.cuda.mem_get_info(device)[0],
+        )

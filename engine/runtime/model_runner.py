@@ -1,0 +1,154 @@
+"""ModelRunner: loads the model and sizes the KV and SSM pools from EngineConfig; runs one mixed batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from headroom.engine.cache.kv_slots import KVAllocator
+from headroom.engine.config import EngineConfig
+from headroom.engine.models.causal_lm import CausalLM
+from headroom.engine.plan import kv_bytes_per_token, load_geometry, ssm_slot_bytes
+from headroom.engine.plan.engines.builtin import decode_graph_batch
+from headroom.engine.runtime.decode_graphs import CaptureReport, DecodeGraphs
+from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
+from headroom.engine.runtime.loader import load_config, load_weights
+from headroom.engine.runtime.ssm_pool import SSMPool
+from headroom.engine.sequence import Sequence
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CapacityError(RuntimeError):
+    """The pools the config asks for do not fit; the message says the numbers."""
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        model_dir = Path(config.model_path)
+        self.model_config = load_config(model_dir)
+        dtype_name = self.model_config.torch_dtype if config.dtype == "auto" else config.dtype
+        if dtype_name not in _TORCH_DTYPES:
+            raise ValueError(f"model dtype {dtype_name!r} (config.json) is not one of {', '.join(_TORCH_DTYPES)}")
+        self.dtype = _TORCH_DTYPES[dtype_name]
+        mc = self.model_config
+        if mc.is_hybrid and config.ssm_slots < config.max_running_requests:
+            raise CapacityError(
+                f"ssm_slots={config.ssm_slots} < max_running_requests={config.max_running_requests}: "
+                "every running request of a hybrid model needs its own SSM slot"
+            )
+        self._precheck(model_dir)
+        weights = load_weights(model_dir, self.dtype, self.device)
+        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.model = CausalLM(mc, weights)
+        self.kv_pool = KVPool(
+            config.max_total_tokens, len(mc.full_attention_layers), mc.num_kv_heads, mc.head_dim,
+            config.kv_dtype, self.dtype, self.device,
+        )
+        self.ssm_pool: SSMPool | None = None
+        if mc.is_hybrid:
+            self.ssm_pool = SSMPool(
+                config.ssm_slots, len(mc.linear_attention_layers), mc.linear_conv_channels,
+                mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
+                mc.linear_value_head_dim, self.dtype, self.device, config.ssm_dtype,
+            )
+        self.kv_allocator = KVAllocator(config.max_total_tokens, self.kv_pool.page_tokens)
+        self.weight_bytes = weight_bytes
+        self._check_budget()
+        graph_batch = config.cuda_graph_max_batch
+        if graph_batch is None:
+            graph_batch = decode_graph_batch(
+                self.kv_pool.is_kivi, bool(mc.moe_layers), config.max_running_requests
+            ) if self.device.type == "cuda" else 0
+        self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
+
+    def capture_decode_graphs(self) -> CaptureReport:
+        """Capture the decode graphs (before the first request: capture overwrites slots 0..max_batch-1)."""
+        if self.decode_graphs is None:
+            return CaptureReport((), 0.0, 0)
+        return self.decode_graphs.capture()
+
+    def release(self, seq: Sequence) -> None:
+        """Forget seq's per-request state here (KIVI residual window, decode-graph table row)."""
+        self.kv_pool.release(seq)
+        if self.decode_graphs is not None:
+            self.decode_graphs.release(seq)
+
+    @property
+    def static_bytes(self) -> int:
+        ssm = self.ssm_pool.nbytes() if self.ssm_pool else 0
+        return self.weight_bytes + self.kv_pool.nbytes() + ssm
+
+    def _precheck(self, model_dir: Path) -> None:
+        """Refuse before allocating anything: pools and weights priced with the planner's formulas."""
+        config = self.config
+        geometry = load_geometry(model_dir)
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        if config.kv_dtype == "auto":
+            kv_token = kv_bytes_per_token(geometry, "bf16") * element // 2
+        else:
+            kv_token = kv_bytes_per_token(geometry, config.kv_dtype)
+        ssm = ssm_slot_bytes(geometry, 1, config.ssm_dtype) * config.ssm_slots if geometry.is_hybrid else 0
+        weights = geometry.total_weight_bytes() * element // geometry.dtype_bytes
+        expected = weights + kv_token * config.max_total_tokens + ssm
+        budget = config.static_budget_bytes
+        if budget is not None and expected > budget:
+            raise CapacityError(
+                f"weights {weights} + KV pool {kv_token} x {config.max_total_tokens} tokens + SSM pool {ssm} = "
+                f"{expected} bytes exceed the plan's static budget of {budget} bytes"
+            )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            if config.gpu_memory_bytes is not None and total < config.gpu_memory_bytes:
+                raise CapacityError(
+                    f"the plan assumed {config.gpu_memory_bytes} bytes of GPU memory; {self.device} has {total}"
+                )
+            if expected > free:
+                raise CapacityError(f"weights and pools need {expected} bytes; {self.device} has {free} free")
+
+    def _check_budget(self) -> None:
+        ssm = self.ssm_pool.nbytes() if self.ssm_pool else 0
+        budget = self.config.static_budget_bytes
+        if budget is not None and self.static_bytes > budget:
+            raise CapacityError(
+                f"weights {self.weight_bytes} + KV pool {self.kv_pool.nbytes()} + SSM pool {ssm} = "
+                f"{self.static_bytes} bytes exceed the plan's static budget of {budget} bytes"
+            )
+        assumed = self.config.gpu_memory_bytes
+        if assumed is not None and self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            if total < assumed:
+                raise CapacityError(f"the plan assumed {assumed} bytes of GPU memory; {self.device} has {total}")
+
+    def forward(self, items: list[BatchItem], all_positions: bool = False) -> torch.Tensor:
+        """Run one mixed batch -> logits [num_items, vocab] at each item's last token
+        ([num_tokens, vocab] over the flattened items if all_positions, for tests and scoring).
+
+        Each item's sequence must hold kv_slots for all its positions and (hybrid) an SSM slot; a sequence
+        starting at position 0 gets a zeroed SSM state. Advances each seq.num_computed_tokens.
+        """
+        for item in items:
+            seq = item.seq
+            end = seq.num_computed_tokens + len(item.token_ids)
+            if end > seq.num_tokens:
+                raise ValueError(f"request {seq.request_id!r}: item reaches position {end} past its {seq.num_tokens} tokens")
+            if item.token_ids != seq.tokens_between(seq.num_computed_tokens, end):
+                raise ValueError(f"request {seq.request_id!r}: item tokens are not its next uncomputed tokens")
+            if len(seq.kv_slots) < end:
+                raise ValueError(f"request {seq.request_id!r} holds {len(seq.kv_slots)} kv slots, needs {end}")
+            if self.ssm_pool is not None:
+                if seq.ssm_slot is None:
+                    raise ValueError(f"request {seq.request_id!r} has no SSM slot")
+                if seq.num_computed_tokens == 0:
+                    self.ssm_pool.reset(seq.ssm_slot)
+        if not all_positions and self.decode_graphs is not None and self.decode_graphs.can_run(items):
+            logits = self.decode_graphs.run(items)
+        else:
+            batch = ForwardBatch.build(items, self.device)
+            logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
+        for item in items:
+            item.seq.num_computed_tokens += len(item.token_ids)
+        return logits

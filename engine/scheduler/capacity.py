@@ -1,0 +1,110 @@
+"""How the scheduler sees the caches: a small Protocol, and a pure token-counting implementation of it.
+
+The real engine adapts the KV pool, SSM slot pool and radix cache to `Capacity` (engine_capacity.py);
+tests and the scheduling benchmark use `CountingCapacity`, which only counts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from headroom.engine.scheduler.types import SchedRequest, ScheduledPass
+
+if TYPE_CHECKING:
+    from headroom.engine.scheduler.scheduler import Scheduler
+
+
+class Capacity(Protocol):
+    """Read-only view of the pools at the start of a pass. All counts are tokens or slots."""
+
+    def free_kv_tokens(self) -> int:
+        """KV token slots a request could take now (evictable prefix-cache pages included)."""
+        ...
+
+    def free_ssm_slots(self) -> int:
+        """SSM state slots free for a newly admitted request."""
+        ...
+
+    def kv_tokens_to_extend(self, request: SchedRequest, num_new: int) -> int:
+        """KV token slots that growing `request` by `num_new` positions takes (page rounding included)."""
+        ...
+
+    def cached_prefix_len(self, request: SchedRequest) -> int:
+        """Leading prompt tokens already in the prefix cache (0 when none or no cache)."""
+        ...
+
+
+def pages_to_extend(held_tokens: int, num_new: int, page_tokens: int) -> int:
+    """Token slots, in whole pages of `page_tokens`, to grow a sequence from held_tokens by num_new."""
+    pages_now = -(-held_tokens // page_tokens)
+    pages_after = -(-(held_tokens + num_new) // page_tokens)
+    return (pages_after - pages_now) * page_tokens
+
+
+class CountingCapacity:
+    """Pools as plain counters: `allocate` and `release` are called by whoever runs the passes."""
+
+    def __init__(self, total_kv_tokens: int, total_ssm_slots: int, page_tokens: int = 1):
+        if total_kv_tokens < 1 or total_ssm_slots < 1 or page_tokens < 1:
+            raise ValueError(
+                f"capacity needs total_kv_tokens={total_kv_tokens}, total_ssm_slots={total_ssm_slots}"
+                f" and page_tokens={page_tokens} all >= 1"
+            )
+        self.total_kv_tokens = total_kv_tokens
+        self.total_ssm_slots = total_ssm_slots
+        self.page_tokens = page_tokens
+        self._held_tokens: dict[str, int] = {}
+        self._slot_holders: set[str] = set()
+        self._cached_prefixes: dict[str, int] = {}
+
+    def free_kv_tokens(self) -> int:
+        used = sum(-(-held // self.page_tokens) * self.page_tokens for held in self._held_tokens.values())
+        return self.total_kv_tokens - used
+
+    def free_ssm_slots(self) -> int:
+        return self.total_ssm_slots - len(self._slot_holders)
+
+    def kv_tokens_to_extend(self, request: SchedRequest, num_new: int) -> int:
+        return pages_to_extend(self._held_tokens.get(request.request_id, 0), num_new, self.page_tokens)
+
+    def cached_prefix_len(self, request: SchedRequest) -> int:
+        return min(self._cached_prefixes.get(request.request_id, 0), request.prompt_len - 1)
+
+    def set_cached_prefix(self, request_id: str, num_tokens: int) -> None:
+        self._cached_prefixes[request_id] = num_tokens
+
+    def allocate(self, request: SchedRequest, num_new: int) -> None:
+        """Take KV for `num_new` more positions of `request` (and its SSM slot on first use)."""
+        needed = self.kv_tokens_to_extend(request, num_new)
+        if needed > self.free_kv_tokens():
+            raise RuntimeError(
+                f"KV pool over-committed: request {request.request_id} needs {needed} tokens,"
+                f" {self.free_kv_tokens()} free of {self.total_kv_tokens}"
+            )
+        if request.request_id not in self._slot_holders:
+            if self.free_ssm_slots() < 1:
+                raise RuntimeError(f"SSM slots over-committed: all {self.total_ssm_slots} are held")
+            self._slot_holders.add(request.request_id)
+        # Cached prefix pages belong to the prefix cache, so a request holds only what it computed.
+        self._held_tokens[request.request_id] = self._held_tokens.get(request.request_id, 0) + num_new
+
+    def release(self, request: SchedRequest) -> None:
+        self._held_tokens.pop(request.request_id, None)
+        self._slot_holders.discard(request.request_id)
+
+
+def run_counted_pass(scheduler: Scheduler, capacity: CountingCapacity) -> ScheduledPass:
+    """One pass without a model, for tests and simulations: schedule, account memory, finish at max_new_tokens."""
+    plan = scheduler.schedule()
+    for request in plan.preempted:
+        capacity.release(request)
+    finished: set[str] = set()
+    for item in plan.items:
+        capacity.allocate(item.request, item.num_tokens)
+        if item.samples and item.request.num_generated + 1 >= item.request.max_new_tokens:
+            finished.add(item.request.request_id)
+    scheduler.complete(plan, finished)
+    for item in plan.items:
+        if item.request.request_id in finished:
+            capacity.release(item.request)
+    return plan

@@ -1,0 +1,179 @@
+"""Assemble a server: model directory -> plan (file, or the planner with the pinned flags) -> runner -> loop.
+
+Also the warm-up that gates /ready: a long prefill (several chunks) alongside a decoding request, so
+every kernel path serving uses has run once; its pass times calibrate the scheduler's cost model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from headroom.engine.config import EngineConfig
+from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from headroom.engine.loop.engine_loop import EngineLoop
+from headroom.engine.loop.step import StepStats, TokenEvent
+from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
+from headroom.engine.scheduler.types import PassCostModel, SchedulerConfig
+from headroom.engine.sequence import SamplingParams, Sequence
+from headroom.engine.server.generate import ServerState
+from headroom.engine.server.metrics import EngineMetrics
+from headroom.engine.server.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Without NVML (a CPU), plan against this much memory unless --gpu-memory says otherwise.
+CPU_MEMORY_BUDGET = "2GiB"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None = None
+    plan_path: str | None = None
+    device: str = "cpu"
+    gpu_memory: str | None = None
+    kv_dtype: str = "bf16"
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_new_tokens: int = 1024
+    max_waiting_requests: int = 256
+    itl_target_ms: float | None = None
+    skip_ahead_limit: int = 16
+    strict_fcfs: bool = False
+    log_rejections: bool = False
+    warmup_tokens: int | None = None
+    ssm_slots: int | None = None
+    cuda_graph_max_batch: int | None = None
+
+
+def cuda_total_memory(device: str) -> int:
+    """Total memory of the device as CUDA reports it: what the engine can allocate and what ModelRunner
+    checks a plan against. NVML's total is larger (on the H200 150,754,820,096 bytes against CUDA's
+    150,109,880,320), and a plan made for NVML's figure was refused at start-up."""
+    import torch
+
+    return torch.cuda.mem_get_info(torch.device(device))[1]
+
+
+def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
+    """--plan file, or the builtin planner with the pinned flags and the device's memory."""
+    if options.plan_path:
+        return Plan.from_dict(json.loads(Path(options.plan_path).read_text()))
+    memory = parse_size(options.gpu_memory) if options.gpu_memory else None
+    if memory is None and options.device.startswith("cuda"):
+        memory = cuda_total_memory(options.device)
+    if memory is None:
+        memory = parse_size(CPU_MEMORY_BUDGET)
+    request = PlanRequest(
+        geometry=load_geometry(model_dir), gpu_memory_bytes=memory, kv_dtype=options.kv_dtype, engine="builtin",
+        targets=Targets(context_length=options.context_length, max_running_requests=options.max_running_requests,
+                        max_new_tokens=options.max_new_tokens),
+        pinned=Pinned(mem_fraction_static=options.mem_fraction_static, max_total_tokens=options.max_total_tokens,
+                      chunked_prefill_size=options.chunked_prefill_size, context_length=options.context_length),
+    )
+    return make_plan(request)
+
+
+def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
+    if options.strict_fcfs:
+        config = SchedulerConfig.strict_fcfs(plan.chunked_prefill_size, plan.max_running_requests,
+                                             plan.chunked_prefill_size)
+        return replace(config, log_rejections=options.log_rejections)
+    itl = options.itl_target_ms / 1000.0 if options.itl_target_ms else None
+    return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
+                           max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
+                           itl_target_s=itl, log_rejections=options.log_rejections)
+
+
+def build_state(options: ServeOptions) -> ServerState:
+    model_dir = Path(options.model) if options.model else ensure_default_model()
+    plan = resolve_plan(options, model_dir)
+    if options.ssm_slots is not None and options.ssm_slots != plan.ssm_slots:
+        raise ValueError(
+            f"--ssm-slots {options.ssm_slots} disagrees with the plan's {plan.ssm_slots} SSM slots "
+            "(they follow from chunk, context and running requests); pass --plan plan.json to pin a plan"
+        )
+    if plan.context_length > plan.max_total_tokens:
+        # No request longer than the KV pool can ever be admitted: it would wait forever.
+        raise ValueError(
+            f"plan context_length {plan.context_length} exceeds its max_total_tokens {plan.max_total_tokens}: "
+            "a request of that length could never fit the KV pool"
+        )
+    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device,
+                                    cuda_graph_max_batch=options.cuda_graph_max_batch)
+    if not options.device.startswith("cuda"):
+        # A CPU run has no GPU to check the plan's static budget against.
+        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
+    metrics = EngineMetrics()
+    loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
+                                  metrics.observe_step)
+    tokenizer = load_tokenizer(model_dir, loop.eos_token_ids)
+    name = options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME
+    return ServerState(loop=loop, tokenizer=tokenizer, model_name=name, context_length=plan.context_length,
+                       metrics=metrics, plan=plan.to_dict())
+
+
+def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
+    """Run a long prefill (>= 2 chunks) next to a decoding request, calibrate the cost model, start the loop."""
+    loop = state.loop
+    chunk = loop.scheduler.config.chunked_prefill_size
+    length = min(num_tokens or 2 * chunk + 1, state.context_length - 2)
+    vocab = state.tokenizer.vocab_size
+    timings: list[StepStats] = []
+    failures: list[str] = []
+    previous_step, previous_emit = loop.on_step, loop.steps.emit
+
+    def record(request_id: str, event: TokenEvent) -> None:
+        if event.finish_reason == "error":
+            failures.append(f"{request_id}: {event.error}")
+        previous_emit(request_id, event)
+
+    loop.on_step = lambda stats, _: timings.append(stats)
+    loop.steps.emit = record
+    try:
+        # Before any request: capture decodes placeholders through the first slots of the pools.
+        report = loop.capture_decode_graphs()
+        if report.batch_sizes:
+            logger.info("captured decode CUDA graphs for batch 1..%d in %.1f s (graph pool %d MiB)",
+                        max(report.batch_sizes), report.seconds, report.pool_bytes // 2**20)
+        loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)),
+                       frozenset())
+        loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
+                                SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+        loop.run_until_idle()
+    except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
+        failures.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        loop.on_step, loop.steps.emit = previous_step, previous_emit
+    if failures:
+        # A server that cannot run its own warm-up is not usable: never ready, and not live either.
+        state.warmup_error = "warm-up failed: " + "; ".join(failures)
+        logger.error("%s", state.warmup_error)
+        return
+    loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings))
+    loop.start()
+    state.ready.set()
+
+
+def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
+    """Fixed cost from the quickest decode-only pass; prefill rate from the biggest prefill pass."""
+    decode_only = [t.seconds for t in timings if t.num_prefill_tokens == 0 and t.num_decodes > 0]
+    prefills = [t for t in timings if t.num_prefill_tokens > 0]
+    if not decode_only or not prefills:
+        return PassCostModel()
+    fixed = min(decode_only)
+    biggest = max(prefills, key=lambda t: t.num_prefill_tokens)
+    rate = biggest.num_prefill_tokens / max(biggest.seconds - fixed, 1e-6)
+    return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=rate, decode_s=0.0)
+
+
+def start_warm_up(state: ServerState, num_tokens: int | None = None) -> threading.Thread:
+    thread = threading.Thread(target=warm_up, args=(state, num_tokens), name="headroom-warmup", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,141 @@
+"""Radix cache invariants without a model: matching, page granularity, locks, LRU eviction, checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+from headroom.engine.cache.kv_slots import KVAllocator
+from headroom.engine.cache.radix import RadixCache
+from headroom.engine.cache.ssm_slots import SSMSlotAllocator
+
+
+def held(radix: RadixCache) -> list[int]:
+    slots, stack = [], [radix.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        slots.extend(node.kv_slots)
+    return slots
+
+
+def check_accounting(radix: RadixCache, running: list[int] | None = None) -> None:
+    """Every slot is exactly one of: free, held by the tree, held privately by a running request."""
+    tree = held(radix)
+    assert len(tree) == len(set(tree)) == radix.num_cached_tokens
+    private = running or []
+    assert len(tree) + len(private) + radix.kv_allocator.num_free_tokens == radix.kv_allocator.num_tokens
+
+
+def test_match_returns_longest_prefix_and_splits():
+    kv = KVAllocator(64)
+    radix = RadixCache(kv)
+    slots = kv.alloc(6)
+    radix.insert([1, 2, 3, 4, 5, 6], slots)
+    match = radix.match_prefix([1, 2, 3, 9])
+    assert match.num_tokens == 3 and match.kv_slots == slots[:3]
+    # The split made a node ending exactly at the hit.
+    assert match.node.key == [1, 2, 3]
+    check_accounting(radix)
+
+
+def test_insert_reports_existing_prefix_and_path_slots():
+    kv = KVAllocator(64)
+    radix = RadixCache(kv)
+    first = kv.alloc(4)
+    radix.insert([1, 2, 3, 4], first)
+    second = kv.alloc(6)
+    result = radix.insert([1, 2, 3, 4, 7, 8], second)
+    assert result.num_existing == 4
+    assert result.kv_slots == first + second[4:]
+    kv.free(second[:4])
+    check_accounting(radix)
+
+
+def test_pages_are_never_split():
+    kv = KVAllocator(64, page_tokens=4)
+    radix = RadixCache(kv)
+    slots = kv.alloc(8)
+    radix.insert(list(range(8)), slots)
+    match = radix.match_prefix([0, 1, 2, 3, 4, 5, 99, 99])
+    assert match.num_tokens == 4
+    with pytest.raises(ValueError, match="whole pages"):
+        radix.insert([0, 1, 2], slots[:3])
+
+
+def test_locked_nodes_survive_eviction_and_lru_goes_first():
+    kv = KVAllocator(12)
+    radix = RadixCache(kv)
+    a, b, c = kv.alloc(4), kv.alloc(4), kv.alloc(4)
+    radix.insert([1, 1, 1, 1], a)
+    radix.insert([2, 2, 2, 2], b)
+    radix.insert([3, 3, 3, 3], c)
+    radix.match_prefix([1, 1, 1, 1])  # a is now most recently used
+    locked = radix.match_prefix([3, 3, 3, 3]).node
+    radix.lock(locked)
+    assert radix.evict(4) == 4
+    assert radix.match_prefix([2, 2, 2, 2]).num_tokens == 0
+    assert radix.match_prefix([1, 1, 1, 1]).num_tokens == 4
+    # Only the locked node is left after evicting everything evictable.
+    radix.evict(100)
+    assert radix.match_prefix([3, 3, 3, 3]).num_tokens == 4 and kv.num_free_tokens == 8
+    radix.unlock(locked)
+    assert radix.evict(100) == 4 and kv.num_free_tokens == 12
+    check_accounting(radix)
+
+
+def test_eviction_frees_leaves_before_parents():
+    kv = KVAllocator(16)
+    radix = RadixCache(kv)
+    radix.insert([1, 2], kv.alloc(2))
+    radix.insert([1, 2, 3, 4], radix.match_prefix([1, 2]).kv_slots + kv.alloc(2))
+    radix.evict(1)
+    assert radix.match_prefix([1, 2, 3, 4]).num_tokens == 2
+    check_accounting(radix)
+
+
+def test_hybrid_hit_needs_a_checkpoint_and_evicts_it_with_its_kv():
+    kv, ssm = KVAllocator(32), SSMSlotAllocator(4)
+    radix = RadixCache(kv, ssm, require_checkpoint=True)
+    slots = kv.alloc(9)
+    radix.insert(list(range(9)), slots)
+    assert radix.match_prefix(list(range(9))).num_tokens == 0
+    ckpt = ssm.alloc()
+    assert radix.insert(list(range(6)), slots[:6], ckpt).ssm_adopted
+    match = radix.match_prefix(list(range(9)))
+    assert (match.num_tokens, match.ssm_slot) == (6, ckpt)
+    # A second checkpoint for the same prefix is not adopted (the caller frees it).
+    assert not radix.insert(list(range(6)), slots[:6], ssm.alloc()).ssm_adopted
+    radix.evict(100)
+    assert ssm.num_free == 3 and kv.num_free_tokens == 32 and radix.num_checkpoints == 0
+
+
+def test_fork_is_copy_on_write_and_keeps_the_checkpoint():
+    kv, ssm = KVAllocator(16), SSMSlotAllocator(2)
+    radix = RadixCache(kv, ssm, require_checkpoint=True)
+    ckpt = ssm.alloc()
+    radix.insert([5, 6, 7], kv.alloc(3), ckpt)
+    copies: list[tuple[int, int]] = []
+    match = radix.match_prefix([5, 6, 7, 8])
+    radix.lock(match.node)
+    own = radix.fork_checkpoint(match, lambda src, dst: copies.append((src, dst)))
+    assert own is not None and own != ckpt and copies == [(ckpt, own)]
+    # No slot left: a locked hit's checkpoint is not evicted to make room.
+    assert radix.fork_checkpoint(match, lambda s, d: copies.append((s, d))) is None
+    assert radix.match_prefix([5, 6, 7]).ssm_slot == ckpt
+
+
+def test_checkpoint_eviction_keeps_kv():
+    kv, ssm = KVAllocator(16), SSMSlotAllocator(2)
+    radix = RadixCache(kv, ssm, require_checkpoint=True)
+    radix.insert([1, 2, 3], kv.alloc(3), ssm.alloc())
+    assert radix.evict_checkpoints(1) == 1
+    assert ssm.num_free == 2 and radix.num_cached_tokens == 3
+    assert radix.match_prefix([1, 2, 3, 4]).num_tokens == 0
+
+
+def test_unlock_more_than_lock_is_an_error():
+    kv = KVAllocator(8)
+    radix = RadixCache(kv)
+    radix.insert([1], kv.alloc(1))
+    node = radix.match_prefix([1]).node
+    with pytest.raises(RuntimeError):
+        radix.unlock(node)

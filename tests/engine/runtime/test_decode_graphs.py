@@ -1,0 +1,129 @@
+"""DecodeGraphs off the GPU: the static-buffer decode pass (what a graph records) against the eager path.
+
+On the CPU nothing is captured, but every index a graph reads comes from the same static buffers and the
+request-to-token table, so a wrong slot, row or position shows up as different logits here. The capture
+itself is checked on the H200 (bench/gpu_engine.py graphs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.engine.config import EngineConfig
+from headroom.engine.llm import LLM
+from headroom.engine.runtime.decode_graphs import DecodeGraphs
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import ModelRunner
+
+from tests.engine.helpers import new_sequence, random_prompt
+
+
+def _runner(model_dir, graph_batch: int, max_total_tokens: int) -> ModelRunner:
+    return ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=max_total_tokens, ssm_slots=4,
+                                    max_running_requests=2, cuda_graph_max_batch=graph_batch))
+
+
+def _generate(model_dir, vocab: int, graph_batch: int, kv_dtype: str, **settings):
+    llm = LLM(str(model_dir), max_total_tokens=512, ssm_slots=16, chunked_prefill_size=5, max_running_requests=4,
+              kv_dtype=kv_dtype, cuda_graph_max_batch=graph_batch, **settings)
+    # Different lengths: some requests decode while others still prefill (eager mixed passes), then all decode.
+    prompts = [random_prompt(vocab, n, seed=n) for n in (3, 11, 17, 6)]
+    return llm, llm.generate(prompts, max_new_tokens=9)
+
+
+@pytest.mark.parametrize("kind,index,kv_dtype", [("qwen3_5", 0, "auto"), ("qwen3_5", 2, "fp8"), ("qwen3", 0, "auto")])
+def test_static_decode_pass_matches_the_eager_path(tiny_model_factory, kind, index, kv_dtype):
+    model_dir, reference = tiny_model_factory(kind, index)
+    vocab = reference.config.vocab_size
+    _, eager = _generate(model_dir, vocab, 0, kv_dtype)
+    graphed_llm, graphed = _generate(model_dir, vocab, 4, kv_dtype)
+    assert graphed_llm.runner.decode_graphs is not None
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(a.prompt_logits, b.prompt_logits, atol=1e-5, rtol=0)
+    # Every finished request gave its table row back.
+    assert graphed_llm.runner.decode_graphs.leased_rows == 0
+
+
+def test_static_pass_logits_equal_eager_logits_step_by_step(tiny_model_factory):
+    """One request decodes alone, then eagerly next to a second one's prefill (its table row falls behind),
+    then both decode through the static pass (one catch-up upload, one new row)."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 1)
+    vocab = reference.config.vocab_size
+    runs = {}
+    for graph_batch in (0, 2):
+        runner = _runner(model_dir, graph_batch, max_total_tokens=128)
+        first = new_sequence(runner, "a", random_prompt(vocab, 7, seed=1))
+        second = new_sequence(runner, "b", random_prompt(vocab, 4, seed=2))
+        runner.forward([BatchItem(first, first.prompt_token_ids)])
+
+        def decode(seq, step, runner=runner):
+            seq.output_token_ids.append((step * 13 + len(seq.prompt_token_ids)) % vocab)
+            seq.kv_slots += runner.kv_allocator.alloc(1) or []
+            return BatchItem(seq, seq.output_token_ids[-1:])
+
+        rows = [runner.forward([decode(first, step)]) for step in range(2)]
+        rows.append(runner.forward([decode(first, 2), BatchItem(second, second.prompt_token_ids)]))
+        rows += [runner.forward([decode(first, step), decode(second, step)]) for step in range(3, 7)]
+        runs[graph_batch] = torch.cat(rows)
+    torch.testing.assert_close(runs[0], runs[2], atol=1e-5, rtol=0)
+
+
+def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
+    model_dir, _ = tiny_model_factory("qwen3_5", 0)
+    runner = _runner(model_dir, 2, max_total_tokens=64)
+    graphs = runner.decode_graphs
+    assert graphs is not None
+    seqs = [new_sequence(runner, name, [1, 2]) for name in "abc"]
+    for seq in seqs:
+        runner.forward([BatchItem(seq, [1])])
+    assert graphs.leased_rows == 2
+    # Both rows are leased: a third request's decode cannot get one and runs eagerly.
+    assert not graphs.can_run([BatchItem(seqs[2], [2])])
+    assert graphs.can_run([BatchItem(seqs[0], [2]), BatchItem(seqs[1], [2])])
+    # Prefill chunks and batches larger than max_batch are never graphed.
+    assert not graphs.can_run([BatchItem(seqs[0], [2, 3])])
+    runner.release(seqs[0])
+    assert graphs.leased_rows == 1
+    assert graphs.can_run([BatchItem(seqs[2], [2])])
+
+
+def test_kivi_pool_and_bad_sizes_are_refused_with_the_numbers(tiny_model_factory):
+    model_dir, _ = tiny_model_factory("qwen3_5", 0)
+    with pytest.raises(ValueError, match="token-granular KV pool, not int4"):
+        ModelRunner(EngineConfig(model_path=str(model_dir), kv_dtype="int4", max_total_tokens=128,
+                                 cuda_graph_max_batch=2))
+    with pytest.raises(ValueError, match=r"cuda_graph_max_batch=9 must be in 1..8 \(max_running_requests=8"):
+        ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=128, cuda_graph_max_batch=9))
+    with pytest.raises(ValueError, match=r"cuda_graph_max_batch=65 must be in 1..64 .* at most 64 graphs"):
+        ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=256, max_running_requests=100,
+                                 ssm_slots=100, cuda_graph_max_batch=65))
+    with pytest.raises(ValueError, match="cuda_graph_max_batch must be >= 0"):
+        EngineConfig(model_path=str(model_dir), cuda_graph_max_batch=-1)
+
+
+def test_graphs_are_off_by_default_on_the_cpu_and_capture_is_a_no_op(tiny_model_factory):
+    model_dir, _ = tiny_model_factory("qwen3", 0)
+    runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64))
+    assert runner.decode_graphs is None
+    assert runner.capture_decode_graphs().batch_sizes == ()
+    emulated = DecodeGraphs(runner, 2)
+    assert emulated.capture().batch_sizes == ()
+
+
+def test_a_one_token_prompt_starts_in_a_static_pass(tiny_model_factory):
+    """A new request whose prompt is one token joins a decode-only pass: the static pass resets its SSM
+    state and attends over its position 0 only."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    runs = {}
+    for graph_batch in (0, 2):
+        runner = _runner(model_dir, graph_batch, max_total_tokens=64)
+        first = new_sequence(runner, "a", random_prompt(vocab, 5, seed=3))
+        runner.forward([BatchItem(first, first.prompt_token_ids)])
+        first.output_token_ids.append(7)
+        first.kv_slots += runner.kv_allocator.alloc(1) or []
+        single = new_sequence(runner, "b", [11])
+        runs[graph_batch] = runner.forward([BatchItem(first, [7]), BatchItem(single, [11])])
+    assert runs[2].shape[0] == 2
+    torch.testing.assert_close(runs[0], runs[2], atol=1e-5, rtol=0)
