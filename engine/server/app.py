@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server (FastAPI): completions, chat, models, health, ready, metrics, plan.
 
-Bodies are validated by engine/server/protocol.py (422 on malformed JSON or fields); engine-level refusals are
-APIError (400 context overflow, 429 queue full). Generation runs on the engine thread, never here.
+Bodies are read and validated by body.py and protocol.py (400 naming the field); engine-level refusals are
+APIError (400 context overflow, 429 queue full); every error has OpenAI's shape (errors.py); --api-key is
+checked by auth.py before a body is read. Generation runs on the engine thread, never here.
 """
 
 from __future__ import annotations
@@ -13,64 +14,32 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from headroom.engine.sequence import Sequence
-from headroom.engine.server.generate import APIError, Delta, ServerState, Usage, generate, make_sequence
-from headroom.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from headroom.engine.server.auth import ApiKeyGuard
+from headroom.engine.server.body import max_body_bytes, parse_body, read_body
+from headroom.engine.server.errors import APIError, CatchUnexpected, error_body, install_error_handlers
+from headroom.engine.server.generate import Delta, ServerState, Usage, generate, make_sequence
+from headroom.engine.server.protocol import SamplingFields, bounded_models
+from headroom.engine.server.transport import HTTPLimits
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
-
-
-# Generous for any text or token-id prompt that can fit the context (JSON ids take about 7 bytes each).
-_BODY_BYTES_PER_TOKEN = 64
-_BODY_BYTES_FLOOR = 1024**2
-
-
-def max_body_bytes(context_length: int) -> int:
-    """Largest request body the server reads: 64 bytes per token of context, at least 1 MiB."""
-    return max(_BODY_BYTES_FLOOR, _BODY_BYTES_PER_TOKEN * context_length)
-
-
-class BodyLimit:
-    """Bound what one request can make the server read and tokenize before the context check runs."""
-
-    def __init__(self, app: Any, max_bytes: int, context_length: int):
-        self.app, self.max_bytes, self.context_length = app, max_bytes, context_length
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            declared = dict(scope["headers"]).get(b"content-length")
-            refusal = None
-            if declared is None:
-                refusal = _error(411, "a Content-Length header is required")
-            elif not declared.isdigit() or int(declared) > self.max_bytes:
-                refusal = _error(413, f"request body of {declared.decode(errors='replace')} bytes exceeds "
-                                      f"{self.max_bytes} bytes ({_BODY_BYTES_PER_TOKEN} per token of context length "
-                                      f"{self.context_length})")
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="headroom", docs_url=None, redoc_url=None)
+def build_app(state: ServerState, *, api_key: str | None = None, limits: HTTPLimits | None = None,
+              metrics_need_key: bool = False) -> FastAPI:
+    limits = limits or HTTPLimits()
+    # No /docs, and no /openapi.json: the API is OpenAI's, and a schema endpoint only widens what is exposed.
+    app = FastAPI(title="headroom", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.headroom = state
+    install_error_handlers(app)
     # Pure ASGI, not @app.middleware: that wrapper hides client disconnects from the endpoints.
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes(state.context_length), context_length=state.context_length)
+    # The last added runs first: the key is checked before anything else happens.
+    app.add_middleware(CatchUnexpected)
+    app.add_middleware(ApiKeyGuard, api_key=api_key, metrics_need_key=metrics_need_key)
+    completion_model, chat_model = bounded_models(state.context_length)
+    body_limit = max_body_bytes(state.context_length)
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return _error(422, f"invalid request body: {problems}")
+    async def body_of(request: Request, model: type[Any]) -> Any:
+        return await parse_body(model, await read_body(request, body_limit, limits.body_timeout_s))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -99,35 +68,48 @@ def build_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = await body_of(request, completion_model)
+        text = body.prompt_text
         # Tokenizing a long prompt takes a while: off the event loop, so running streams keep flowing.
-        if isinstance(body.prompt, str):
-            prompt_ids = await asyncio.to_thread(state.tokenizer.encode, body.prompt)
-        elif isinstance(body.prompt[0], str):
-            prompt_ids = await asyncio.to_thread(state.tokenizer.encode, str(body.prompt[0]))
-        else:
-            prompt_ids = [int(t) for t in body.prompt]
-        seq = make_sequence(state, "cmpl", prompt_ids, body, body.max_tokens)
+        prompt_ids = list(body.prompt) if text is None else await _encode(state, text, "prompt")
+        seq = make_sequence(state, "cmpl", prompt_ids, body, body.max_tokens, prompt_field="prompt")
         return await _respond(state, request, body, seq, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(request: Request) -> Response:
+        body = await body_of(request, chat_model)
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             prompt = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages)
         except ValueError as exc:
-            raise APIError(400, str(exc)) from exc
-        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
-        seq = make_sequence(state, "chatcmpl", prompt_ids, body, body.requested_max_tokens)
+            raise APIError(400, str(exc), param="messages") from exc
+        prompt_ids = await _encode(state, prompt, "messages")
+        max_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        seq = make_sequence(state, "chatcmpl", prompt_ids, body, body.requested_max_tokens,
+                            prompt_field="messages", max_tokens_field=max_field)
         return await _respond(state, request, body, seq, chat=True)
 
     return app
 
 
-def _choice(delta: Delta, chat: bool, streaming: bool, body: SamplingFields, seq: Sequence) -> dict[str, Any]:
+async def _encode(state: ServerState, text: str, field: str) -> list[int]:
+    try:
+        return await asyncio.to_thread(state.tokenizer.encode, text)
+    except (UnicodeError, TypeError) as exc:
+        # The edge refuses lone surrogates; this keeps any text a tokenizer cannot take a 400 as well.
+        raise APIError(400, f"{field}: the tokenizer cannot encode this text ({type(exc).__name__})",
+                       param=field) from exc
+
+
+def _choice(delta: Delta, chat: bool, streaming: bool, body: SamplingFields, seq: Sequence,
+            first: bool = True) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": delta.finish_reason, "logprobs": None}
-    if chat:
-        choice["delta" if streaming else "message"] = {"role": "assistant", "content": delta.text}
+    if chat and streaming:
+        # OpenAI sends the role once, in the first delta; later deltas carry only content.
+        choice["delta"] = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
+    elif chat:
+        choice["message"] = {"role": "assistant", "content": delta.text}
     else:
         choice["text"] = delta.text
     if body.return_token_ids:
@@ -158,12 +140,12 @@ async def _respond(state: ServerState, request: Request, body: SamplingFields, s
         delta: Delta | None = first
         try:
             while delta is not None:
-                yield "data: " + json.dumps({**base, "object": kind, "choices": [_choice(delta, chat, True, body, seq)]}) + "\n\n"
+                choice = _choice(delta, chat, True, body, seq, first=delta is first)
+                yield "data: " + json.dumps({**base, "object": kind, "choices": [choice]}) + "\n\n"
                 delta = await anext(deltas, None)
         except APIError as exc:
             # The 200 is long sent: say what failed in the stream instead of cutting the connection.
-            kind_of_error = "invalid_request_error" if exc.status < 500 else "server_error"
-            yield "data: " + json.dumps({"error": {"message": exc.message, "type": kind_of_error, "code": exc.status}}) + "\n\n"
+            yield "data: " + json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)) + "\n\n"
         finally:
             # A client that hung up cancels us here; closing `deltas` aborts the request in the engine.
             await deltas.aclose()

@@ -1,40 +1,80 @@
 """`headroom serve`: plan (or read a plan), load the model, warm up, serve the OpenAI API with uvicorn.
 
-Flags use the planner's vocabulary; without --plan the planner derives whatever is not pinned.
+Flags use the planner's vocabulary, plus the spellings vLLM and SGLang users type where the meaning is
+the same (--model-path, --served-model-name, --dtype, --kv-cache-dtype auto, --max-model-len,
+--max-num-seqs, --cuda-graph-max-bs, --api-key); `--help` is grouped as theirs is. Without --plan the
+planner derives whatever is not pinned.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 
 from headroom.engine.plan import KV_DTYPES, PlanRefused
 
+# vLLM's and SGLang's --dtype words -> headroom's (EngineConfig.dtype).
+DTYPE_WORDS = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
+               "float32": "float32", "float": "float32"}
+# --kv-cache-dtype words: `auto` is the model's 16-bit dtype (bf16 pool); fp8 is e4m3 with per-token scales.
+KV_DTYPE_WORDS = {"auto": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8", **{d: d for d in KV_DTYPES}}
+logger = logging.getLogger(__name__)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="Hugging Face model directory (default: the embedded tiny hybrid model)")
-    parser.add_argument("--plan", dest="plan_path", help="plan.json from `headroom plan --output json`")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--gpu-memory", help="memory to plan against, e.g. 12GiB (default: pynvml; 2GiB on a CPU)")
-    parser.add_argument("--kv-cache-dtype", dest="kv_dtype", choices=KV_DTYPES, default="bf16")
-    parser.add_argument("--mem-fraction-static", type=float)
-    parser.add_argument("--max-total-tokens", type=int)
-    parser.add_argument("--chunked-prefill-size", type=int)
-    parser.add_argument("--context-length", type=int)
-    parser.add_argument("--max-running-requests", type=int)
-    parser.add_argument("--max-new-tokens", type=int, default=1024, help="the planner's reserve per request")
-    parser.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
-    parser.add_argument("--max-waiting-requests", type=int, default=256, help="beyond this, 429 with Retry-After")
-    parser.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
-    parser.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
-    parser.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
-    parser.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
-    parser.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
-    parser.add_argument("--cuda-graph-max-batch", type=int,
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", "--model-path", dest="model",
+                       help="Hugging Face model directory (default: the embedded tiny hybrid model)")
+    model.add_argument("--served-model-name", help="model name in /v1/models and responses (default: the directory name)")
+    model.add_argument("--dtype", choices=sorted(DTYPE_WORDS), default="auto",
+                       help="weight and activation dtype; auto = the checkpoint's (half = float16, float = float32)")
+    model.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM/SGLang command lines; headroom never runs code from the model directory")
+
+    http = parser.add_argument_group("HTTP server")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 in a pod)")
+    http.add_argument("--port", type=int, default=8000)
+    http.add_argument("--api-key", default=None,
+                      help="require `Authorization: Bearer <key>` on every route but /health, /ready and /metrics "
+                           "(default: $HEADROOM_API_KEY)")
+    http.add_argument("--metrics-need-key", action="store_true", help="require the API key on /metrics as well")
+    http.add_argument("--max-connections", type=int, default=1024, help="open connections; more get 503 and are closed")
+    http.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive a request's head (408)")
+    http.add_argument("--body-timeout", type=float, default=60.0, help="seconds to receive a request's body (408)")
+    http.add_argument("--timeout-keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection lives")
+    http.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+    memory = parser.add_argument_group("memory and plan")
+    memory.add_argument("--plan", dest="plan_path", help="plan.json from `headroom plan --output json`")
+    memory.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    memory.add_argument("--gpu-memory", help="memory to plan against, e.g. 12GiB (default: CUDA's total; 2GiB on a CPU)")
+    memory.add_argument("--kv-cache-dtype", dest="kv_dtype", choices=sorted(KV_DTYPE_WORDS), default="auto",
+                        help="KV pool dtype; auto = bf16 (the model's 16-bit dtype), fp8 = fp8_e4m3, int8/4/2 = KIVI")
+    memory.add_argument("--mem-fraction-static", type=float, help="fraction of GPU memory for weights and pools")
+    memory.add_argument("--max-total-tokens", type=int, help="cap on the KV pool (tokens)")
+    memory.add_argument("--context-length", "--max-model-len", dest="context_length", type=int,
+                        help="longest prompt + completion (tokens)")
+    memory.add_argument("--max-new-tokens", type=int, default=1024, help="the planner's reserve per request")
+    memory.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
+    memory.add_argument("--cuda-graph-max-batch", "--cuda-graph-max-bs", dest="cuda_graph_max_batch", type=int,
                         help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
+    memory.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp", type=int, choices=[1], default=1,
+                        help="headroom's own engine runs on one GPU")
+
+    scheduling = parser.add_argument_group("scheduling")
+    scheduling.add_argument("--chunked-prefill-size", type=int, help="prefill tokens per pass")
+    scheduling.add_argument("--max-running-requests", "--max-num-seqs", dest="max_running_requests", type=int,
+                            help="requests decoding at once")
+    scheduling.add_argument("--max-waiting-requests", type=int, default=256, help="beyond this, 429 with Retry-After")
+    scheduling.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
+    scheduling.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
+    scheduling.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
+
+    diagnostics = parser.add_argument_group("diagnostics")
+    diagnostics.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
+    diagnostics.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -47,7 +87,8 @@ def options_from_args(args: argparse.Namespace):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return ServeOptions(
         model=args.model, plan_path=args.plan_path, device=device, gpu_memory=args.gpu_memory,
-        kv_dtype=args.kv_dtype, mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
+        kv_dtype=KV_DTYPE_WORDS[args.kv_dtype], dtype=DTYPE_WORDS[args.dtype], served_model_name=args.served_model_name,
+        mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         chunked_prefill_size=args.chunked_prefill_size, context_length=args.context_length,
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
@@ -56,14 +97,32 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
+def http_limits_from_args(args: argparse.Namespace):
+    from headroom.engine.server.transport import HTTPLimits
+
+    return HTTPLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                      keep_alive_s=args.timeout_keep_alive, max_connections=args.max_connections)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
     from headroom.engine.server.app import build_app
+    from headroom.engine.server.auth import resolve_api_key
     from headroom.engine.server.factory import build_state, start_warm_up
+    from headroom.engine.server.transport import uvicorn_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    options = options_from_args(args)
     try:
+        api_key = resolve_api_key(args.api_key)
+        limits = http_limits_from_args(args)
+        options = options_from_args(args)
         state = build_state(options)
     except PlanRefused as exc:
         print(f"headroom serve: no plan fits: {exc.message} (binding: {exc.binding_constraint})", file=sys.stderr)
@@ -71,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"headroom serve: {exc}", file=sys.stderr)
         return 2
+    if api_key is None and not _is_loopback(args.host):
+        logger.warning("serving on %s without an API key: anyone who reaches the port can use it "
+                       "(--api-key or $HEADROOM_API_KEY; docs/security.md)", args.host)
     start_warm_up(state, options.warmup_tokens)
+    app = build_app(state, api_key=api_key, limits=limits, metrics_need_key=args.metrics_need_key)
     try:
-        uvicorn.run(build_app(state), host=args.host, port=args.port, log_level="info")
+        uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.uvicorn_log_level)).run()
     finally:
         state.loop.stop()
     return 0

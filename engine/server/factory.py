@@ -36,6 +36,10 @@ class ServeOptions:
     device: str = "cpu"
     gpu_memory: str | None = None
     kv_dtype: str = "bf16"
+    # Weights and activations (EngineConfig.dtype: auto = the checkpoint's).
+    dtype: str = "auto"
+    # The model's name in /v1/models and responses; None: the model directory's name.
+    served_model_name: str | None = None
     mem_fraction_static: float | None = None
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None
@@ -105,7 +109,7 @@ def build_state(options: ServeOptions) -> ServerState:
             f"plan context_length {plan.context_length} exceeds its max_total_tokens {plan.max_total_tokens}: "
             "a request of that length could never fit the KV pool"
         )
-    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device,
+    config = EngineConfig.from_plan(plan, str(model_dir), device=options.device, dtype=options.dtype,
                                     cuda_graph_max_batch=options.cuda_graph_max_batch)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.
@@ -114,7 +118,7 @@ def build_state(options: ServeOptions) -> ServerState:
     loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
                                   metrics.observe_step)
     tokenizer = load_tokenizer(model_dir, loop.eos_token_ids)
-    name = options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME
+    name = options.served_model_name or (options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME)
     return ServerState(loop=loop, tokenizer=tokenizer, model_name=name, context_length=plan.context_length,
                        metrics=metrics, plan=plan.to_dict())
 

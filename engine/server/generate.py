@@ -1,6 +1,6 @@
 """From a validated request to a stream of text deltas: context check, submit, detokenize, stop strings.
 
-The HTTP shapes live in server.py; this module knows tokens, text and the engine loop.
+The HTTP shapes live in app.py; this module knows tokens, text and the engine loop.
 """
 
 from __future__ import annotations
@@ -16,20 +16,13 @@ from typing import Any
 from fastapi import Request
 from headroom.engine.loop.engine_loop import EngineLoop, QueueFull, RequestStream
 from headroom.engine.sequence import SamplingParams, Sequence
+from headroom.engine.server.errors import APIError
 from headroom.engine.server.metrics import EngineMetrics
 from headroom.engine.server.protocol import SamplingFields
 from headroom.engine.server.tokenizer import Tokenizer
 
 # Seconds between checks that the client is still there (the request is aborted when it is not).
 _DISCONNECT_CHECK_S = 0.25
-
-
-class APIError(Exception):
-    """An error answered as HTTP `status` with an OpenAI-style body; the message says the numbers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
 
 
 @dataclass
@@ -67,21 +60,29 @@ class Usage:
 
 
 def make_sequence(state: ServerState, prefix: str, prompt_ids: list[int], body: SamplingFields,
-                  max_tokens: int | None) -> Sequence:
+                  max_tokens: int | None, *, prompt_field: str = "prompt",
+                  max_tokens_field: str = "max_tokens") -> Sequence:
     """Validate the prompt against the context and the vocabulary; 400 with the numbers otherwise."""
     if not prompt_ids:
-        raise APIError(400, "prompt is empty after tokenization")
+        raise APIError(400, "prompt is empty after tokenization", param=prompt_field)
     vocab = state.tokenizer.vocab_size
     bad = [t for t in prompt_ids if not 0 <= t < vocab]
     if bad:
-        raise APIError(400, f"prompt token ids {bad[:5]} are outside the vocabulary of {vocab}")
-    max_new = max_tokens or min(state.default_max_tokens, max(1, state.context_length - len(prompt_ids)))
-    if len(prompt_ids) + max_new > state.context_length:
+        raise APIError(400, f"prompt token ids {bad[:5]} are outside the vocabulary of {vocab}", param=prompt_field)
+    num_prompt, context = len(prompt_ids), state.context_length
+    if max_tokens is not None and max_tokens >= context:
+        # Nothing is left for the prompt: say so, rather than a negative prompt budget.
         raise APIError(400, (
-            f"prompt has {len(prompt_ids)} tokens and max_tokens is {max_new}: {len(prompt_ids) + max_new} exceeds"
-            f" context_length {state.context_length} (at most {state.context_length - max_new} prompt tokens"
-            f" for this max_tokens)"
-        ))
+            f"{max_tokens_field} is {max_tokens} but context_length is {context}: prompt and completion share the"
+            f" context, so with this {num_prompt}-token prompt {max_tokens_field} can be at most"
+            f" {max(0, context - num_prompt)}"), param=max_tokens_field)
+    max_new = max_tokens or min(state.default_max_tokens, max(1, context - num_prompt))
+    if num_prompt + max_new > context:
+        field = max_tokens_field if max_tokens is not None and num_prompt < context else prompt_field
+        raise APIError(400, (
+            f"prompt has {num_prompt} tokens and max_tokens is {max_new}: {num_prompt + max_new} exceeds"
+            f" context_length {context} (at most {context - max_new} prompt tokens for this max_tokens)"
+        ), param=field)
     sampling = SamplingParams(max_new_tokens=max_new, temperature=body.temperature, top_p=body.top_p,
                               seed=body.seed, ignore_eos=body.ignore_eos)
     return Sequence(f"{prefix}-{next(state.request_ids)}", list(prompt_ids), sampling)
@@ -165,7 +166,7 @@ async def generate(state: ServerState, request: Request, seq: Sequence, stops: l
                 state.metrics.cached_tokens.inc(event.num_cached_tokens - usage.cached_tokens)
                 usage.cached_tokens = event.num_cached_tokens
             if event.error is not None:
-                raise APIError(500, f"request {seq.request_id} failed in the engine: {event.error}")
+                raise APIError(500, f"request {seq.request_id} failed in the engine: {event.error}", code="engine_error")
             text, stopped = assembler.add(event.token_ids, final=event.finish_reason is not None)
             reason = "stop" if stopped else event.finish_reason
             engine_done = event.finish_reason is not None

@@ -83,17 +83,24 @@ def test_prompt_that_cannot_fit_gets_400_with_the_numbers(client):
     assert "context_length 2048" in error.value.message and "at most 1948" in error.value.message
 
 
-def test_malformed_bodies_get_4xx(server):
-    url = server.base_url + "/v1/completions"
-    assert httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
-    assert httpx.post(url, json={"prompt": "x", "max_tokens": -1}).status_code == 422
-    assert httpx.post(url, json={"prompt": "x", "n": 2}).status_code == 422
-    assert httpx.post(url, json={"max_tokens": 3}).status_code == 422
-    out_of_vocab = httpx.post(url, json={"prompt": [1, 99999], "max_tokens": 2})
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None), (b'{"prompt": "x", "max_tokens": -1}', "max_tokens"), (b'{"prompt": "x", "n": 2}', "n"),
+    (b'{"max_tokens": 3}', "prompt"), (b"[1, 2]", None),
+])
+def test_malformed_bodies_get_400_in_openais_shape(server, body, param):
+    answer = httpx.post(server.base_url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and isinstance(error["code"], str)
+    assert error["message"]
+
+
+def test_engine_refusals_name_the_field_and_the_server_keeps_serving(server):
+    out_of_vocab = httpx.post(server.base_url + "/v1/completions", json={"prompt": [1, 99999], "max_tokens": 2})
     assert out_of_vocab.status_code == 400 and "99999" in out_of_vocab.json()["error"]["message"]
+    assert out_of_vocab.json()["error"]["param"] == "prompt"
     chat = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": []})
-    assert chat.status_code == 422
-    # The server is still serving after all of that.
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
     assert httpx.get(server.base_url + "/health").json() == {"status": "live"}
 
 

@@ -100,5 +100,5 @@ def test_an_engine_failure_mid_stream_is_reported_in_the_stream(tmp_path):
             runner.forward = failing_forward
             rest = list(lines)
         errors = [line for line in rest if '"error"' in line]
-        assert len(errors) == 1 and "CUDA out of memory (simulated)" in errors[0] and '"code": 500' in errors[0]
+        assert len(errors) == 1 and "CUDA out of memory (simulated)" in errors[0] and '"type": "server_error"' in errors[0]
         assert rest[-1] == "data: [DONE]"

@@ -88,7 +88,7 @@ def test_a_failed_warm_up_is_never_ready_and_not_live(tmp_path, monkeypatch):
 
 def test_oversized_or_unsized_bodies_are_refused_before_reading(tmp_path):
     import httpx
-    from headroom.engine.server.app import max_body_bytes
+    from headroom.engine.server.body import max_body_bytes
 
     from tests.engine.server_fixtures import running_server
 

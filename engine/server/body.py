@@ -1,0 +1,96 @@
+"""A request body from the socket to a validated model, bounded in bytes and seconds, off the event loop.
+
+read_body: Content-Length or Transfer-Encoding: chunked, one byte limit for both (413 once it is passed,
+before the rest is read), one deadline for the whole body (408: a client trickling its body cannot hold
+a request open). parse_body: pydantic's JSON parser and the strict, bounded models (protocol.py) in a
+worker thread; pydantic-core parses with the GIL released, so streams and /health keep their pace
+while a large hostile body is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from headroom.engine.server.errors import APIError, from_validation_error
+
+# Generous for any text or token-id prompt that can fit the context (JSON ids take about 7 bytes each).
+BODY_BYTES_PER_TOKEN = 64
+BODY_BYTES_FLOOR = 1024**2
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def max_body_bytes(context_length: int) -> int:
+    """Largest request body the server reads: 64 bytes per token of context, at least 1 MiB."""
+    return max(BODY_BYTES_FLOOR, BODY_BYTES_PER_TOKEN * context_length)
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+        raise APIError(413, f"request body of {declared[:20]} bytes exceeds {max_bytes} bytes "
+                            f"({BODY_BYTES_PER_TOKEN} per token of context length, at least {BODY_BYTES_FLOOR})")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise APIError(413, f"request body exceeds {max_bytes} bytes (chunked; {size} bytes so far)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"request body not received within {timeout_s:g} s ({size} bytes arrived)",
+                       {"Connection": "close"}) from None
+    return b"".join(chunks)
+
+
+# jiter's words for a \ud800-style escape with no partner: the body is JSON a strict parser refuses.
+_SURROGATE_ERROR = re.compile(r"surrogate|hex escape")
+
+
+async def parse_body(model: type[Model], body: bytes) -> Model:
+    """Validate `body` as `model` in a worker thread; 400 naming the first bad field otherwise."""
+    try:
+        return await asyncio.to_thread(model.model_validate_json, body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        if first["type"] == "json_invalid" and _SURROGATE_ERROR.search(first["msg"]):
+            # Find which field holds it: the standard library's parser keeps lone surrogates as text.
+            raise await asyncio.to_thread(_locate_surrogate, body) from None
+        raise from_validation_error(exc) from None
+
+
+def _locate_surrogate(body: bytes) -> APIError:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return APIError(400, f"request body is not valid JSON: {str(exc)[:200]}", code="invalid_json")
+    path = _first_surrogate(value, "")
+    return APIError(400, f"{path or 'request body'}: holds a lone UTF-16 surrogate escape; text must be valid Unicode",
+                    param=path or None, code="invalid_value")
+
+
+def _first_surrogate(value: Any, path: str) -> str | None:
+    """Path (messages[0].content) of the first string holding a lone surrogate, keys included."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.append((child, f"{where}.{key}" if where else key))
+                stack.append((key, where))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
+    return None
