@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from headroom.engine.sequence import Sequence
 from headroom.engine.server.auth import ApiKeyGuard
-from headroom.engine.server.body import max_body_bytes, parse_body, read_body
+from headroom.engine.server.body import max_body_bytes, max_containers, parse_body, read_body
 from headroom.engine.server.errors import APIError, CatchUnexpected, error_body, install_error_handlers
 from headroom.engine.server.generate import Delta, ServerState, Usage, generate, make_sequence
 from headroom.engine.server.protocol import SamplingFields, bounded_models
@@ -39,7 +39,8 @@ def build_app(state: ServerState, *, api_key: str | None = None, limits: HTTPLim
     body_limit = max_body_bytes(state.context_length)
 
     async def body_of(request: Request, model: type[Any]) -> Any:
-        return await parse_body(model, await read_body(request, body_limit, limits.body_timeout_s))
+        body = await read_body(request, body_limit, limits.body_timeout_s)
+        return await parse_body(model, body, max_containers(state.context_length))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException
 
 logger = logging.getLogger(__name__)
 
-# OpenAI's error types and codes by status; a refusal may name a more specific code.
-_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+# OpenAI's error types and codes by status (its 429 is typed "requests"); a refusal may name a more specific code.
+_TYPES = {429: "requests"}
 _CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
           411: "length_required", 413: "request_too_large", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 

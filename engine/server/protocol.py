@@ -115,7 +115,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """/v1/completions: prompt as text, or as token ids (one prompt per request)."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS)] | \
+    prompt: str | Annotated[list[int], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS, fail_fast=True)] | \
         Annotated[list[str], Field(min_length=1, max_length=1)]
     suffix: Any = None
 
@@ -164,7 +164,7 @@ class ChatMessage(BaseModel):
     model_config = _STRICT
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | Annotated[list[TextPart], Field(max_length=DEFAULT_MAX_ITEMS)] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=DEFAULT_MAX_ITEMS, fail_fast=True)] | None = None
     tool_calls: Any = None
 
     @field_validator("content")
@@ -186,7 +186,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """/v1/chat/completions: the chat template turns messages into the prompt."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS, fail_fast=True)]
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: Any = None
     functions: Any = None
@@ -208,12 +208,12 @@ class ChatCompletionRequest(SamplingFields):
 def bounded_models(max_items: int) -> tuple[type[CompletionRequest], type[ChatCompletionRequest]]:
     """The two request models with every list capped at max_items (a server's context length): a list
     that long holds more tokens than the context, and pydantic refuses it before looking at its items."""
-    ids = Annotated[list[int], Field(min_length=1, max_length=max_items)]
+    ids = Annotated[list[int], Field(min_length=1, max_length=max_items, fail_fast=True)]
     texts = Annotated[list[str], Field(min_length=1, max_length=1)]
     completion = create_model("CompletionRequest", __base__=CompletionRequest,
                               prompt=(str | ids | texts, ...))
     message = create_model("ChatMessage", __base__=ChatMessage,
-                           content=(str | Annotated[list[TextPart], Field(max_length=max_items)] | None, None))
+                           content=(str | Annotated[list[TextPart], Field(max_length=max_items, fail_fast=True)] | None, None))
     chat = create_model("ChatCompletionRequest", __base__=ChatCompletionRequest,
-                        messages=(Annotated[list[message], Field(min_length=1, max_length=max_items)], ...))  # type: ignore[valid-type]
+                        messages=(Annotated[list[message], Field(min_length=1, max_length=max_items, fail_fast=True)], ...))  # type: ignore[valid-type]
     return completion, chat
