@@ -101,3 +101,60 @@ def test_cuda_graph_max_batch_reaches_the_engine_and_its_static_passes_serve_req
             assert runner.decode_graphs.leased_rows == 0 and len(static_passes) >= 5
         state.loop.stop()
     assert outputs["0"] == outputs["3"] and all(len(t) == 12 for t in outputs["3"].values())
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_vllm_and_sglang_spellings_mean_the_same_as_headrooms(tmp_path):
+    ours = options_from_args(_parse(["--model", "/m", "--device", "cpu", "--context-length", "4096",
+                                     "--max-running-requests", "6", "--cuda-graph-max-batch", "4",
+                                     "--kv-cache-dtype", "bf16", "--dtype", "bfloat16"]))
+    vllm = options_from_args(_parse(["--model", "/m", "--device", "cpu", "--max-model-len", "4096",
+                                     "--max-num-seqs", "6", "--cuda-graph-max-batch", "4",
+                                     "--kv-cache-dtype", "auto", "--dtype", "bfloat16", "--tensor-parallel-size", "1",
+                                     "--trust-remote-code"]))
+    sglang = options_from_args(_parse(["--model-path", "/m", "--device", "cpu", "--context-length", "4096",
+                                       "--max-running-requests", "6", "--cuda-graph-max-bs", "4",
+                                       "--kv-cache-dtype", "bfloat16", "--dtype", "bfloat16", "--tp", "1"]))
+    assert ours == vllm == sglang
+    assert options_from_args(_parse(["--device", "cpu", "--dtype", "half", "--kv-cache-dtype", "fp8_e4m3"])).dtype == "float16"
+    assert options_from_args(_parse(["--device", "cpu", "--kv-cache-dtype", "fp8_e4m3"])).kv_dtype == "fp8"
+
+
+def test_tensor_parallel_beyond_one_gpu_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--tensor-parallel-size", "2"])
+    assert "invalid choice: 2" in capsys.readouterr().err
+
+
+def test_help_is_grouped_like_vllms_and_sglangs():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    groups = {g.title: [a.option_strings[0] for a in g._group_actions] for g in parser._action_groups}
+    assert {"model", "HTTP server", "memory and plan", "scheduling", "diagnostics"} <= set(groups)
+    assert "--api-key" in groups["HTTP server"] and "--served-model-name" in groups["model"]
+    assert "--kv-cache-dtype" in groups["memory and plan"] and "--max-waiting-requests" in groups["scheduling"]
+
+
+def test_served_model_name_and_dtype_reach_the_server(rendered):
+    model_dir, plan = rendered
+    args = _serve_args(model_dir, [*plan.engine_args, "--served-model-name", "my-model", "--dtype", "float32",
+                                   "--kv-cache-dtype", "auto"])
+    state = build_state(options_from_args(args))
+    assert state.model_name == "my-model" and state.plan["kv_dtype"] == "bf16"
+    assert str(state.loop.runner.dtype) == "torch.float32"
+    state.loop.stop()
+
+
+def test_http_flags_become_the_transports_limits():
+    from headroom.engine.server.cli import http_limits_from_args
+
+    limits = http_limits_from_args(_parse(["--header-timeout", "3", "--body-timeout", "7", "--max-connections", "50",
+                                           "--timeout-keep-alive", "2"]))
+    assert (limits.header_timeout_s, limits.body_timeout_s, limits.max_connections, limits.keep_alive_s) == (3, 7, 50, 2)
+    defaults = http_limits_from_args(_parse([]))
+    assert defaults.header_timeout_s == 10 and defaults.body_timeout_s == 60 and defaults.max_connections == 1024
