@@ -32,14 +32,16 @@ async def smoke(
     token_id_range: tuple[int, int] | None = None,
     request_timeout_s: float = 600.0,
     wait_ready_s: float = 0.0,
+    api_key: str | None = None,
 ) -> SmokeReport:
     """Run every probe against url and return the report; never raises for a misbehaving server.
 
     wait_ready_s: first wait up to this long for /ready (or /health where there is no /ready) to answer 200.
+    api_key: sent as `Authorization: Bearer` to a server started with --api-key.
     """
     thresholds = thresholds or SmokeThresholds()
     report = SmokeReport(url=url, settings=asdict(settings), thresholds=asdict(thresholds))
-    async with OpenAIClient(url, model=model, timeout_s=request_timeout_s) as client:
+    async with OpenAIClient(url, model=model, timeout_s=request_timeout_s, api_key=api_key) as client:
         report.figures["waited_for_ready_s"] = await wait_until_ready(client, wait_ready_s)
         try:
             report.figures["model"] = await client.resolve_model()
@@ -99,8 +101,8 @@ def run_smoke(
     **options: Any,
 ) -> SmokeReport:
     """Synchronous wrapper. options: SmokeSettings fields, plus model / tokenizer_path / token_id_range /
-    request_timeout_s / wait_ready_s."""
-    runner_keys = {"model", "tokenizer_path", "token_id_range", "request_timeout_s", "wait_ready_s"}
+    request_timeout_s / wait_ready_s / api_key."""
+    runner_keys = {"model", "tokenizer_path", "token_id_range", "request_timeout_s", "wait_ready_s", "api_key"}
     runner = {key: options.pop(key) for key in list(options) if key in runner_keys}
     settings = SmokeSettings(context_length=context_length, max_new_tokens=max_new_tokens, **options)
     return asyncio.run(smoke(url, settings, thresholds, **runner))

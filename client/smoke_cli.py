@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="write the JSON report here (default: stdout)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout in seconds")
     parser.add_argument("--wait-ready-s", type=float, default=0.0, help="first wait this long for /ready to answer 200")
+    parser.add_argument("--api-key", default=None,
+                        help="Bearer key of a server started with --api-key (default: $HEADROOM_API_KEY)")
     sizes = parser.add_argument_group("probe sizes")
     sizes.add_argument("--margin-tokens", type=int, default=16, help="long prompt = context - max_new_tokens - margin")
     sizes.add_argument("--short-delay-s", type=float, default=0.5, help="send the short prompt this long after the long one")
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         id_range = tuple(args.token_id_range) if args.token_id_range else None
         report = asyncio.run(
             smoke(args.url, settings, thresholds, model=args.model, tokenizer_path=args.tokenizer,
-                  token_id_range=id_range, request_timeout_s=args.timeout_s, wait_ready_s=args.wait_ready_s)  # type: ignore[arg-type]
+                  token_id_range=id_range, request_timeout_s=args.timeout_s, wait_ready_s=args.wait_ready_s,  # type: ignore[arg-type]
+                  api_key=args.api_key or os.environ.get("HEADROOM_API_KEY") or None)
         )
     except (UsageError, ValueError) as error:
         print(f"headroom smoke: {error}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from headroom.operator.api_key import api_key_args, api_key_env
 from headroom.operator.labels import (
     ENGINE_CONTAINER,
     INSTANCE_LABEL,
@@ -64,6 +65,7 @@ def build_deployment(
     """Deployment `<server>` running `revision`; GPUs via nvidia.com/gpu, non-root, read-only root."""
     server_name = owner["metadata"]["name"]
     command, args = engine_command(spec, engine_args)
+    args += api_key_args(spec)
     live_path, ready_path = _PROBE_PATHS[spec.engine.kind]
     pod_labels = {**common_labels(server_name), REVISION_LABEL: revision}
     annotations = {REVISION_LABEL: revision, "headroom.dev/plan-hash": revision}
@@ -78,6 +80,7 @@ def build_deployment(
             {"name": "HOME", "value": "/tmp"},
             {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
             {"name": "HEADROOM_REVISION", "value": revision},
+            *api_key_env(spec),
         ],
         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
         # Loading weights and warming kernels can take many minutes; the startup probe covers it.

@@ -33,6 +33,8 @@ class SmokeRequest:
     max_new_tokens: int
     thresholds: dict[str, float]
     timeout_s: float
+    # spec.auth.apiKeySecret's key, sent as a Bearer token; never printed.
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ def run_engine_smoke(request: SmokeRequest) -> SmokeOutcome:
         max_new_tokens=request.max_new_tokens,
         thresholds=thresholds,
         request_timeout_s=request.timeout_s,
+        api_key=request.api_key,
     )
     checks = {name: {"status": c.status, "reason": c.reason} for name, c in report.checks.items()}
     if report.passed:

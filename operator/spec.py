@@ -126,6 +126,17 @@ class RolloutSpec(_Camel):
     ready_timeout_seconds: int = Field(default=1800, ge=30, alias="readyTimeoutSeconds")
 
 
+class SecretKeyRef(_Camel):
+    name: str = Field(min_length=1)
+    key: str = Field(default="api-key", min_length=1)
+
+
+class AuthSpec(_Camel):
+    """The engine's API key: a Secret in the InferenceServer's namespace (docs/security.md)."""
+
+    api_key_secret: SecretKeyRef | None = Field(default=None, alias="apiKeySecret")
+
+
 class InferenceServerSpec(_Camel):
     model: ModelSpec
     gpu: GpuSpec
@@ -135,6 +146,7 @@ class InferenceServerSpec(_Camel):
     overrides: OverridesSpec = Field(default_factory=OverridesSpec)
     smoke_test: SmokeTestSpec = Field(default_factory=SmokeTestSpec, alias="smokeTest")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    auth: AuthSpec = Field(default_factory=AuthSpec)
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceServerSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from headroom.operator.api_key import ApiKeyUnavailable, read_api_key
 from headroom.operator.build_service import build_canary_service, build_service
 from headroom.operator.conditions import Condition
 from headroom.operator.context import OperatorContext
@@ -59,6 +60,7 @@ def _smoke_request(ctx: OperatorContext, body: dict[str, Any], record: RevisionR
         max_new_tokens=int(record.plan["max_new_tokens"]),
         thresholds=record.spec.smoke_test.thresholds.model_dump(by_alias=True, exclude_none=True),
         timeout_s=float(record.spec.smoke_test.timeout_seconds),
+        api_key=read_api_key(ctx.kube, meta["namespace"], record.spec),
     )
 
 
@@ -93,7 +95,13 @@ def apply_step(
         clock = {} if observed.rollout_started_at is not None else {"rollout": {"revision": revision, "startedAt": now}}
         return StepResult(status=clock, conditions=[Condition("Deployed", deployed, step.reason, f"revision {revision}")])
     if step.action == Action.START_SMOKE:
-        ctx.smoke.start((meta["namespace"], meta["name"], revision), _smoke_request(ctx, body, record))
+        try:
+            request = _smoke_request(ctx, body, record)
+        except ApiKeyUnavailable as exc:
+            # The engine got its key from the same Secret; until the operator can read it, no gate runs.
+            reason = f"revision {revision}: {exc}"
+            return StepResult(conditions=[Condition("Validated", "Unknown", "ApiKeyUnavailable", reason)], message=reason)
+        ctx.smoke.start((meta["namespace"], meta["name"], revision), request)
         return StepResult(
             status={"lastSmoke": {"revision": revision, "result": "Running", "summary": "", "finishedAt": ""}},
             conditions=[Condition("Deployed", "True", "Ready", f"revision {revision} is ready"),

@@ -14,7 +14,7 @@ from headroom.operator.admission import WEBHOOK_ID
 from tests.chart.chart_tools import RELEASE_NAMESPACE, Renderer, by_kind
 
 ALL_VARIANTS = [(), ("operator.watchNamespaces={team-a}", "operator.peering.enabled=true", "operator.replicas=2"),
-                ("certManager.enabled=true",), ("operator.peering.enabled=true",)]
+                ("certManager.enabled=true",), ("operator.peering.enabled=true",), ("rbac.readApiKeySecrets=false",)]
 # Verbs that write; the operator may write only its own resource, its status and its children.
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 WRITABLE = {("headroom.dev", "inferenceservers"), ("headroom.dev", "inferenceservers/status"),
@@ -39,8 +39,10 @@ def test_rbac_has_no_wildcards_and_writes_only_its_own_objects(render: Renderer,
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     assert (group, resource) in WRITABLE, f"{role} may write {group}/{resource}"
-    granted = {(g, r) for _, rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("", "secrets") not in granted, "the operator never needs Secrets"
+    secret_verbs = {v for _, rule in rules if "" in rule["apiGroups"] and "secrets" in rule["resources"]
+                    for v in rule["verbs"]}
+    # Only the API-key Secret an InferenceServer names, fetched by name: never listed, watched or written.
+    assert secret_verbs == ({"get"} if "rbac.readApiKeySecrets=false" not in values else set())
 
 
 def test_rbac_is_split_into_framework_and_application(render: Renderer) -> None:
@@ -132,3 +134,42 @@ def test_cert_manager_path_injects_the_ca_and_writes_the_mounted_secret(render: 
     mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     assert mounted == {certificate["spec"]["secretName"]}
     assert by_kind(manifests, "Issuer")[0]["metadata"]["name"] == certificate["spec"]["issuerRef"]["name"]
+
+
+def test_network_policies_are_off_by_default(render: Renderer) -> None:
+    assert not by_kind(render(), "NetworkPolicy")
+
+
+def test_engine_network_policy_admits_only_the_operator_and_the_named_clients(render: Renderer) -> None:
+    manifests = render("networkPolicy.enabled=true", "operator.watchNamespaces={team-a,team-b}",
+                       "networkPolicy.engineClients[0].namespaceSelector.matchLabels.team=apps")
+    policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in by_kind(manifests, "NetworkPolicy")}
+    assert set(policies) == {("team-a", "demo-headroom-engines"), ("team-b", "demo-headroom-engines"),
+                             (RELEASE_NAMESPACE, "demo-headroom-operator")}
+    engines = policies[("team-a", "demo-headroom-engines")]["spec"]
+    assert engines["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "headroom-engine"}}
+    assert engines["policyTypes"] == ["Ingress"] and len(engines["ingress"]) == 1
+    operator_peer, client_peer = engines["ingress"][0]["from"]
+    operator_pod = by_kind(manifests, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": RELEASE_NAMESPACE}}
+    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert client_peer == {"namespaceSelector": {"matchLabels": {"team": "apps"}}}
+
+
+def test_engine_network_policy_namespaces_default_to_the_release_namespace(render: Renderer) -> None:
+    policies = by_kind(render("networkPolicy.enabled=true"), "NetworkPolicy")
+    assert {p["metadata"]["namespace"] for p in policies} == {RELEASE_NAMESPACE}
+    listed = by_kind(render("networkPolicy.enabled=true", "networkPolicy.engineNamespaces={ml}"), "NetworkPolicy")
+    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed} == {
+        ("ml", "demo-headroom-engines"), (RELEASE_NAMESPACE, "demo-headroom-operator")}
+
+
+def test_operator_network_policy_opens_only_the_webhook_and_liveness_ports(render: Renderer) -> None:
+    manifests = render("networkPolicy.enabled=true", "webhook.port=10443",
+                       "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/8")
+    policy = next(p for p in by_kind(manifests, "NetworkPolicy") if p["metadata"]["name"].endswith("-operator"))
+    ports = [(rule["ports"][0]["port"], rule.get("from")) for rule in policy["spec"]["ingress"]]
+    assert ports == [(8080, None), (10443, [{"ipBlock": {"cidr": "10.0.0.0/8"}}])]
+    without_webhook = render("networkPolicy.enabled=true", "webhook.enabled=false")
+    policy = next(p for p in by_kind(without_webhook, "NetworkPolicy") if p["metadata"]["name"].endswith("-operator"))
+    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == [8080]

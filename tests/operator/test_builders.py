@@ -120,3 +120,20 @@ def test_builtin_deployment_args_parse_with_headroom_serve() -> None:
     serve_cli.add_arguments(parser)
     parsed = parser.parse_args(args)
     assert parsed.context_length == p.plan.context_length
+
+
+@pytest.mark.parametrize("kind, variable", [("builtin", "HEADROOM_API_KEY"), ("vllm", "VLLM_API_KEY"),
+                                            ("sglang", "HEADROOM_API_KEY")])
+def test_the_api_key_reaches_each_engine_from_the_secret_never_inline(kind: str, variable: str) -> None:
+    engine = {"kind": kind} if kind == "builtin" else {"kind": kind, "image": f"{kind}:1"}
+    p = planned(engine=engine, auth={"apiKeySecret": {"name": "engine-key"}})
+    container = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": variable, "valueFrom": {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}} in container["env"]
+    # SGLang reads no variable: its flag refers to it and the kubelet expands $(VAR) in args.
+    assert (container["args"][-2:] == ["--api-key", f"$({variable})"]) == (kind == "sglang")
+    assert "--api-key" not in container["args"] or kind == "sglang"
+
+
+def test_without_auth_no_key_is_wired() -> None:
+    container = deployment_of(planned())["spec"]["template"]["spec"]["containers"][0]
+    assert not any("API_KEY" in e["name"] for e in container["env"]) and "--api-key" not in container["args"]

@@ -109,3 +109,33 @@ async def test_real_smoke_validates_then_bad_flags_roll_back(operator: OperatorH
     await api.mark_deployment_ready("qwen")
     body = await api.wait_for(f"{ISVC}/qwen", lambda o: _status(o).get("phase") == "Degraded")
     assert body["status"]["lastGoodRevision"] == first
+
+
+@pytest.mark.slow
+async def test_the_smoke_test_sends_the_api_key_from_the_secret(operator: OperatorHarness, emulator, tmp_path: Path) -> None:
+    """spec.auth.apiKeySecret: the engine is started with that key (as the Deployment's secretKeyRef gives
+    it), and the operator reads the same Secret so that its smoke test passes the engine's 401 gate."""
+    import base64
+
+    _, api = emulator
+    forwarder = Forwarder()
+    url = await forwarder.start()
+    await operator.start(run_engine_smoke, engine_url=url)
+    key = "k8s-secret-key"
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "engine-key", "namespace": NAMESPACE},
+              "data": {"token": base64.b64encode(key.encode()).decode()}}
+    await api.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", secret)
+    engine, engine_url = await _engine([*GOOD_FLAGS, "--api-key", key], tmp_path)
+    try:
+        forwarder.point_at(engine_url)
+        auth = {"apiKeySecret": {"name": "engine-key", "key": "token"}}
+        await api.create(ISVC, inference_server("qwen", targets=TARGETS, smokeTest=CPU_SMOKE, auth=auth))
+        deployment = await api.wait_for(DEPLOYMENT, lambda o: True)
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "HEADROOM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "engine-key", "key": "token"}}} in env
+        await api.mark_deployment_ready("qwen")
+        body = await api.wait_for(f"{ISVC}/qwen", lambda o: _status(o).get("phase") in ("Ready", "Failed"), timeout=120)
+        assert body["status"]["phase"] == "Ready", body["status"]
+        assert key not in str(body["status"]), "the key never reaches the status"
+    finally:
+        await asyncio.to_thread(engine.__exit__, None, None, None)
