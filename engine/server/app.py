@@ -17,7 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from headroom.engine.sequence import Sequence
 from headroom.engine.server.auth import ApiKeyGuard
-from headroom.engine.server.body import max_body_bytes, max_containers, parse_body, read_body
+from headroom.engine.server.body import (
+    COMPLETION_CONTAINERS,
+    max_body_bytes,
+    max_containers,
+    parse_body,
+    read_body,
+)
 from headroom.engine.server.errors import APIError, CatchUnexpected, error_body, install_error_handlers
 from headroom.engine.server.generate import Delta, ServerState, Usage, generate, make_sequence
 from headroom.engine.server.protocol import SamplingFields, bounded_models
@@ -38,9 +44,9 @@ def build_app(state: ServerState, *, api_key: str | None = None, limits: HTTPLim
     completion_model, chat_model = bounded_models(state.context_length)
     body_limit = max_body_bytes(state.context_length)
 
-    async def body_of(request: Request, model: type[Any]) -> Any:
+    async def body_of(request: Request, model: type[Any], container_limit: int) -> Any:
         body = await read_body(request, body_limit, limits.body_timeout_s)
-        return await parse_body(model, body, max_containers(state.context_length))
+        return await parse_body(model, body, container_limit)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -70,7 +76,7 @@ def build_app(state: ServerState, *, api_key: str | None = None, limits: HTTPLim
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await body_of(request, completion_model)
+        body = await body_of(request, completion_model, COMPLETION_CONTAINERS)
         text = body.prompt_text
         # Tokenizing a long prompt takes a while: off the event loop, so running streams keep flowing.
         prompt_ids = list(body.prompt) if text is None else await _encode(state, text, "prompt")
@@ -79,7 +85,7 @@ def build_app(state: ServerState, *, api_key: str | None = None, limits: HTTPLim
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = await body_of(request, chat_model)
+        body = await body_of(request, chat_model, max_containers(state.context_length))
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             prompt = await asyncio.to_thread(state.tokenizer.apply_chat_template, messages)

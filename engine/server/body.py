@@ -3,8 +3,9 @@
 read_body: Content-Length or Transfer-Encoding: chunked, one byte limit for both (413 once it is passed,
 before the rest is read), one deadline for the whole body (408: a client trickling its body cannot hold
 a request open). parse_body: pydantic's JSON parser and the strict, bounded models (protocol.py) in a
-worker thread; pydantic-core parses with the GIL released, so streams and /health keep their pace
-while a large hostile body is refused.
+worker thread, after a C-speed count of its JSON objects and arrays: validation holds the GIL for a
+time in proportion to them, so the count is bounded per route before any parsing, and streams and
+/health keep their pace while a large hostile body is refused.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import re
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
-
 from headroom.engine.server.errors import APIError, from_validation_error
+from pydantic import BaseModel, ValidationError
 
 # Generous for any text or token-id prompt that can fit the context (JSON ids take about 7 bytes each).
 BODY_BYTES_PER_TOKEN = 64
@@ -65,10 +65,14 @@ def count_containers(body: bytes, window: int = 1 << 16) -> int:
     return total
 
 
+# A completion body's prompt is text or token ids: it needs only a handful of objects and arrays.
+COMPLETION_CONTAINERS = 1024
+
+
 def max_containers(max_items: int) -> int:
-    """Objects and arrays a request may hold: one per token of context, plus 1024. Every message costs its
-    chat template's tokens (several) and holds at most a few containers (itself, its parts), and a token-id
-    prompt holds none: a body with more cannot fit the context, and parsing it costs time in proportion."""
+    """Objects and arrays a chat body may hold: one per token of context, plus 1024. Every message costs its
+    chat template's tokens (several) and holds at most a few containers (itself, its parts), so a body with
+    more cannot fit the context; and validating a body costs time, under the GIL, in proportion to them."""
     return max_items + 1024
 
 
@@ -84,7 +88,7 @@ async def parse_body(model: type[Model], body: bytes, container_limit: int) -> M
         containers = await asyncio.to_thread(count_containers, body)
         if containers > container_limit:
             raise APIError(400, f"request body holds {containers} JSON objects and arrays; at most {container_limit}"
-                                " (1 per token of context length, plus 1024)", code="request_too_complex")
+                                " on this route", code="request_too_complex")
     try:
         return await asyncio.to_thread(model.model_validate_json, body)
     except ValidationError as exc:

@@ -9,6 +9,7 @@ planner derives whatever is not pinned.
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import logging
 import sys
@@ -133,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if api_key is None and not _is_loopback(args.host):
         logger.warning("serving on %s without an API key: anyone who reaches the port can use it "
                        "(--api-key or $HEADROOM_API_KEY; docs/security.md)", args.host)
+    # The model, torch and the imports are millions of long-lived objects: out of the collector's sight, a
+    # full collection (triggered by a request that builds many objects) no longer stalls every stream.
+    gc.collect()
+    gc.freeze()
     start_warm_up(state, options.warmup_tokens)
     app = build_app(state, api_key=api_key, limits=limits, metrics_need_key=args.metrics_need_key)
     try:

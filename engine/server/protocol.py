@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
-
 from headroom.engine.server.refusals import CHAT_REFUSALS, COMPLETION_REFUSALS, SAMPLING_REFUSALS, check_off
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 # Lists in models built without bounded_models (the library and unit tests).
 DEFAULT_MAX_ITEMS = 1 << 20
+# Integers a client sends are bounded, so that no message ever prints a 5,000-digit number (Python refuses to).
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
+Count = Annotated[int, Field(ge=1, lt=1 << 63)]
 _STRICT = ConfigDict(strict=True, extra="ignore")
 
 
@@ -39,19 +41,19 @@ class SamplingFields(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     # Not computed here: refused when asked for, rather than answered with null logprobs or no echo.
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | Annotated[int, Field(ge=0, lt=1 << 31)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, lt=1 << 31)] | None = None
     echo: bool = False
-    best_of: int | None = None
+    best_of: Annotated[int, Field(ge=0, lt=1 << 31)] | None = None
     # vLLM extensions.
     ignore_eos: bool = False
     return_token_ids: bool = False
@@ -115,7 +117,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """/v1/completions: prompt as text, or as token ids (one prompt per request)."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS, fail_fast=True)] | \
+    prompt: str | Annotated[list[TokenId], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS, fail_fast=True)] | \
         Annotated[list[str], Field(min_length=1, max_length=1)]
     suffix: Any = None
 
@@ -123,6 +125,12 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _no_suffix(cls, value: Any) -> Any:
         return check_off(COMPLETION_REFUSALS, "suffix", value)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _as_python(cls, value: Any) -> Any:
+        # One conversion to Python, not one per failing union member (see ChatMessage._as_python).
+        return value
 
     @field_validator("prompt")
     @classmethod
@@ -167,6 +175,13 @@ class ChatMessage(BaseModel):
     content: str | Annotated[list[TextPart], Field(max_length=DEFAULT_MAX_ITEMS, fail_fast=True)] | None = None
     tool_calls: Any = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _as_python(cls, value: Any) -> Any:
+        # Taken as one Python value first: otherwise each union member that fails copies the whole JSON
+        # list into its error, under the GIL (a 33k-object content list stalled the event loop 0.5 s).
+        return value
+
     @field_validator("content")
     @classmethod
     def _valid(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
@@ -187,7 +202,7 @@ class ChatCompletionRequest(SamplingFields):
     """/v1/chat/completions: the chat template turns messages into the prompt."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=DEFAULT_MAX_ITEMS, fail_fast=True)]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = None
     tools: Any = None
     functions: Any = None
     tool_choice: Any = None
@@ -208,12 +223,13 @@ class ChatCompletionRequest(SamplingFields):
 def bounded_models(max_items: int) -> tuple[type[CompletionRequest], type[ChatCompletionRequest]]:
     """The two request models with every list capped at max_items (a server's context length): a list
     that long holds more tokens than the context, and pydantic refuses it before looking at its items."""
-    ids = Annotated[list[int], Field(min_length=1, max_length=max_items, fail_fast=True)]
+    ids = Annotated[list[TokenId], Field(min_length=1, max_length=max_items, fail_fast=True)]
     texts = Annotated[list[str], Field(min_length=1, max_length=1)]
     completion = create_model("CompletionRequest", __base__=CompletionRequest,
                               prompt=(str | ids | texts, ...))
     message = create_model("ChatMessage", __base__=ChatMessage,
                            content=(str | Annotated[list[TextPart], Field(max_length=max_items, fail_fast=True)] | None, None))
-    chat = create_model("ChatCompletionRequest", __base__=ChatCompletionRequest,
-                        messages=(Annotated[list[message], Field(min_length=1, max_length=max_items, fail_fast=True)], ...))  # type: ignore[valid-type]
+    # Any: mypy cannot follow a list of a model class made at run time.
+    messages: Any = Annotated[list[message], Field(min_length=1, max_length=max_items, fail_fast=True)]  # type: ignore[valid-type]
+    chat = create_model("ChatCompletionRequest", __base__=ChatCompletionRequest, messages=(messages, ...))
     return completion, chat

@@ -86,5 +86,9 @@ def check_off(table: dict[str, tuple[_Off, str]], name: str, value: Any) -> Any:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:
+        # Python refuses to print integers of more than 4,300 digits.
+        return "an integer too long to print"
     return text if len(text) <= 60 else text[:57] + "..."

@@ -17,9 +17,8 @@ from typing import Any
 
 import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
 from headroom.engine.server.errors import error_body
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 @dataclass(frozen=True)
