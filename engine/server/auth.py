@@ -2,7 +2,7 @@
 
 Open without the key: /health and /ready (the kubelet's probes carry no credentials) and /metrics
 (Prometheus scrapers; pool sizes and GPU gauges, no prompts), unless --metrics-need-key. Everything
-else - /v1/*, /plan, /tokenize, unknown paths - answers 401 before the body is read. docs/security.md
+else - /v1/*, /plan, unknown paths - answers 401 before the body is read. docs/security.md
 has the whole exposure model.
 """
 

@@ -77,6 +77,11 @@ def _code(kind: str) -> str:
     return "invalid_value"
 
 
+def field_is_small(error: Any) -> bool:
+    """A list whose bound is a protocol rule (stop: 4, a prompt's strings: 1), not the context length."""
+    return int((error.get("ctx") or {}).get("max_length", 0)) <= 4
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     """400 naming one failing field (its path as `param`); the other failing fields are counted, not listed.
 
@@ -85,15 +90,23 @@ def from_validation_error(exc: ValidationError) -> APIError:
     """
     errors = exc.errors(include_url=False, include_input=False)
     paths = [_path(e["loc"]) for e in errors]
+    # Our own messages first, then a list too long (its numbers), then the deepest error.
     chosen = next((i for i, e in enumerate(errors) if e["type"] == "value_error"), None)
+    if chosen is None:
+        chosen = next((i for i, e in enumerate(errors) if e["type"] == "too_long" and not field_is_small(e)), None)
     if chosen is None:
         chosen = max(range(len(errors)), key=lambda i: (len(errors[i]["loc"]), -i))
     first, (param, branched) = errors[chosen], paths[chosen]
     root = param.split(".")[0].split("[")[0] if param else None
     message = first["msg"].removeprefix("Value error, ")
+    context_bound = first["type"] == "too_long" and not field_is_small(first)
+    if context_bound:
+        ctx = first.get("ctx") or {}
+        message = (f"{ctx.get('actual_length')} items exceed the {ctx.get('max_length')} this server takes"
+                   " (its context length: more cannot fit)")
     text = f"{param}: {message}" if param else f"request body: {message}"
     field = param.rsplit(".", 1)[-1].split("[")[0] if param else None
-    if branched and field in _EXPECTED:
+    if branched and field in _EXPECTED and not context_bound:
         text += f" ({field} takes {_EXPECTED[field]})"
     others = {p.split(".")[0].split("[")[0] for p, _ in paths if p} - {root}
     if others:

@@ -39,7 +39,8 @@ def test_a_list_of_objects_is_refused_fast_while_health_and_streams_keep_their_p
         hostile = ('{"messages": [{"role": "user", "content": [' + objects + "]}]}").encode()
     else:
         hostile = ('{"' + field + '": [' + objects + "]}").encode()
-    health_ms: list[float] = []
+    # (when the probe started, how long it took in ms): only probes during the attack are judged.
+    health_ms: list[tuple[float, float]] = []
     stream_gaps: list[float] = []
     stop = threading.Event()
 
@@ -48,7 +49,7 @@ def test_a_list_of_objects_is_refused_fast_while_health_and_streams_keep_their_p
             while not stop.is_set():
                 started = time.perf_counter()
                 assert client.get("/health").status_code == 200
-                health_ms.append((time.perf_counter() - started) * 1000)
+                health_ms.append((started, (time.perf_counter() - started) * 1000))
                 time.sleep(0.01)
 
     def stream() -> None:
@@ -84,7 +85,8 @@ def test_a_list_of_objects_is_refused_fast_while_health_and_streams_keep_their_p
     else:
         assert error["param"].startswith("messages[0].content" if field == "content" else field), error
     assert elapsed < 1.0, f"refused after {elapsed:.2f} s"
-    assert health_ms and max(health_ms) < 100, f"/health took up to {max(health_ms):.0f} ms"
+    during = [ms for at, ms in health_ms if at + ms / 1000 >= started and at <= started + elapsed]
+    assert during and max(during) < 100, f"/health took up to {max(during):.0f} ms during the attack"
     assert stream_gaps and max(stream_gaps[1:]) < 0.5, f"stream paused {max(stream_gaps[1:]):.2f} s"
 
 

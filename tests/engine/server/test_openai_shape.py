@@ -84,6 +84,12 @@ def test_max_tokens_beyond_the_context_says_what_fits(client):
     assert error.value.param == "max_completion_tokens"
 
 
+def test_a_token_list_longer_than_the_context_gets_the_numbers(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model="m", prompt=[65] * 2049, max_tokens=2)
+    assert error.value.param == "prompt" and "2049 items exceed the 2048" in error.value.message
+
+
 def test_chat_streams_send_the_role_only_in_the_first_delta(client):
     chunks = [c for c in client.chat.completions.create(model="m", messages=CHAT, max_tokens=5, stream=True,
                                                         extra_body={"ignore_eos": True}) if c.choices]
