@@ -15,6 +15,7 @@ from headroom.engine.server.telemetry import GPUCollector
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
+    from headroom.engine.cache.manager import CacheManager
     from headroom.engine.loop.engine_loop import EngineLoop
     from headroom.engine.loop.step import StepStats
 
@@ -104,7 +105,7 @@ class EngineMetrics:
         for reason, count in dict(scheduler.rejections).items():
             self.rejections.labels(reason=reason).set(count)
 
-    def _refresh_prefix(self, cache) -> None:
+    def _refresh_prefix(self, cache: CacheManager) -> None:
         """Advance the prefix counters to the cache's cumulative figures; log silent misses once a minute."""
         totals = dict(vars(cache.stats))
         totals["checkpoints_evicted"] = cache.radix.num_checkpoints_evicted if cache.radix is not None else 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from headroom.engine.plan.engines.builtin import CHECKPOINT_STOPS_PER_REQUEST, CHECKPOINTS_PER_SESSION
 from headroom.engine.plan import (
     ModelGeometry,
     Pinned,
@@ -19,6 +18,7 @@ from headroom.engine.plan import (
     make_plan,
 )
 from headroom.engine.plan.engines import Layout, engine_model
+from headroom.engine.plan.engines.builtin import CHECKPOINT_STOPS_PER_REQUEST, CHECKPOINTS_PER_SESSION
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

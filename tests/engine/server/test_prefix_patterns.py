@@ -76,7 +76,7 @@ def test_a_longer_prompt_over_a_repeated_one_hits_its_own_end_on_the_repeat(serv
 
 
 def test_multi_turn_reuses_prompt_and_answer(server):
-    turn = ids(2000, 11)
+    turn, previous = ids(2000, 11), 0
     for index in range(4):
         cached, answer = complete(server, turn)
         if index:
