@@ -118,7 +118,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
                     "kv_pool",
                 )
     slots = model.ssm_slots_needed(g, layout, tokens, t.retained_sessions, t.session_tokens)
-    sessions, session_tokens = model.retained(layout, tokens, t.retained_sessions, t.session_tokens)
+    sessions, session_tokens = model.retained(g, layout, tokens, t.retained_sessions, t.session_tokens)
     retained = t.retained_sessions * t.session_tokens
     required = max(ctx, retained)
     if tokens < required:

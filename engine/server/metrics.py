@@ -15,7 +15,6 @@ from headroom.engine.server.telemetry import GPUCollector
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
-    from headroom.engine.cache.manager import CacheManager
     from headroom.engine.loop.engine_loop import EngineLoop
     from headroom.engine.loop.step import StepStats
 
@@ -94,8 +93,10 @@ class EngineMetrics:
             self.ssm_checkpoints.set(checkpoints)
         if cache.radix is not None:
             self.cache_tokens.set(cache.radix.num_cached_tokens)
+        totals = dict(vars(cache.stats))
+        totals["checkpoints_evicted"] = cache.radix.num_checkpoints_evicted if cache.radix is not None else 0
         with self._prefix_lock:
-            self._refresh_prefix(cache)
+            self._refresh_prefix(totals)
         scheduler = loop.scheduler
         self.waiting.set(len(scheduler.waiting))
         self.running.set(len(scheduler.running))
@@ -105,10 +106,8 @@ class EngineMetrics:
         for reason, count in dict(scheduler.rejections).items():
             self.rejections.labels(reason=reason).set(count)
 
-    def _refresh_prefix(self, cache: CacheManager) -> None:
+    def _refresh_prefix(self, totals: dict[str, int]) -> None:
         """Advance the prefix counters to the cache's cumulative figures; log silent misses once a minute."""
-        totals = dict(vars(cache.stats))
-        totals["checkpoints_evicted"] = cache.radix.num_checkpoints_evicted if cache.radix is not None else 0
         for key, counter in self.prefix.items():
             if totals[key] > self._prefix_seen[key]:
                 counter.inc(totals[key] - self._prefix_seen[key])

@@ -94,7 +94,9 @@ class EngineModel(ABC):
         """Tokens a hybrid model's reusable prefix is rounded down to: its SSM checkpoints sit on chunk ends."""
         return layout.chunk
 
-    def retained(self, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int) -> tuple[int, int]:
+    def retained(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> tuple[int, int]:
         """Sessions, and tokens each, whose prefixes the plan promises to keep reusable: the targets."""
         return retained_sessions, session_tokens
 

@@ -51,9 +51,12 @@ _FRAGMENTATION_SCALE_KIVI = 1.2
 CHECKPOINTS_PER_SESSION = 3
 CHECKPOINT_GRANULE = 64
 CHECKPOINT_STOPS_PER_REQUEST = 6
-# Without a retained-sessions target the plan retains as many sessions of context / this as the pool holds
-# (the smoke test's default session length).
+# Without a retained-sessions target the plan retains as many sessions as the pool holds, each of context /
+# DEFAULT_SESSION_FRACTION tokens (the smoke test's default session length), or longer where a session's
+# checkpoints would otherwise take more than DEFAULT_STATE_SHARE of the memory its KV and checkpoints share
+# (a 4B model's fp32 states are 49 MiB a slot; with int2 KV, three of them outweigh 30K tokens of KV).
 DEFAULT_SESSION_FRACTION = 4
+DEFAULT_STATE_SHARE = 0.25
 
 
 def decode_graph_batch(kivi_pool: bool, sparse_moe: bool, running: int) -> int:
@@ -81,13 +84,26 @@ class BuiltinEngine(EngineModel):
         # The cache checkpoints a prompt's tail on multiples of 64 tokens (and of the KV page).
         return math.lcm(CHECKPOINT_GRANULE, self.page_tokens(layout))
 
-    def retained(self, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int) -> tuple[int, int]:
-        """The targets exactly when given; otherwise every pool token reusable: as many sessions of
-        context / DEFAULT_SESSION_FRACTION tokens as the pool holds."""
+    def retained(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> tuple[int, int]:
+        """The targets exactly when given; otherwise every pool token reusable: as many default-length
+        sessions as the pool holds."""
         if retained_sessions:
             return retained_sessions, session_tokens
-        default_tokens = max(1, layout.context_length // DEFAULT_SESSION_FRACTION)
+        default_tokens = self.default_session_tokens(geometry, layout)
         return total_tokens // default_tokens, default_tokens
+
+    def default_session_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
+        """A quarter context, lengthened (up to the context) until a session's checkpoints take at most
+        DEFAULT_STATE_SHARE of the bytes its KV and checkpoints take together."""
+        quarter = max(1, layout.context_length // DEFAULT_SESSION_FRACTION)
+        if not geometry.is_hybrid:
+            return quarter
+        states = CHECKPOINTS_PER_SESSION * self.ssm_slot_bytes(geometry, layout)
+        kv_floor = states * (1 - DEFAULT_STATE_SHARE) / DEFAULT_STATE_SHARE
+        floor = math.ceil(kv_floor / self.kv_bytes_per_token(geometry, layout))
+        return min(layout.context_length, max(quarter, floor))
 
     def ssm_slots_needed(
         self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
@@ -96,7 +112,7 @@ class BuiltinEngine(EngineModel):
             return 0
         # Checkpoints the retained sessions keep, those one prefill takes while it runs (locked, so they could
         # otherwise push out a retained session's), and one working slot per running request.
-        sessions, _ = self.retained(layout, total_tokens, retained_sessions, session_tokens)
+        sessions, _ = self.retained(geometry, layout, total_tokens, retained_sessions, session_tokens)
         return sessions * CHECKPOINTS_PER_SESSION + CHECKPOINT_STOPS_PER_REQUEST + layout.running
 
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:

@@ -18,9 +18,15 @@ def _request(gib: int = 24, kv_dtype: str = "bf16", **targets) -> PlanRequest:
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int2"])
-def test_default_plan_retains_the_pool_in_quarter_context_sessions(kv_dtype):
-    plan = make_plan(_request(kv_dtype=kv_dtype))
-    assert plan.session_tokens == plan.context_length // 4
+def test_default_plan_retains_the_pool_in_sessions_whose_checkpoints_stay_a_quarter_of_their_memory(kv_dtype):
+    plan = make_plan(_request(kv_dtype=kv_dtype, context_length=32768))
+    states = CHECKPOINTS_PER_SESSION * plan.ssm_slot_bytes
+    kv = plan.session_tokens * plan.kv_bytes_per_token
+    # A quarter context at least, longer until the states take <= 25% (bf16: 14,148 tokens), at most the context
+    # (int2: its KV is so small that even a full context's states outweigh a third of it).
+    assert plan.context_length // 4 <= plan.session_tokens <= plan.context_length
+    assert states <= 0.25 * (states + kv) + plan.kv_bytes_per_token or plan.session_tokens == plan.context_length
+    assert (kv_dtype == "int2") == (plan.session_tokens == plan.context_length)
     assert plan.retained_sessions == plan.max_total_tokens // plan.session_tokens >= 1
     # Every retained session keeps its checkpoints, on top of one prefill's stops and the running requests:
     # the plan's own policy never has to evict a retained session's last state to serve its promise.
