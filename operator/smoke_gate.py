@@ -26,7 +26,8 @@ THRESHOLD_FIELDS = {
 
 @dataclass(frozen=True)
 class SmokeRequest:
-    """What to test: the engine's URL and the plan's limits (tokens); timeout in seconds."""
+    """What to test: the engine's URL and the plan's limits (tokens); timeout in seconds. plan: the revision's
+    plan, whose retained sessions the retention probe revisits (never more than it promised)."""
 
     url: str
     context_length: int
@@ -35,6 +36,7 @@ class SmokeRequest:
     timeout_s: float
     # spec.auth.apiKeySecret's key, sent as a Bearer token; never printed.
     api_key: str | None = field(default=None, repr=False)
+    plan: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -48,22 +50,21 @@ SmokeFn = Callable[[SmokeRequest], SmokeOutcome]
 
 
 def run_engine_smoke(request: SmokeRequest) -> SmokeOutcome:
-    """The real gate: headroom.client.smoke.run_smoke against the engine over HTTP."""
-    from headroom.client.smoke import run_smoke
-    from headroom.client.smoke_types import SmokeThresholds
+    """The real gate: headroom.client.smoke.smoke against the engine over HTTP, retention sized by the plan."""
+    import asyncio
+
+    from headroom.client.retention_target import retention_settings
+    from headroom.client.smoke import smoke
+    from headroom.client.smoke_types import SmokeSettings, SmokeThresholds
 
     unknown = sorted(set(request.thresholds) - set(THRESHOLD_FIELDS))
     if unknown:
         return SmokeOutcome(False, f"spec.smokeTest.thresholds has unknown keys {unknown}; known: {sorted(THRESHOLD_FIELDS)}")
     thresholds = SmokeThresholds(**{THRESHOLD_FIELDS[k]: v for k, v in request.thresholds.items()})
-    report = run_smoke(
-        request.url,
-        context_length=request.context_length,
-        max_new_tokens=request.max_new_tokens,
-        thresholds=thresholds,
-        request_timeout_s=request.timeout_s,
-        api_key=request.api_key,
-    )
+    settings = SmokeSettings(context_length=request.context_length, max_new_tokens=request.max_new_tokens)
+    settings = retention_settings(settings, request.plan or None)
+    report = asyncio.run(smoke(request.url, settings, thresholds, request_timeout_s=request.timeout_s,
+                               api_key=request.api_key))
     checks = {name: {"status": c.status, "reason": c.reason} for name, c in report.checks.items()}
     if report.passed:
         return SmokeOutcome(True, f"{len(checks)} checks passed", checks)

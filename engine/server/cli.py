@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory.add_argument("--context-length", "--max-model-len", dest="context_length", type=int,
                         help="longest prompt + completion (tokens)")
     memory.add_argument("--max-new-tokens", type=int, default=1024, help="the planner's reserve per request")
+    memory.add_argument("--retained-sessions", type=int, default=0,
+                        help="sessions whose prefixes stay reusable (default: as many as the pool holds)")
+    memory.add_argument("--session-tokens", type=int, default=0, help="tokens per retained session")
     memory.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
     memory.add_argument("--cuda-graph-max-batch", "--cuda-graph-max-bs", dest="cuda_graph_max_batch", type=int,
                         help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
@@ -95,6 +98,7 @@ def options_from_args(args: argparse.Namespace):
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
+        retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,
     )
 
 

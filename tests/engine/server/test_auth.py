@@ -71,3 +71,10 @@ def test_the_key_comes_from_the_flag_or_the_environment(monkeypatch):
     assert resolve_api_key("from-flag") == "from-flag"
     with pytest.raises(ValueError, match="--api-key is empty"):
         resolve_api_key(" ")
+
+
+def test_headroom_smoke_reads_the_plan_with_the_key(server):
+    from headroom.client.smoke_cli import fetch_server_plan
+
+    assert fetch_server_plan(server.base_url) == {}
+    assert fetch_server_plan(server.base_url, api_key=KEY)["context_length"] == server.state.context_length
