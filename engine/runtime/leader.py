@@ -67,6 +67,10 @@ class LeaderRunner(ModelRunner):
         self._closing = threading.Event()
         self._pending: list[Op] = []
         self._encoder = PassEncoder()
+        self._threads = torch.get_num_threads()
+        if not config.device.startswith("cuda"):
+            # The ranks share the CPU's cores; idle OpenMP threads spinning in one rank starve the other.
+            torch.set_num_threads(max(1, self._threads // size))
         context = multiprocessing.get_context("spawn")
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
         self._ranks: list[_Rank] = []
@@ -88,6 +92,9 @@ class LeaderRunner(ModelRunner):
             self._kill()
             raise
         self._store = store
+        for entry, pools in zip(self._ranks, self.rank_pools[1:], strict=True):
+            logger.info("tensor-parallel rank %d of %d: pid %d on %s, bytes %s", entry.rank, size,
+                        entry.process.pid, rank_device(config.device, entry.rank), pools)
         if self.ssm_pool is not None:
             # CacheManager copies checkpoints through ssm_pool.copy: every rank must copy its share too.
             self._local_copy = self.ssm_pool.copy
@@ -133,6 +140,7 @@ class LeaderRunner(ModelRunner):
             entry.process.join(30)
         self._kill()
         leave_group()
+        torch.set_num_threads(self._threads)
 
     def _send(self, op: Op) -> None:
         message = pickle.dumps([*self._pending, op])

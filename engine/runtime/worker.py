@@ -59,7 +59,7 @@ def follower_main(rank: int, size: int, store_port: int, config: EngineConfig, c
         conn.send(("hello",))
         device = rank_device(config.device, rank)
         if device == "cpu":
-            # The ranks share the CPU's cores.
+            # The ranks share the CPU's cores (engine/runtime/leader.py divides rank 0's alike).
             torch.set_num_threads(max(1, torch.get_num_threads() // size))
         store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False)
         tp = join_group(rank, size, device, store)

@@ -105,7 +105,7 @@ class BuiltinEngine(EngineModel):
         }
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
-        return [
+        flags = [
             "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
             "--max-total-tokens", str(values["max_total_tokens"]),
             "--chunked-prefill-size", str(values["chunked_prefill_size"]),
@@ -114,3 +114,7 @@ class BuiltinEngine(EngineModel):
             "--kv-cache-dtype", str(values["kv_dtype"]),
             "--ssm-slots", str(values["ssm_slots"]),
         ]
+        if int(values["tp"]) > 1:
+            # One process a GPU (engine/runtime/leader.py); rendered only when there is more than one.
+            flags += ["--tensor-parallel-size", str(values["tp"])]
+        return flags
