@@ -61,7 +61,10 @@ def join_group(rank: int, size: int, device: str, store: Any) -> TensorParallel:
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
-    return TensorParallel(rank, size, dist.group.WORLD)
+    tp = TensorParallel(rank, size, dist.group.WORLD)
+    # NCCL creates its communicator at the first collective: now, never inside a decode-graph capture.
+    tp.all_reduce(torch.zeros(1, device=device))
+    return tp
 
 
 def leave_group() -> None:
