@@ -21,10 +21,13 @@ from headroom.engine.llm import LLM
 from headroom.engine.models.config import model_config_from_hf
 from headroom.engine.plan import Pinned, PlanRequest, Targets, load_geometry, make_plan, parse_size
 from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.loader import WeightError, expected_shapes
+from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.runtime.parallel import shard_config
 from headroom.engine.runtime.sharded_loader import shard_rule
 from headroom.engine.sequence import Sequence
+from headroom.engine.server.factory import ServeOptions, resolve_plan
 from safetensors.torch import save_file
 
 from tests.client.engine_process import EngineProcess
@@ -99,6 +102,25 @@ def test_shard_config_names_the_field_a_size_does_not_divide():
         shard_config(replace(config, num_kv_heads=3), 2)
     with pytest.raises(WeightError, match="'model.layers.0.mlp.gate_proj.qweight' has no tensor-parallel"):
         shard_rule("model.layers.0.mlp.gate_proj.qweight", config, 0)
+
+
+def test_a_split_the_heads_refuse_fails_before_any_process_starts(qwen3_5_dir):
+    config = EngineConfig(model_path=str(qwen3_5_dir), tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 does not divide num_attention_heads 4"):
+        build_runner(config)
+    with pytest.raises(ValueError, match="build the runner with engine/runtime/leader.py's build_runner"):
+        ModelRunner(config)
+
+
+def test_serve_refuses_a_tp_flag_that_disagrees_with_the_plan_file(qwen3_5_dir, tmp_path):
+    plan = make_plan(PlanRequest(geometry=load_geometry(qwen3_5_dir), gpu_memory_bytes=parse_size("2GiB"),
+                                 engine="builtin", tp=2, targets=Targets(context_length=256, max_new_tokens=16)))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    options = ServeOptions(model=str(qwen3_5_dir), plan_path=str(path), tensor_parallel_size=1)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 1 disagrees with the plan's tp 2"):
+        resolve_plan(options, qwen3_5_dir)
+    assert resolve_plan(replace(options, tensor_parallel_size=None), qwen3_5_dir).tp == 2
 
 
 def test_each_ranks_pools_are_the_plans_per_gpu_ledger(qwen3_5_dir):
