@@ -29,6 +29,7 @@ from pathlib import Path
 
 MODEL = Path("/tmp/headroom-q35-4b")
 GPU_MEMORY_GIB = 24
+PROBE_TIMEOUT_S = 150
 CONTEXT, RUNNING, PREFILL_TOKENS, DECODE_TOKENS = 32768, 8, 8192, 128
 # A program using NVLink multicast can take the host's shared GPUs out of service (KINDS.md): refuse without these.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -132,8 +133,12 @@ def probe(tp: int, plan_path: str, graphs: bool) -> None:
 
 
 def run_case(tp: int, plan_path: Path, graphs: bool) -> dict:
-    child = subprocess.run([sys.executable, __file__, "--probe", str(tp), str(plan_path), str(int(graphs))],
-                           capture_output=True, text=True, timeout=200)
+    try:
+        child = subprocess.run([sys.executable, __file__, "--probe", str(tp), str(plan_path), str(int(graphs))],
+                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        # A capture that deadlocks in NCCL must not cost the eager run after it.
+        return {"error": f"timed out after {PROBE_TIMEOUT_S} s: {str(exc.stderr or '')[-2000:]}"}
     if child.returncode != 0:
         return {"error": (child.stderr or child.stdout)[-3000:], "returncode": child.returncode}
     return json.loads(child.stdout.strip().splitlines()[-1])
