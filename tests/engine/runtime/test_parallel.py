@@ -7,6 +7,7 @@ dies takes `headroom serve` down.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -17,7 +18,9 @@ import httpx
 import pytest
 import torch
 from headroom.engine.config import EngineConfig
+from headroom.engine.default_model import ensure_default_model
 from headroom.engine.llm import LLM
+from headroom.engine.loop.engine_loop import RequestStream
 from headroom.engine.models.config import model_config_from_hf
 from headroom.engine.plan import Pinned, PlanRequest, Targets, load_geometry, make_plan, parse_size
 from headroom.engine.runtime.forward_batch import BatchItem
@@ -26,8 +29,8 @@ from headroom.engine.runtime.loader import WeightError, expected_shapes
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.runtime.parallel import shard_config
 from headroom.engine.runtime.sharded_loader import shard_rule
-from headroom.engine.sequence import Sequence
-from headroom.engine.server.factory import ServeOptions, resolve_plan
+from headroom.engine.sequence import SamplingParams, Sequence
+from headroom.engine.server.factory import ServeOptions, build_state, resolve_plan, warm_up
 from safetensors.torch import save_file
 
 from tests.client.engine_process import EngineProcess
@@ -82,6 +85,8 @@ def prefix_workload(llm: LLM, vocab: int) -> list:
 
 
 def assert_same(one: list, two: list, atol: float) -> None:
+    # The last two prompts hit the first one's cached prefix (checkpoints at chunk ends).
+    assert [g.cached_tokens > 0 for g in one] == [False, False, True, True]
     for a, b in zip(one, two, strict=True):
         assert b.token_ids == a.token_ids and b.cached_tokens == a.cached_tokens
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=atol, rtol=0)
@@ -170,6 +175,48 @@ def test_tp2_logits_and_greedy_tokens_equal_tp1(family, qwen3_5_dir, tmp_path):
         torch.testing.assert_close(rows[1], rows[0], atol=1e-5, rtol=0)
     finally:
         two.close()
+
+
+async def _generate(loop, prompts: list[list[int]], tag: str) -> list[tuple[list[int], int]]:
+    """(tokens, cached prompt tokens) of each prompt, all submitted at once."""
+
+    async def one(index: int, prompt: list[int]) -> tuple[list[int], int]:
+        stream = RequestStream(asyncio.get_running_loop(), asyncio.Queue())
+        loop.submit(Sequence(f"{tag}-{index}", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True)),
+                    frozenset(), stream)
+        tokens: list[int] = []
+        while True:
+            event = await stream.events.get()
+            tokens += event.token_ids
+            if event.finish_reason is not None:
+                assert event.finish_reason == "length", event.error
+                return tokens, event.num_cached_tokens
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+def test_the_servers_engine_on_two_ranks_serves_what_one_serves(tmp_path):
+    """build_state + warm_up as `headroom serve` runs them, int4 KIVI KV (per-request residual windows on
+    every rank): ready after the warm-up, then concurrent requests with prefix hits give TP1's tokens."""
+    model = str(ensure_default_model(tmp_path / "default-model"))
+    shared = random_prompt(250, 48, seed=4)
+    prompts = [shared + random_prompt(250, n, seed=n) for n in (3, 17, 30)]
+    served = []
+    for tp in (1, 2):
+        state = build_state(ServeOptions(model=model, kv_dtype="int4", context_length=256, max_total_tokens=2048,
+                                         chunked_prefill_size=16, max_running_requests=3, max_new_tokens=16,
+                                         tensor_parallel_size=tp))
+        try:
+            warm_up(state)
+            assert state.warmup_error is None and state.ready.is_set()
+            first = asyncio.run(_generate(state.loop, prompts[:1], "a"))
+            again = asyncio.run(_generate(state.loop, prompts, "b"))
+            # KIVI int4 pages are 32 tokens: the shared 48 tokens are cached up to their whole page.
+            assert [cached for _, cached in again] == [32, 32, 32]
+            served.append(first + again)
+        finally:
+            state.loop.stop()
+    assert served[1] == served[0]
 
 
 def test_a_rank_that_dies_takes_the_server_down(tmp_path):
