@@ -28,6 +28,7 @@ from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.loader import WeightError, expected_shapes
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.runtime.parallel import shard_config
+from headroom.engine.runtime.pass_mirror import PassEncoder, PassMirror
 from headroom.engine.runtime.sharded_loader import shard_rule
 from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server.factory import ServeOptions, build_state, resolve_plan, warm_up
@@ -107,6 +108,34 @@ def test_shard_config_names_the_field_a_size_does_not_divide():
         shard_config(replace(config, num_kv_heads=3), 2)
     with pytest.raises(WeightError, match="'model.layers.0.mlp.gate_proj.qweight' has no tensor-parallel"):
         shard_rule("model.layers.0.mlp.gate_proj.qweight", config, 0)
+
+
+def test_pass_descriptions_send_kv_slot_deltas_and_resend_a_repointed_prefix():
+    encoder, mirror = PassEncoder(), PassMirror()
+    seq = Sequence("r", [5, 6, 7, 8, 9], kv_slots=[10, 11, 12, 13])
+
+    def step(tokens: list[int]) -> list[int]:
+        encoded = encoder.encode(BatchItem(seq, tokens))
+        (item,) = mirror.decode([encoded])
+        assert item.seq.kv_slots == seq.kv_slots and item.seq.num_computed_tokens == seq.num_computed_tokens
+        assert item.seq.tokens_between(seq.num_computed_tokens, seq.num_computed_tokens + len(tokens)) == tokens
+        seq.num_computed_tokens += len(tokens)
+        return encoded[6]
+
+    assert step([5, 6, 7, 8]) == [10, 11, 12, 13]
+    seq.kv_slots.append(14)
+    assert step([9]) == [14]  # a decode step sends only its new slot
+    # The radix cache re-points the shared prefix at its own slots (CacheManager._publish): sent whole.
+    seq.kv_slots[:4], seq.num_shared_slots = [20, 21, 22, 23], 4
+    seq.output_token_ids.append(3)
+    seq.kv_slots.append(15)
+    assert step([3]) == [20, 21, 22, 23, 14, 15]
+    # A mirror that drifted from rank 0 fails loudly instead of reading the wrong slots.
+    mirror.release("r")
+    with pytest.raises(RuntimeError, match="rank 0 sent kv slots from 6"):
+        seq.kv_slots.append(16)
+        seq.output_token_ids.append(4)
+        step([4])
 
 
 def test_a_split_the_heads_refuse_fails_before_any_process_starts(qwen3_5_dir):
