@@ -76,8 +76,11 @@ class LeaderRunner(ModelRunner):
             self.rank_pools = [pool_report(self)] + [message[1] for message in self.ranks.expect("loaded")]
         except BaseException:
             self.ranks.stop(join_s=0)
+            leave_group()
             torch.set_num_threads(self._threads)
             raise
+        # Each rank's device memory (torch's peaks), rank 0 first, as of the last synchronize().
+        self.rank_memory: list[dict[str, int]] = []
         for entry, pools in zip(self.ranks.ranks, self.rank_pools[1:], strict=True):
             logger.info("tensor-parallel rank %d of %d: pid %d on %s, bytes %s", entry.rank, size,
                         entry.process.pid, rank_device(config.device, entry.rank), pools)
