@@ -52,6 +52,8 @@ class ServeOptions:
     cuda_graph_max_batch: int | None = None
     # None: the plan's (1 when the planner makes it).
     tensor_parallel_size: int | None = None
+    retained_sessions: int = 0
+    session_tokens: int = 0
 
 
 def cuda_total_memory(device: str) -> int:
@@ -79,7 +81,8 @@ def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
         geometry=load_geometry(model_dir), gpu_memory_bytes=memory, kv_dtype=options.kv_dtype, engine="builtin",
         tp=options.tensor_parallel_size or 1,
         targets=Targets(context_length=options.context_length, max_running_requests=options.max_running_requests,
-                        max_new_tokens=options.max_new_tokens),
+                        max_new_tokens=options.max_new_tokens, retained_sessions=options.retained_sessions,
+                        session_tokens=options.session_tokens),
         pinned=Pinned(mem_fraction_static=options.mem_fraction_static, max_total_tokens=options.max_total_tokens,
                       chunked_prefill_size=options.chunked_prefill_size, context_length=options.context_length),
     )

@@ -80,13 +80,13 @@ def pair(model_dir, **settings) -> tuple[LLM, LLM]:
 
 def prefix_workload(llm: LLM, vocab: int) -> list:
     """Cold prompts in chunks, then two prompts that extend the first one's cached prefix."""
-    shared = random_prompt(vocab, 40, seed=1)
+    shared = random_prompt(vocab, 150, seed=1)
     first = llm.generate([shared, random_prompt(vocab, 21, seed=2)], max_new_tokens=5)
-    return first + llm.generate([shared + random_prompt(vocab, 7, seed=3), shared[:33]], max_new_tokens=6)
+    return first + llm.generate([shared + random_prompt(vocab, 7, seed=3), shared[:140]], max_new_tokens=6)
 
 
 def assert_same(one: list, two: list, atol: float) -> None:
-    # The last two prompts hit the first one's cached prefix (checkpoints at chunk ends).
+    # The last two prompts hit the first one's checkpoint stops (CacheManager: exact repeat, tail).
     assert [g.cached_tokens > 0 for g in one] == [False, False, True, True]
     for a, b in zip(one, two, strict=True):
         assert b.token_ids == a.token_ids and b.cached_tokens == a.cached_tokens
@@ -229,7 +229,7 @@ def test_the_servers_engine_on_two_ranks_serves_what_one_serves(tmp_path):
     """build_state + warm_up as `headroom serve` runs them, int4 KIVI KV (per-request residual windows on
     every rank): ready after the warm-up, then concurrent requests with prefix hits give TP1's tokens."""
     model = str(ensure_default_model(tmp_path / "default-model"))
-    shared = random_prompt(250, 48, seed=4)
+    shared = random_prompt(250, 150, seed=4)
     prompts = [shared + random_prompt(250, n, seed=n) for n in (3, 17, 30)]
     served = []
     for tp in (1, 2):
@@ -241,8 +241,8 @@ def test_the_servers_engine_on_two_ranks_serves_what_one_serves(tmp_path):
             assert state.warmup_error is None and state.ready.is_set()
             first = asyncio.run(_generate(state.loop, prompts[:1], "a"))
             again = asyncio.run(_generate(state.loop, prompts, "b"))
-            # KIVI int4 pages are 32 tokens: the shared 48 tokens are cached up to their whole page.
-            assert [cached for _, cached in again] == [32, 32, 32]
+            # The first request's prefill stopped to checkpoint at 128 (a tail state, 64-token granules).
+            assert [cached for _, cached in again] == [128, 128, 128]
             served.append(first + again)
         finally:
             state.loop.stop()
