@@ -65,7 +65,7 @@ class BuiltinEngine(EngineModel):
     kv_dtypes = KV_DTYPES
     default_ssm_dtype = "fp32"
 
-    def page_tokens(self, layout: Layout) -> int:
+    def page_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
         return kv_format(layout.kv_dtype).page_tokens
 
     def ssm_slots_needed(
