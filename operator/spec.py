@@ -7,9 +7,8 @@ still fails with a message naming the field.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 import re
+from typing import Any, Literal
 
 from headroom.engine.plan import ModelGeometry, Pinned, PlanRequest, Targets, geometry_from_config, parse_size
 from headroom.engine.plan.engines import UnknownProfile, resolve_profile

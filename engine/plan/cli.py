@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
+from headroom.engine.plan.engines.profiles import profile_labels
 from headroom.engine.plan.geometry import GeometryError, geometry_from_config, load_geometry
 from headroom.engine.plan.kv_format import KV_DTYPES, SSM_DTYPES
 from headroom.engine.plan.presets import PRESETS, preset_config
 from headroom.engine.plan.report import render_plan, render_refusal
 from headroom.engine.plan.solver import make_plan
-from headroom.engine.plan.engines.profiles import profile_labels
 from headroom.engine.plan.types import ENGINE_FLAVOURS, ENGINES, Pinned, PlanRefused, PlanRequest, Targets
 from headroom.engine.plan.units import parse_size
 

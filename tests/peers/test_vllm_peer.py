@@ -46,7 +46,10 @@ def block_pool(args, geometry, tp: int):
     """(block_size, bytes per block, attention groups, state groups, states per running request) from vLLM's
     own spec classes; the block-size and grouping rules are transcribed (sources checked above)."""
     import torch
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateDtypeCalculator,
+        MambaStateShapeCalculator,
+    )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     kv = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else torch.bfloat16

@@ -26,7 +26,13 @@ release's ServerArgs and applies these rules (the engine's own functions where t
 
 from __future__ import annotations
 
-from headroom.engine.plan.engines.base import EngineModel, Layout, MiB, activation_bytes, req_to_token_table_bytes
+from headroom.engine.plan.engines.base import (
+    EngineModel,
+    Layout,
+    MiB,
+    activation_bytes,
+    req_to_token_table_bytes,
+)
 from headroom.engine.plan.engines.builtin import _ACTIVATION_SCALE, _FRAGMENTATION_SCALE
 from headroom.engine.plan.geometry import ModelGeometry
 
