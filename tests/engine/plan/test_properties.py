@@ -19,6 +19,7 @@ from headroom.engine.plan import (
 )
 from headroom.engine.plan.engines import Layout, engine_model
 from headroom.engine.plan.report import OUTSIDE_STATIC
+from headroom.engine.plan.solver import AUTO_CONTEXT_CANDIDATES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,7 +115,8 @@ def _check_refusal(request: PlanRequest, refusal: PlanRefused) -> None:
         return
     # For the remaining constraints, check the smallest context tried and every chunk candidate:
     # even the cheapest layout cannot satisfy the named constraint.
-    contexts = [ctx] if ctx else [2048]
+    # auto: the smallest context of the ladder that leaves room for max_new_tokens (smaller ones fail context_room).
+    contexts = [ctx] if ctx else [min(c for c in AUTO_CONTEXT_CANDIDATES if c > t.max_new_tokens)]
     chunks = [request.pinned.chunked_prefill_size] if request.pinned.chunked_prefill_size else [1024, 2048, 4096, 8192, 16384]
     running = t.max_running_requests or 8
     for context in contexts:
