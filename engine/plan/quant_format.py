@@ -19,7 +19,7 @@ from typing import Any, Literal
 _FP8_KEYS = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert", "ignored_layers"}
 _CT_KEYS = {
     "quant_method", "format", "config_groups", "ignore", "quantization_status", "global_compression_ratio",
-    "kv_cache_scheme", "sparsity_config", "transform_config", "version", "provider",
+    "kv_cache_scheme", "sparsity_config", "moe_sparsity_config", "transform_config", "version", "provider",
 }
 _CT_GROUP_KEYS = {"targets", "weights", "input_activations", "output_activations", "format"}
 _CT_WEIGHT_KEYS = {
@@ -66,9 +66,9 @@ def _normalise(name: str) -> str:
 
 
 def _matches(entry: str, module: str) -> bool:
-    """A 're:' entry is a regex over the whole name; a plain one a name or a dotted run of its parts."""
+    """A 're:' entry is a regex matched from the name's start (as compressed-tensors does); a plain one a name or a dotted run of its parts."""
     if entry.startswith("re:"):
-        return re.fullmatch(entry[3:], module) is not None or re.fullmatch(entry[3:], _denormalise(module)) is not None
+        return re.match(entry[3:], module) is not None or re.match(entry[3:], _denormalise(module)) is not None
     entry = _normalise(entry)
     return module == entry or module.endswith("." + entry) or f".{entry}." in f".{module}."
 
@@ -136,7 +136,7 @@ def _compressed_tensors(cfg: dict[str, Any]) -> WeightQuant:
     if cfg.get("quantization_status", "compressed") != "compressed":
         raise QuantConfigError(f"quantization_config.quantization_status is {cfg['quantization_status']!r}; "
                                "only 'compressed' checkpoints load")
-    for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+    for key in ("kv_cache_scheme", "sparsity_config", "moe_sparsity_config", "transform_config"):
         if cfg.get(key):
             raise QuantConfigError(f"quantization_config.{key} is set ({cfg[key]!r}); it is not supported")
     groups = cfg.get("config_groups")
@@ -152,7 +152,7 @@ def _compressed_tensors(cfg: dict[str, Any]) -> WeightQuant:
         for key in ("input_activations", "output_activations"):
             if group.get(key):
                 raise QuantConfigError(f"{where}.{key} is set; only weight-only (W4A16) schemes are supported")
-        if group.get("format", "pack-quantized") != "pack-quantized":
+        if group.get("format") not in (None, "pack-quantized"):
             raise QuantConfigError(f"{where}.format is {group['format']!r}; only 'pack-quantized' is supported")
         schemes.add(_int4_weights(group.get("weights"), where + ".weights"))
         targets.extend(_names(group.get("targets"), f"config_groups.{name}.targets"))
