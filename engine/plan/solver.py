@@ -162,7 +162,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         ssm_dtype=layout.ssm_dtype, kv_bytes_per_token=kvb, ssm_slot_bytes=sb, gpu_memory_bytes=total,
         static_bytes=static_bytes, ledger=ledger, binding_constraint=min(slack, key=lambda k: slack[k]),
         checks=checks, engine_args=model.render(values), retained_sessions=t.retained_sessions,
-        session_tokens=t.session_tokens,
+        session_tokens=t.session_tokens, weight_format=request.geometry.weight_format,
     )
 
 

@@ -70,6 +70,8 @@ class Plan:
     engine_args: list[str]
     retained_sessions: int = 0
     session_tokens: int = 0
+    # How the weights are stored (geometry.weight_format): 'bf16/fp16', 'fp8 e4m3, 128x128 blocks', 'int4 W4A16, ...'.
+    weight_format: str = "bf16/fp16"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
