@@ -5,6 +5,8 @@ stream the weight at once; the fp32 partials are summed afterwards."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -61,6 +63,7 @@ def _tile_k(scale_bk: int) -> int:
     raise ValueError(f"scale block of {scale_bk} along K is not a multiple of 16; the Triton GEMM cannot tile it")
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4

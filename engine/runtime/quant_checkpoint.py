@@ -56,15 +56,15 @@ def quantize_tensors(tensors: dict[str, torch.Tensor], quant_config: dict[str, A
     return out
 
 
-def write_quantized_checkpoint(src: Path, dst: Path, quant_config: dict[str, Any]) -> Path:
-    """Copy model directory src to dst with its linear weights quantized per quant_config; returns dst."""
+def write_quantized_checkpoint(src: Path, dst: Path, quant_config: dict[str, Any], device: str = "cpu") -> Path:
+    """Copy model directory src to dst with its linear weights quantized per quant_config (on device); returns dst."""
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", "model.safetensors.index.json"):
             shutil.copy(path, dst / path.name)
     for i, path in enumerate(sorted(src.glob("*.safetensors"))):
-        tensors = quantize_tensors(load_file(str(path)), quant_config)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / f"model-{i:05d}.safetensors"))
+        tensors = quantize_tensors(load_file(str(path), device=device), quant_config)
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(dst / f"model-{i:05d}.safetensors"))
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = quant_config
     (dst / "config.json").write_text(json.dumps(config, indent=2))
