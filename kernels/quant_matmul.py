@@ -34,22 +34,28 @@ def quant_matmul_fwd_kernel(
         m_k = o_k < K
         p_x = x + o_m[:, None] * stride_xm + o_k[None, :]
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        m_w = m_k[:, None] & m_n[None, :]
+        # A split's last tiles may start past K: their scale and zero columns do not exist.
+        m_g = m_n & (o_n * 0 + k0 < K)
         if IS_INT4:
-            # [BLOCK_K, BLOCK_N] codes: word k // 8 of row n, nibble k % 8.
-            b_p = tl.load(w + o_n[None, :] * stride_wn + (o_k // 8)[:, None], mask=m_w, other=0)
-            b_q = (b_p >> ((o_k % 8) * 4)[:, None]) & 0xF
+            # One load per word: [BLOCK_K / 8, BLOCK_N] words, unpacked to [BLOCK_K, BLOCK_N] codes, code k of
+            # row n in word k // 8 at bits 4 * (k % 8).
+            o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            m_kw = o_kw < tl.cdiv(K, 8)
+            b_p = tl.load(w + o_n[None, :] * stride_wn + o_kw[:, None], mask=m_kw[:, None] & m_n[None, :], other=0)
+            b_q = (b_p[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+            b_q = tl.reshape(b_q, [BLOCK_K, BLOCK_N])
             if HAS_ZERO:
-                b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_n, other=0)
+                b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
                 b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
             else:
                 b_zero = tl.full([BLOCK_N], ZERO, dtype=tl.int32)
-            # Codes minus zero points lie in [-15, 15]: exact in bf16.
-            b_w = tl.where(m_w, b_q - b_zero[None, :], 0).to(b_x.dtype)
-            b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_n, other=0.0).to(tl.float32)
+            # Codes minus zero points lie in [-15, 15]: exact in bf16. Columns past K meet zeros in x.
+            b_w = (b_q - b_zero[None, :]).to(b_x.dtype)
+            b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
         else:
+            m_w = m_k[:, None] & m_n[None, :]
             b_w = tl.load(w + o_n[None, :] * stride_wn + o_k[:, None], mask=m_w, other=0.0).to(b_x.dtype)
-            b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_n, other=0.0).to(tl.float32)
+            b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
         b_acc += tl.dot(b_x, b_w, out_dtype=tl.float32) * b_s[None, :]
     p_o = o + i_s * stride_os + o_m[:, None] * stride_om + o_n[None, :]
     tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
@@ -90,7 +96,7 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         weight.scale.stride(0), zero.stride(0), out.stride(0), out.stride(1), k_per_split,
         IS_INT4=weight.method == "int4_group", HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO,
         SCALE_BN=scale_bn, SCALE_BK=scale_bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=3,
+        num_warps=4, num_stages=2 if weight.method == "int4_group" else 3,
     )
     return out.sum(0).to(x.dtype) if split > 1 else out[0]
 

@@ -9,7 +9,8 @@ from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
 from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize, naive_quant_linear
 
 # (M, N, K): decode rows and a prefill-sized M, odd N, K not a multiple of the block or group.
-SHAPES = [(1, 40, 96), (3, 37, 200), (17, 130, 64), (70, 72, 48)]
+# (2, 24, 352): K splits so that the last split's second tile starts past K.
+SHAPES = [(1, 40, 96), (3, 37, 200), (17, 130, 64), (70, 72, 48), (2, 24, 352)]
 FORMATS = [("fp8_block", (128, 128), True), ("fp8_block", (16, 32), True),
            ("int4_group", (1, 32), True), ("int4_group", (1, 16), False), ("int4_group", (1, 128), False)]
 
