@@ -1,10 +1,10 @@
 """The one dispatch point between the engine and its kernels.
 
 Callers use only these names. Each picks an implementation from its inputs: on the CPU the pure-torch
-naive_* reference; on CUDA the Triton kernel (paged attention, quantize-on-write, conv decode step) or
-fla-core's Gated DeltaNet where one exists. Triton modules are imported only inside the CUDA branch, and
-every naive_* reference lives in a module that imports no Triton, so the CPU path runs without Triton
-installed.
+naive_* reference; on CUDA the Triton kernel (paged attention, quantize-on-write, conv decode step,
+quantized-weight GEMM) or fla-core's Gated DeltaNet where one exists. Triton modules are imported only
+inside the CUDA branch, and every naive_* reference lives in a module that imports no Triton, so the CPU
+path runs without Triton installed.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from headroom.kernels.kv_quant import (
     naive_kivi_quantize_values,
 )
 from headroom.kernels.norm import naive_gated_rms_norm, naive_rms_norm
+from headroom.kernels.quant_weight import QuantizedWeight, naive_quant_linear
 from headroom.kernels.rotary import naive_apply_rotary, rotary_inv_freq
 
 rms_norm = naive_rms_norm
@@ -40,7 +41,7 @@ kivi_dequantize_values = naive_kivi_dequantize_values
 __all__ = [
     "apply_rotary", "causal_conv1d", "fp8_dequantize", "fp8_quantize", "gated_delta_rule", "gated_rms_norm",
     "kivi_dequantize_keys", "kivi_dequantize_values", "kivi_quantize_keys", "kivi_quantize_values",
-    "prefix_attention", "rms_norm", "rotary_inv_freq",
+    "prefix_attention", "quant_linear", "rms_norm", "rotary_inv_freq",
 ]
 
 
@@ -55,6 +56,16 @@ def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, 
     from headroom.kernels.paged_kv import naive_paged_attention
 
     return naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ a quantized weight's [N, K].T: Triton GEMM over the packed weight on CUDA,
+    dequantize-then-matmul elsewhere."""
+    if x.is_cuda:
+        from headroom.kernels.quant_matmul import quant_matmul
+
+        return quant_matmul(x, weight, bias)
+    return naive_quant_linear(x, weight, bias)
 
 
 def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
@@ -15,10 +15,10 @@ class FullAttention:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
         self.config = config
         self.pool_layer = pool_layer
-        self.q_proj = weights[prefix + "q_proj.weight"]
-        self.k_proj = weights[prefix + "k_proj.weight"]
-        self.v_proj = weights[prefix + "v_proj.weight"]
-        self.o_proj = weights[prefix + "o_proj.weight"]
+        self.q_proj = linear_weight(config, weights, prefix + "q_proj")
+        self.k_proj = linear_weight(config, weights, prefix + "k_proj")
+        self.v_proj = linear_weight(config, weights, prefix + "v_proj")
+        self.o_proj = linear_weight(config, weights, prefix + "o_proj")
         self.q_bias = weights.get(prefix + "q_proj.bias")
         self.k_bias = weights.get(prefix + "k_proj.bias")
         self.v_bias = weights.get(prefix + "v_proj.bias")

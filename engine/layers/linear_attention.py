@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from headroom.engine.layers.gdn_projection import gdn_projection
-from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
 from headroom.engine.runtime.ssm_pool import SSMPool
@@ -24,7 +24,7 @@ class GatedDeltaNet:
         # Decay rate per value head, fp32 so that exp() cannot overflow in half precision.
         self.neg_a = -weights[prefix + "A_log"].float().exp()
         self.norm = weights[prefix + "norm.weight"]
-        self.out_proj = weights[prefix + "out_proj.weight"]
+        self.out_proj = linear_weight(config, weights, prefix + "out_proj")
         self.key_dim = config.linear_num_key_heads * config.linear_key_head_dim
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, ssm_pool: SSMPool) -> torch.Tensor:

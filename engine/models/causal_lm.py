@@ -4,8 +4,8 @@ and Qwen3-Next (Qwen3.5's mixers with fused GDN projections and sparse MoE MLPs)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from headroom.engine.layers.attention import FullAttention
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
@@ -36,7 +36,7 @@ class DecoderLayer:
         if index in config.moe_layers:
             self.mlp = SparseMoE(config, weights, prefix + "mlp.")
         else:
-            self.mlp = SwiGLU(weights, prefix + "mlp.")
+            self.mlp = SwiGLU(config, weights, prefix + "mlp.")
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
         cfg = self.config
@@ -67,7 +67,7 @@ class CausalLM:
         self.tp = tp
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else linear_weight(config, weights, "lm_head")
         full, linear = config.full_attention_layers, config.linear_attention_layers
         self.layers = [
             DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i), tp)
@@ -84,4 +84,4 @@ class CausalLM:
             x = layer(x, batch, kv_pool, ssm_pool)
         last = x if all_positions else x[batch.last_rows]
         last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
-        return F.linear(last, self.lm_head).float()
+        return linear(last, self.lm_head).float()

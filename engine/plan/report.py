@@ -22,6 +22,7 @@ def render_plan(plan: Plan) -> str:
         ("context-length", f"{plan.context_length:,}"),
         ("max-running-requests", str(plan.max_running_requests)),
         ("ssm slots", f"{plan.ssm_slots} ({plan.ssm_dtype}, {format_bytes(plan.ssm_slot_bytes)} each)"),
+        ("weights", f"{plan.weight_format}, {format_bytes(plan.ledger.get('weights', 0))} per GPU"),
         ("kv cache", f"{plan.kv_dtype}, {plan.kv_bytes_per_token:,} bytes/token/GPU"),
         ("gpu memory", f"{format_bytes(plan.gpu_memory_bytes)} per GPU, tp {plan.tp}"),
         ("binding constraint", plan.binding_constraint),

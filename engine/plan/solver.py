@@ -176,6 +176,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         checks=checks, engine_args=model.render(values), retained_sessions=sessions,
         session_tokens=session_tokens,
         reuse_interval_tokens=model.reuse_interval(layout) if g.is_hybrid else model.page_tokens(g, layout),
+        weight_format=g.weight_format,
     )
 
 

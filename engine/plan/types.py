@@ -80,6 +80,8 @@ class Plan:
     reuse_interval_tokens: int = 0
     # The profile the plan was priced for, e.g. 'sglang 0.5.23' (engines/profiles.py).
     engine_profile: str = ""
+    # How the weights are stored (geometry.weight_format): 'bf16/fp16', 'fp8 e4m3, 128x128 blocks', 'int4 W4A16, ...'.
+    weight_format: str = "bf16/fp16"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
