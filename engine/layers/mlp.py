@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from headroom.kernels import ops
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -18,4 +19,4 @@ class SwiGLU:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]."""
-        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
+        return linear(ops.silu_mul(linear(x, self.gate), linear(x, self.up)), self.down)

@@ -35,17 +35,25 @@ class DecoderLayer:
         else:
             self.mlp = SwiGLU(weights, prefix + "mlp.")
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch, kv_pool: KVPool | None,
+        ssm_pool: SSMPool | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual x, the previous layer's MLP output or None) [N, hidden] -> the same pair for the next layer.
+        The residual add is left to the next norm, which fuses it (ops.add_rms_norm)."""
         cfg = self.config
-        h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        if delta is None:
+            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        else:
+            h, x = ops.add_rms_norm(delta, x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
         if isinstance(self.mixer, GatedDeltaNet):
             assert ssm_pool is not None
             h = self.mixer(h, batch, ssm_pool)
         else:
             assert kv_pool is not None
             h = self.mixer(h, batch, kv_pool)
-        x = x + h
-        return x + self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset))
+        h, x = ops.add_rms_norm(h, x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        return x, self.mlp(h)
 
 
 class CausalLM:
@@ -69,8 +77,11 @@ class CausalLM:
     ) -> torch.Tensor:
         """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
         x = F.embedding(batch.token_ids, self.embed)
+        delta = None
         for layer in self.layers:
-            x = layer(x, batch, kv_pool, ssm_pool)
-        last = x if all_positions else x[batch.last_rows]
-        last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
+            x, delta = layer(x, delta, batch, kv_pool, ssm_pool)
+        assert delta is not None, "a model has at least one layer"
+        if not all_positions:
+            x, delta = x[batch.last_rows], delta[batch.last_rows]
+        last, _ = ops.add_rms_norm(delta, x, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
         return F.linear(last, self.lm_head).float()
