@@ -26,6 +26,9 @@ _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 32
+# Extend (prefill) tile config override, keys block_m, block_n, num_warps, num_stages: set only by
+# bench/engine_speed.py's tile sweep; empty means the defaults below.
+EXTEND_TUNING: dict[str, int] = {}
 
 
 @triton.jit
@@ -134,6 +137,10 @@ def paged_attention_fwd(
     group = num_q_heads // kv.num_kv_heads
     block_m = 16 if max_q_len * group <= 16 else 64
     block_n = 64 if head_dim <= 128 else 32
+    num_warps, num_stages = (4 if head_dim <= 64 else 8), 2
+    if block_m == 64 and EXTEND_TUNING:
+        block_m, block_n = EXTEND_TUNING.get("block_m", block_m), EXTEND_TUNING.get("block_n", block_n)
+        num_warps, num_stages = EXTEND_TUNING.get("num_warps", num_warps), EXTEND_TUNING.get("num_stages", num_stages)
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -162,7 +169,7 @@ def paged_attention_fwd(
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:
         return out, out_lse
