@@ -154,6 +154,7 @@ def kernel_checks() -> dict:
                         "naive_ms": _bench(lambda: gates.naive_gdn_gates(b, a, neg_a, dt))}
     for batch in (1, 16):
         out[f"gdn_decode_b{batch}"] = _gdn_decode_check(batch)
+    out["merge_splits"] = _merge_check()
     return out
 
 
@@ -180,6 +181,23 @@ def _gdn_decode_check(batch: int) -> dict:
         "ms": _bench(lambda: gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots)),
         "fla_with_gather_scatter_ms": _bench(lambda: states.index_copy_(
             0, slots, gated_delta_rule_varlen(qd, kd, vd, gd, bd, states[slots], bounds)[1]))}
+
+
+def _merge_check() -> dict:
+    """Split-K merge of a batch-16 decode (32 splits, 16 heads, 256 dims) against merge_attention_states."""
+    from headroom.kernels.attention_merge import merge_attention_states
+    from headroom.kernels.attention_merge_triton import merge_splits_into
+
+    parts = torch.randn(32, 16, 16, 256, device=DEV)
+    lses = torch.randn(32, 16, 16, device=DEV) * 4
+    lses[5:, 0] = float("-inf")  # a short sequence: most splits saw no key
+    out = torch.full((16, 16, 256), float("nan"), device=DEV, dtype=torch.bfloat16)
+    out_lse = torch.full((16, 16), float("nan"), device=DEV)
+    merge_splits_into(parts, lses, out, out_lse)
+    want, want_lse = merge_attention_states(parts, lses, torch.bfloat16)
+    return {"out": _diff(out, want), "lse": _diff(out_lse, want_lse),
+            "ms": _bench(lambda: merge_splits_into(parts, lses, out, out_lse)),
+            "naive_ms": _bench(lambda: merge_attention_states(parts, lses, torch.bfloat16))}
 
 
 def _sequence(runner, name: str, tokens: list[int]):
@@ -272,4 +290,19 @@ def attention_tile_sweep() -> dict:
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
+    decode_configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_n": 128, "num_warps": 4},
+                      {"num_warps": 4, "num_stages": 3}]
+    for kind in ("bf16", "int2"):
+        lens = [32768] * 8
+        kv, table = gpu_kernels.filled_pool(kind, lens)
+        args = gpu_kernels.attention_args(kv, table, lens, [1] * 8)
+        for config in decode_configs:
+            key = f"{kind}_decode_b8_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
+            pa.DECODE_TUNING.clear()
+            pa.DECODE_TUNING.update(config)
+            try:
+                out[key] = {"ms": _bench(lambda args=args: pa.paged_attention(*args, max_q_len=1))}
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
+                out[key] = {"error": str(exc)[:200]}
+    pa.DECODE_TUNING.clear()
     return out

@@ -13,6 +13,7 @@ import torch
 from headroom.kernels.attention import naive_prefix_attention
 from headroom.kernels.conv import naive_causal_conv1d
 from headroom.kernels.gated_delta import naive_gated_delta_rule
+from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
 from headroom.kernels.kv_quant import (
     naive_fp8_dequantize,
     naive_fp8_quantize,
@@ -21,7 +22,6 @@ from headroom.kernels.kv_quant import (
     naive_kivi_quantize_keys,
     naive_kivi_quantize_values,
 )
-from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
 from headroom.kernels.norm import naive_add_rms_norm, naive_gated_rms_norm, naive_rms_norm
 from headroom.kernels.rotary import naive_apply_rotary, naive_rms_norm_rotary, rotary_inv_freq
 

@@ -37,7 +37,7 @@ class GatedDeltaNet:
         conv_states = ssm_pool.conv[self.pool_layer]
         if batch.is_decode_only:
             # One token per sequence: one batched conv step over the pool's states, in place.
-            conv_out = ops.causal_conv1d_update(mixed.contiguous(), self.conv_weight, conv_states, slots.to(torch.int32))
+            conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
         else:
             conv_out = torch.empty_like(mixed)
             for span in batch.spans:
