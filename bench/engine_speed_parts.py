@@ -239,18 +239,21 @@ def logit_check(decode_tokens: int = 8) -> dict:
         truth = refs[torch.float32]
         case["transformers_bf16_vs_fp32_max_abs"] = float((refs[torch.bfloat16] - truth).abs().max())
         case["logit_scale"] = float(truth.abs().max())
-        for fused in (True, False):
+        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager: KIVI is not graphed).
+        for fused, kv in ((True, "bf16"), (False, "bf16"), (True, "int2")):
             ops.set_fused(fused)
             runner = ModelRunner(EngineConfig(
-                model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=4096,
-                ssm_slots=8, context_length=4096, max_running_requests=4, cuda_graph_max_batch=4 if fused else 0))
+                model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=4096,
+                ssm_slots=8, context_length=4096, max_running_requests=4,
+                cuda_graph_max_batch=4 if fused and kv == "bf16" else 0))
             runner.capture_decode_graphs()
             seq = _sequence(runner, "check", tokens)
             rows = [runner.forward([BatchItem(seq, tokens[: length - decode_tokens])])[0]]
             for p in range(length - decode_tokens, length):
                 rows.append(runner.forward([BatchItem(seq, [tokens[p]])])[0])
             got = torch.stack(rows).float()
-            key = "headroom_bf16_fused_graphs" if fused else "headroom_bf16_naive_eager"
+            key = {"bf16": "headroom_bf16_fused_graphs" if fused else "headroom_bf16_naive_eager",
+                   "int2": "headroom_int2_fused_eager"}[kv]
             case[key + "_vs_fp32_max_abs"] = float((got - truth).abs().max())
             case[key + "_decode_only_vs_fp32_max_abs"] = float((got[1:] - truth[1:]).abs().max())
             del runner
