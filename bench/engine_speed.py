@@ -3,7 +3,8 @@ and warm transformers, on the same Qwen3.5-4B-shaped random bf16 weights, in one
 
 Run on the H200 from the repo root (see bench/device_env.sh):
     python3 bench/engine_speed.py OUTDIR [parts...]
-parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles. `serve` goes first so
+parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also logits_4b
+(the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes). `serve` goes first so
 that its start is a cold one (empty Triton caches on a fresh machine). Rows measured by several parts merge
 into one table; results also go to /tmp/engine_speed_state.json so a second command on the same machine can
 add the remaining parts. Writes OUTDIR/engine_speed.json (the issue's schema) and OUTDIR/engine_speed_detail.json.
@@ -53,6 +54,12 @@ def prompt(n: int) -> list[int]:
     return [RNG.randrange(1000, 200000) for _ in range(n)]
 
 
+def http_prompt(n: int) -> list[int]:
+    """Token ids the server accepts: the random model has no tokenizer, so `headroom serve` falls back to its
+    byte tokenizer and refuses ids past its vocabulary (as bench/gpu_serve_bench.sh's --token-id-range 32 127)."""
+    return [RNG.randrange(32, 128) for _ in range(n)]
+
+
 def headroom_cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
 
@@ -93,15 +100,15 @@ def part_serve(state: dict) -> dict:
                 return time.perf_counter() - t0
 
             def concurrent(batch: int, max_tokens: int) -> float:
-                prompts = [prompt(256) for _ in range(batch)]
+                prompts = [http_prompt(256) for _ in range(batch)]
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(batch) as pool:
                     list(pool.map(lambda p: complete(p, max_tokens), prompts))
                 return time.perf_counter() - t0
 
-            complete(prompt(8192), 1)  # a full chunk: a shape class the warm-up may not have compiled
+            complete(http_prompt(8192), 1)  # a full chunk: a shape class the warm-up may not have compiled
             for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000)):
-                seconds = complete(prompt(n), 1)
+                seconds = complete(http_prompt(n), 1)
                 out[name] = {"seconds": seconds, "tokens": n}
                 state["rows"][name]["tok_per_s"] = n / seconds
             for batch in (1, 8, 16):
@@ -208,7 +215,10 @@ def main() -> None:
     target.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _stop)
     names = sys.argv[2:] or ["serve", "llm_bf16", "hf", "llm_int2", "kernels", "logits", "profile", "tiles"]
-    state = json.loads(STATE.read_text()) if STATE.exists() else {"rows": {name: {} for name in ROWS}, "detail": {}}
+    # A second command on the same machine continues the first's state; on another machine, pass the first's
+    # engine_speed_detail.json as ENGINE_SPEED_INIT.
+    init = Path(os.environ.get("ENGINE_SPEED_INIT", STATE))
+    state = json.loads(init.read_text()) if init.exists() else {"rows": {name: {} for name in ROWS}, "detail": {}}
     gpu_engine._build_4b()
     if "roofline" not in state:
         state["roofline"] = gpu_engine.section_roofline()
@@ -216,7 +226,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     todo = {"serve": part_serve, "llm_bf16": lambda s: part_llm(s, "bf16"), "hf": part_hf,
             "llm_int2": lambda s: part_llm(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
-            "logits": lambda s: parts.logit_check(), "profile": lambda s: gpu_engine.section_profile(),
+            "logits": lambda s: parts.logit_check(("tiny",)),
+            "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "tiles": lambda s: parts.attention_tile_sweep()}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),

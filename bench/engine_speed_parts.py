@@ -209,7 +209,7 @@ def _sequence(runner, name: str, tokens: list[int]):
     return seq
 
 
-def logit_check(decode_tokens: int = 8) -> dict:
+def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
     """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: prompt prefilled but its last
     decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the prefill's
     last, against transformers fp32; transformers bf16's own distance is the bound."""
@@ -224,7 +224,9 @@ def logit_check(decode_tokens: int = 8) -> dict:
     if not (tiny / "config.json").exists():
         gpu_engine._save_random(gpu_engine._tiny_config(0), tiny, 0)
     out: dict = {}
-    for label, path, length, vocab in (("tiny", tiny, 777, 1000), ("4b", gpu_engine.MODEL_4B, 1500, 200000)):
+    cases = {"tiny": (tiny, 777, 1000), "4b": (gpu_engine.MODEL_4B, 1500, 200000)}
+    for label in models:
+        path, length, vocab = cases[label]
         tokens = [random.Random(3).randrange(vocab) for _ in range(length)]
         ids = torch.tensor([tokens], device=DEV)
         positions = slice(length - decode_tokens - 1, length)
