@@ -35,15 +35,13 @@ class FullAttention:
         q = linear(x, self.q_proj, self.q_bias)
         gate = None
         if cfg.attention_gate:
+            # Strided [N, H, D] views; the fused norm/rotary and gate kernels read them without a copy.
             q, gate = q.view(n, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(n, -1)
         q = q.reshape(n, cfg.num_heads, cfg.head_dim)
         k = linear(x, self.k_proj, self.k_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
         v = linear(x, self.v_proj, self.v_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
-        q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        q = ops.apply_rotary(q, batch.positions, self.inv_freq)
-        k = ops.apply_rotary(k, batch.positions, self.inv_freq)
+        q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
+        k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
         if kv_pool.is_kivi:
             assert not batch.is_static, "DecodeGraphs never takes a KIVI pool"
             # Whole pages are quantized; each sequence's open page stays in its residual window.
@@ -66,5 +64,5 @@ class FullAttention:
                 out[rows] = ops.prefix_attention(q[rows], k_ctx, v_ctx, batch.positions[rows], self.scale)
         attn = out.reshape(n, -1)
         if gate is not None:
-            attn = attn * torch.sigmoid(gate)
+            attn = ops.sigmoid_mul(attn, gate)
         return linear(attn, self.o_proj, self.o_bias)

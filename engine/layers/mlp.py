@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.models.config import ModelConfig
+from headroom.kernels import ops
 
 __all__ = ["SwiGLU", "linear"]
 
@@ -18,4 +18,4 @@ class SwiGLU:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]."""
-        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
+        return linear(ops.silu_mul(linear(x, self.gate), linear(x, self.up)), self.down)

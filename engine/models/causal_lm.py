@@ -38,17 +38,25 @@ class DecoderLayer:
         else:
             self.mlp = SwiGLU(config, weights, prefix + "mlp.")
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch, kv_pool: KVPool | None,
+        ssm_pool: SSMPool | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual x, the previous layer's MLP output or None) [N, hidden] -> the same pair for the next layer.
+        The residual add is left to the next norm, which fuses it (ops.add_rms_norm)."""
         cfg = self.config
-        h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        if delta is None:
+            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        else:
+            h, x = ops.add_rms_norm(delta, x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
         if isinstance(self.mixer, GatedDeltaNet):
             assert ssm_pool is not None
             h = self.mixer(h, batch, ssm_pool)
         else:
             assert kv_pool is not None
             h = self.mixer(h, batch, kv_pool)
-        x = x + self._reduce(h)
-        return x + self._reduce(self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)))
+        h, x = ops.add_rms_norm(self._reduce(h), x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        return x, self._reduce(self.mlp(h))
 
     def _reduce(self, h: torch.Tensor) -> torch.Tensor:
         """Tensor parallel: the mixer's and the MLP's outputs are each rank's partial sums (row-parallel)."""
@@ -68,9 +76,9 @@ class CausalLM:
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else linear_weight(config, weights, "lm_head")
-        full, linear = config.full_attention_layers, config.linear_attention_layers
+        full, linear_layers = config.full_attention_layers, config.linear_attention_layers
         self.layers = [
-            DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i), tp)
+            DecoderLayer(config, weights, i, linear_layers.index(i) if i in linear_layers else full.index(i), tp)
             for i in range(config.num_layers)
         ]
 
@@ -80,8 +88,11 @@ class CausalLM:
     ) -> torch.Tensor:
         """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
         x = vocab_parallel_embedding(batch.token_ids, self.embed, self.tp)
+        delta = None
         for layer in self.layers:
-            x = layer(x, batch, kv_pool, ssm_pool)
-        last = x if all_positions else x[batch.last_rows]
-        last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
+            x, delta = layer(x, delta, batch, kv_pool, ssm_pool)
+        assert delta is not None, "a model has at least one layer"
+        if not all_positions:
+            x, delta = x[batch.last_rows], delta[batch.last_rows]
+        last, _ = ops.add_rms_norm(delta, x, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
         return linear(last, self.lm_head).float()
