@@ -104,12 +104,16 @@ def apply_step(
             return StepResult(conditions=[Condition("Validated", "Unknown", "WaitingForService", waiting)])
         ctx.smoke.start((meta["namespace"], meta["name"], revision), request)
         return StepResult(
-            status={"lastSmoke": {"revision": revision, "result": "Running", "summary": "", "finishedAt": ""}},
+            # checks: None drops the previous run's verdicts (status is merge-patched).
+            status={"lastSmoke": {"revision": revision, "result": "Running", "summary": "", "finishedAt": "",
+                                  "checks": None}},
             conditions=[Condition("Deployed", "True", "Ready", f"revision {revision} is ready"),
                         Condition("Validated", "Unknown", "SmokeRunning", f"smoke test of revision {revision}")],
         )
+    # checks: every probe's verdict and reason, for `kubectl get isvc -o jsonpath='{.status.lastSmoke.checks}'`.
     smoke = {"revision": revision, "result": "Passed" if step.action == Action.PROMOTE else "Failed",
-             "summary": outcome.summary if outcome else step.reason, "finishedAt": now}
+             "summary": outcome.summary if outcome else step.reason, "finishedAt": now,
+             "checks": outcome.checks if outcome else {}}
     if step.action == Action.PROMOTE:
         _apply_service(kube, build_service(body, revision, port))
         _drop_stale_configmaps(kube, body, keep={revision})

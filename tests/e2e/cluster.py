@@ -55,8 +55,9 @@ class LocalCluster:
         self._thread = threading.Thread(target=self._loop.run_forever, name="cluster-loop", daemon=True)
         self._stack = contextlib.AsyncExitStack()
         self.operator: subprocess.Popen[bytes] | None = None
+        self.operator_flags: list[str] = ["--log-level=DEBUG"]
         self.operator_log = root / "operator.log"
-        (self.webhook_port,) = free_ports(1)
+        self.webhook_port, self.liveness_port = free_ports(2)
         self.url = ""
         self.kubeconfig = root / "kubeconfig"
 
@@ -108,16 +109,21 @@ class LocalCluster:
             self.operator = subprocess.Popen([
                 str(BIN / "headroom"), "operator", "--all-namespaces", "--standalone",
                 f"--webhook-port={self.webhook_port}", "--webhook-addr=127.0.0.1", "--webhook-insecure",
+                f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
                 # The node agent listens on each Service's clusterIP, like kube-proxy; no cluster DNS here.
-                "--engine-url-template=http://{cluster_ip}:{port}", f"--tick-seconds={self.tick_seconds}",
+                "--engine-url-template=http://{cluster_ip}:{port}", f"--tick-seconds={self.tick_seconds}", *self.operator_flags,
             ], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Up: kopf's liveness endpoint answers (its startup activities are done) and the webhook listens.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.operator.poll() is None, f"the operator exited:\n{self.operator_log.read_text()[-3000:]}"
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1):
-                return
+            with contextlib.suppress(OSError, httpx.HTTPError):
+                alive = httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1, trust_env=False)
+                with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1):
+                    if alive.status_code == 200:
+                        return
             time.sleep(0.1)
-        raise AssertionError(f"the operator's webhook never listened:\n{self.operator_log.read_text()[-3000:]}")
+        raise AssertionError(f"the operator never came up:\n{self.operator_log.read_text()[-3000:]}")
 
     def kill_operator(self, sig: int = signal.SIGKILL) -> None:
         if self.operator is None or self.operator.poll() is not None:
