@@ -55,7 +55,7 @@ class LocalCluster:
         self._thread = threading.Thread(target=self._loop.run_forever, name="cluster-loop", daemon=True)
         self._stack = contextlib.AsyncExitStack()
         self.operator: subprocess.Popen[bytes] | None = None
-        self.operator_flags: list[str] = ["--log-level=DEBUG"]
+        self.operator_flags: list[str] = []
         self.operator_log = root / "operator.log"
         self.webhook_port, self.liveness_port = free_ports(2)
         self.url = ""
@@ -88,6 +88,7 @@ class LocalCluster:
 
     async def _start_async(self) -> None:
         handler = await self._stack.enter_async_context(HeadroomEmulator())
+        self.emulator = handler
         server = await self._stack.enter_async_context(kmock.Server(handler))
         self.url = str(server.url).rstrip("/")
         self.agent = NodeAgent(self.url, self.root / "node", self.claims)

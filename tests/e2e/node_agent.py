@@ -61,6 +61,7 @@ class NodeAgent:
         self.pods: dict[tuple[str, str], PodProcess] = {}
         self.proxies: dict[tuple[str, int], ServiceProxy] = {}
         self.errors: dict[tuple[str, str], str] = {}
+        self._pod_status: dict[str, dict[str, Any]] = {}
 
     async def run(self) -> None:
         while True:
@@ -147,6 +148,7 @@ class NodeAgent:
 
     async def _stop_pod(self, key: tuple[str, str]) -> None:
         pod = self.pods.pop(key)
+        self._pod_status.pop(pod.name, None)
         await pod.stop()
         with contextlib.suppress(httpx.HTTPError):
             await self.api.delete(f"/api/v1/namespaces/{key[0]}/pods/{pod.name}")
@@ -174,8 +176,10 @@ class NodeAgent:
             phase = "Running" if pod.process is not None and pod.process.returncode is None else "Pending"
             pod_status = {"phase": phase, "podIP": "127.0.0.1", "containerStatuses": [
                 {"name": pod.container["name"], "ready": pod.ready, "restartCount": pod.restarts}]}
-            await self.api.patch(f"/api/v1/namespaces/{namespace}/pods/{pod.name}/status",
-                                 json={"status": pod_status}, headers=MERGE)
+            if pod_status != self._pod_status.get(pod.name):
+                await self.api.patch(f"/api/v1/namespaces/{namespace}/pods/{pod.name}/status",
+                                     json={"status": pod_status}, headers=MERGE)
+                self._pod_status[pod.name] = pod_status
 
     def endpoints(self, selector: dict[str, str], target_port: str) -> list[int]:
         return [pod.command.ports[target_port] for pod in self.pods.values()
