@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # through their own scripts, and PYTHONSAFEPATH (3.11+) keeps the root off sys.path everywhere else.
 export PYTHONSAFEPATH := 1
 
-.PHONY: install demo test lint typecheck imports pytest bench-plan sync-crds clean
+.PHONY: install demo demo-engine test lint typecheck imports pytest bench-plan sync-crds clean
 
 $(PY):
 	cd / && $(PYTHON) -m venv $(abspath $(VENV))
@@ -23,8 +23,13 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+# The operator's story: API emulator, `headroom operator`, the node agent and the engine (tests/e2e/demo.py).
 demo: $(STAMP)
 	$(VENV)/bin/headroom demo
+
+# The engine alone: plan, serve the embedded model, long and short streams, metrics.
+demo-engine: $(STAMP)
+	$(VENV)/bin/headroom demo --engine-only
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
