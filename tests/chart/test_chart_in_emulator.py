@@ -28,7 +28,6 @@ from tests.chart.chart_tools import RELEASE_NAMESPACE, REPO_ROOT, Renderer, by_k
 from tests.operator.conftest import Api
 from tests.operator.emulator import HeadroomEmulator
 
-
 EXAMPLE = REPO_ROOT / "examples" / "rtx4070-qwen3.5-4b.yaml"
 NAMESPACE = "llm"
 
