@@ -91,6 +91,7 @@ def test_apply_plans_deploys_validates_and_serves(cluster: LocalCluster, seen: d
     assert "Warning: plan " in applied.stderr and "context 2048" in applied.stderr, applied.stderr
     body = cluster.wait_for(server_path(cluster), lambda o: status(o).get("plan"), timeout=10)
     elapsed = time.monotonic() - after_apply
+    print(f"status.plan appeared {elapsed:.2f} s after kubectl apply returned")
     assert elapsed < 1.0, f"status.plan appeared {elapsed:.2f} s after kubectl apply returned\n{cluster.diagnostics()}"
     row = columns(cluster)
     assert (row["CONTEXT"], row["KV TOKENS"], row["CHUNK"]) == ("2048", "16384", "256"), row
