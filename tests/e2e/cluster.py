@@ -25,6 +25,7 @@ import kmock
 import yaml
 
 from tests.e2e.node_agent import NodeAgent, free_ports
+from tests.e2e.pod_process import die_with_parent
 from tests.operator.emulator import HeadroomEmulator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ class LocalCluster:
                 f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
                 # The node agent listens on each Service's clusterIP, like kube-proxy; no cluster DNS here.
                 "--engine-url-template=http://{cluster_ip}:{port}", f"--tick-seconds={self.tick_seconds}", *self.operator_flags,
-            ], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            ], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         # Up: kopf's liveness endpoint answers (its startup activities are done) and the webhook listens.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -132,6 +132,8 @@ class NodeAgent:
         pod_dir.mkdir(parents=True)
         pod_spec = template["spec"]
         folders = await self._volumes(namespace, pod_dir, pod_spec)
+        if len(pod_spec["containers"]) != 1:
+            raise ValueError(f"the node agent runs one container a pod, got {len(pod_spec['containers'])}")
         (container,) = pod_spec["containers"]
         mounts = {m["mountPath"]: folders[m["name"]] for m in container.get("volumeMounts") or []}
         command = local_command(container, mounts, free_ports(len(container.get("ports") or [])))
