@@ -90,9 +90,8 @@ def test_apply_plans_deploys_validates_and_serves(cluster: LocalCluster, seen: d
     # The validating webhook ran the planner; kubectl prints its admission warning.
     assert "Warning: plan " in applied.stderr and "context 2048" in applied.stderr, applied.stderr
     body = cluster.wait_for(server_path(cluster), lambda o: status(o).get("plan"), timeout=10)
-    elapsed = time.monotonic() - after_apply
-    print(f"status.plan appeared {elapsed:.2f} s after kubectl apply returned")
-    assert elapsed < 1.0, f"status.plan appeared {elapsed:.2f} s after kubectl apply returned\n{cluster.diagnostics()}"
+    plan_latency = time.monotonic() - after_apply
+    print(f"status.plan appeared {plan_latency:.2f} s after kubectl apply returned")
     row = columns(cluster)
     assert (row["CONTEXT"], row["KV TOKENS"], row["CHUNK"]) == ("2048", "16384", "256"), row
     assert row["PHASE"] in ("Pending", "Deploying", "Validating"), row
@@ -131,6 +130,8 @@ def test_apply_plans_deploys_validates_and_serves(cluster: LocalCluster, seen: d
     for key in PLAN_KEYS:
         assert engine_plan[key] == admitted[key], (key, engine_plan, admitted)
     seen["first"] = status(body)["lastGoodRevision"]
+    # Checked last, so that a machine too busy for the latency does not fail the stages after this one.
+    assert plan_latency < 1.0, f"status.plan appeared {plan_latency:.2f} s after kubectl apply returned"
 
 
 def test_spec_change_is_promoted_across_an_operator_kill_mid_smoke(cluster: LocalCluster, seen: dict[str, str]) -> None:
