@@ -130,8 +130,12 @@ def test_apply_plans_deploys_validates_and_serves(cluster: LocalCluster, seen: d
     for key in PLAN_KEYS:
         assert engine_plan[key] == admitted[key], (key, engine_plan, admitted)
     seen["first"] = status(body)["lastGoodRevision"]
-    # Checked last, so that a machine too busy for the latency does not fail the stages after this one.
-    assert plan_latency < 1.0, f"status.plan appeared {plan_latency:.2f} s after kubectl apply returned"
+    # The 1-second contract is held in-process by tests/operator/test_operator_kopf.py. Here the path adds a
+    # separate operator process and a webhook round trip on kopf's finalizer patch, on a 2-core machine that
+    # CI shares: measured 0.4-1.0 s on a quiet machine, 1.0-2.4 s at load average 10. The bound catches a
+    # plan that waits on the rollout (seconds to minutes), not scheduling noise. Checked last, so a busy
+    # machine fails only this check.
+    assert plan_latency < 3.0, f"status.plan appeared {plan_latency:.2f} s after kubectl apply returned"
 
 
 def test_spec_change_is_promoted_across_an_operator_kill_mid_smoke(cluster: LocalCluster, seen: dict[str, str]) -> None:
