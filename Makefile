@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # through their own scripts, and PYTHONSAFEPATH (3.11+) keeps the root off sys.path everywhere else.
 export PYTHONSAFEPATH := 1
 
-.PHONY: install demo test lint typecheck imports pytest peers bench-plan bench-peers sync-crds clean
+.PHONY: install demo demo-engine test lint typecheck imports pytest peers bench-plan bench-peers sync-crds clean
 
 $(PY):
 	cd / && $(PYTHON) -m venv $(abspath $(VENV))
@@ -33,8 +33,13 @@ $(PEERS_STAMP): $(STAMP) tests/peers/requirements.txt tests/peers/install.py
 
 peers: $(PEERS_STAMP)
 
+# The operator's story: API emulator, `headroom operator`, the node agent and the engine (tests/e2e/demo.py).
 demo: $(STAMP)
 	$(VENV)/bin/headroom demo
+
+# The engine alone: plan, serve the embedded model, long and short streams, metrics.
+demo-engine: $(STAMP)
+	$(VENV)/bin/headroom demo --engine-only
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -164,7 +164,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
     values = {
         "mem_fraction_static": fraction, "max_total_tokens": tokens, "chunked_prefill_size": chunk,
         "context_length": ctx, "max_running_requests": layout.running, "kv_dtype": layout.kv_dtype,
-        "ssm_slots": slots, "ssm_dtype": layout.ssm_dtype, "tp": request.tp,
+        "ssm_slots": slots, "ssm_dtype": layout.ssm_dtype, "tp": request.tp, "max_new_tokens": t.max_new_tokens,
         "kv_cache_memory_bytes": tokens * kvb + model.ssm_pool_bytes(slots, sb),
     }
     return Plan(

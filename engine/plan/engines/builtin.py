@@ -156,6 +156,8 @@ class BuiltinEngine(EngineModel):
             "--max-running-requests", str(values["max_running_requests"]),
             "--kv-cache-dtype", str(values["kv_dtype"]),
             "--ssm-slots", str(values["ssm_slots"]),
+            # `headroom serve` re-plans from these flags: without the plan's reserve it would assume its default.
+            "--max-new-tokens", str(values["max_new_tokens"]),
         ]
         if int(values["tp"]) > 1:
             # One process a GPU (engine/runtime/leader.py); rendered only when there is more than one.
