@@ -46,8 +46,9 @@ class CacheManager:
     def admit(self, seq: Sequence) -> bool:
         """Attach a prefix hit and an SSM slot; False (nothing held) when no SSM slot can be had."""
         if self.radix is not None:
-            # Leave one prompt token to compute: the first output needs its logits.
-            match = self.radix.match_prefix(seq.prompt_token_ids[:-1])
+            # Leave one token to compute: the next output needs its logits. A preempted request matches its
+            # generated tokens too, so it resumes from the state it published instead of recomputing.
+            match = self.radix.match_prefix(seq.token_ids[:-1])
             if match.num_tokens:
                 self.radix.lock(match.node)
                 slot = self.radix.fork_checkpoint(match, self.copy_ssm) if match.ssm_slot is not None else None

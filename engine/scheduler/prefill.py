@@ -78,6 +78,9 @@ class PrefillPlanner:
         scheduler = self.scheduler
         skipped: list[SchedRequest] = []
         for request in list(scheduler.waiting):
+            if request in self.plan.preempted:
+                # Preempted to make room in this very pass: taking it back would undo that.
+                continue
             if len(scheduler.running) >= self.config.max_running_requests:
                 scheduler.reject(request, "MAX_RUNNING", 0, self.kv_free, self.budget_left)
                 break
@@ -97,7 +100,9 @@ class PrefillPlanner:
             reserve = self.config.decode_reserve_tokens * (self.num_decodes + 1) if scheduler.running else 0
             # Judging whole prompts also means honouring what running prefills were promised.
             reserve += self._promised_after_this_pass() if whole else 0
-            need = self.capacity.kv_tokens_to_extend(request, judged) + reserve
+            # Its cached prefix was counted as free (evictable) and admission locks it: pay for it here.
+            locked = self.capacity.kv_tokens_locked_by_admission(request) if cached else 0
+            need = self.capacity.kv_tokens_to_extend(request, judged) + locked + reserve
             if need > self.kv_free:
                 scheduler.reject(request, "NO_KV", need, self.kv_free, self.budget_left)
                 skipped.append(request)
@@ -115,6 +120,7 @@ class PrefillPlanner:
             request.num_cached = cached
             request.num_computed = cached
             self.plan.admitted.append(request)
+            self.kv_free -= locked
             self._take(request, chunk)
             self.plan.add_item(request, chunk)
 
