@@ -6,6 +6,7 @@ chunk budget, admission judged on the next chunk, and a bounded scan past reques
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass
@@ -33,6 +34,9 @@ class PrefillPlanner:
         contenders = len(prefilling) + admissible
         if contenders == 0:
             return
+        if self.config.policy == "short_first":
+            self._run_short_first(prefilling)
+            return
         limit = self._per_request_limit(contenders)
         for request in prefilling:
             self._continue(request, limit)
@@ -40,6 +44,24 @@ class PrefillPlanner:
         is_capped = self.config.cap_contended_chunks and (contenders > 1 or self.config.cap_lone_request)
         if not is_capped:
             self._hand_out_leftover()
+
+    def _run_short_first(self, prefilling: list[SchedRequest]) -> None:
+        """Short prefills first, whole; then long prompts oldest first, each taking what budget is left."""
+        short = self.config.short_limit
+        for request in prefilling:
+            if request.num_uncomputed <= short:
+                self._continue(request, self.budget_left)
+        self._admit(self.budget_left, select=lambda r: r.num_uncomputed <= short)
+        if self.plan.prefills and self.num_decodes == 0 and self.config.itl_target_s is not None:
+            # A short request's first token is latency too: its pass stays within the target.
+            bound = self.config.cost_model.prefill_tokens_within(self.config.itl_target_s, 0)
+            used = self.plan.num_prefill_tokens
+            self.budget_left = min(self.budget_left, max(self.config.min_prefill_tokens, bound) - used)
+        for request in sorted(prefilling, key=lambda r: r.arrival_seq):
+            if request.num_uncomputed > short and self.budget_left > 0:
+                self._continue(request, self.budget_left)
+        if self.budget_left > 0:
+            self._admit(self.budget_left, select=lambda r: r.num_uncomputed > short)
 
     def _per_request_limit(self, contenders: int) -> int:
         """Chunk tokens one request may take this pass."""
@@ -73,11 +95,18 @@ class PrefillPlanner:
             self._take(request, num_tokens)
             self.plan.add_item(request, num_tokens)
 
-    def _admit(self, limit: int) -> None:
-        """Scan the waiting queue in arrival order; judge each on its next chunk; skip past misfits."""
+    def _admit(self, limit: int, select: Callable[[SchedRequest], bool] | None = None) -> None:
+        """Scan the waiting queue in arrival order; judge each on its next chunk; skip past misfits.
+        select: consider only these requests (the others are neither judged nor counted as overtaken)."""
         scheduler = self.scheduler
         skipped: list[SchedRequest] = []
         for request in list(scheduler.waiting):
+            if select is not None and not select(request):
+                # Passed over by policy: it ages like a misfit, and once overtaken too often it is a barrier.
+                if request.times_overtaken >= self.config.max_times_overtaken:
+                    break
+                skipped.append(request)
+                continue
             if request in self.plan.preempted:
                 # Preempted to make room in this very pass: taking it back would undo that.
                 continue
@@ -109,7 +138,7 @@ class PrefillPlanner:
                 # Aging: a request overtaken too often stops the scan, so freed pages go to it first.
                 if request.times_overtaken >= self.config.max_times_overtaken:
                     break
-                if len(skipped) > self.config.skip_ahead_limit:
+                if sum(1 for r in skipped if select is None or select(r)) > self.config.skip_ahead_limit:
                     break
                 continue
             for earlier in skipped:
