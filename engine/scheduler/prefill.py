@@ -52,11 +52,11 @@ class PrefillPlanner:
             if request.num_uncomputed <= short:
                 self._continue(request, self.budget_left)
         self._admit(self.budget_left, select=lambda r: r.num_uncomputed <= short)
-        if self.plan.prefills and self.num_decodes == 0 and self.config.itl_target_s is not None:
-            # A short request's first token is latency too: its pass stays within the target.
-            bound = self.config.cost_model.prefill_tokens_within(self.config.itl_target_s, 0)
-            used = self.plan.num_prefill_tokens
-            self.budget_left = min(self.budget_left, max(self.config.min_prefill_tokens, bound) - used)
+        if self.plan.prefills:
+            # A pass carrying a short prefill stays short (long prompts add min_prefill_tokens at most): the
+            # question's first token waits for the pass in flight and one short pass, not a full one. It costs
+            # one pass's fixed overhead per arrival of shorts, ~47 ms on the H200 (bench/scheduling_h200.py).
+            self.budget_left = min(self.budget_left, self.config.min_prefill_tokens)
         for request in sorted(prefilling, key=lambda r: r.arrival_seq):
             if request.num_uncomputed > short and self.budget_left > 0:
                 self._continue(request, self.budget_left)

@@ -6,7 +6,6 @@ import itertools
 import logging
 
 import pytest
-
 from headroom.engine.scheduler.capacity import CountingCapacity, run_counted_pass
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import SchedRequest, SchedulerConfig
