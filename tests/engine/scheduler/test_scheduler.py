@@ -46,7 +46,8 @@ def test_contended_cap_is_derived_from_the_concurrency_limit():
 
 
 def test_a_short_request_leaves_its_unused_share_to_the_long_one():
-    config = SchedulerConfig(chunked_prefill_size=4126, max_running_requests=8, cap_contended_chunks=False)
+    config = SchedulerConfig(chunked_prefill_size=4126, max_running_requests=8, cap_contended_chunks=False,
+                             policy="fair")
     scheduler, capacity = make(config)
     scheduler.add(SchedRequest("long", prompt_len=130_000, max_new_tokens=4))
     scheduler.add(SchedRequest("short", prompt_len=30, max_new_tokens=4))
