@@ -76,10 +76,10 @@ def test_a_skipped_request_is_not_starved(policy):
     assert admitted_at is not None and admitted_at < 40
 
 
-@pytest.mark.parametrize("policy", ["fair", "short_first"])
-def test_without_aging_the_short_stream_would_starve_it(policy):
-    # The control for the test above: the same workload starves `big` when aging is off.
-    assert drive_with_short_stream(max_times_overtaken=10**9, passes=200, policy=policy) is None
+def test_without_aging_the_short_stream_would_starve_it():
+    # The control for the test above: the same workload starves `big` when aging is off (fair policy;
+    # short_first admits it anyway, in the min_prefill_tokens a short pass leaves to long prompts).
+    assert drive_with_short_stream(max_times_overtaken=10**9, passes=200) is None
 
 
 def run_two_on_a_small_pool(prompt_len: int, max_new_tokens: int, decode_reserve_tokens: int):
