@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("--retention-sessions", type=int, help="sessions revisited (default: plan's, else 2; 0 disables)")
     sizes.add_argument("--retention-tokens", type=int, help="tokens per session (default: plan's, else context/4)")
     sizes.add_argument("--checkpoint-interval", type=int, help="hybrid engines: SSM checkpoint spacing (default: plan's chunk)")
+    sizes.add_argument("--saturation-requests", type=int, help="concurrent requests (default: plan's running; 0 off)")
+    sizes.add_argument("--saturation-prompt-tokens", type=int, help="prompt tokens each (default: 2x pool shared)")
+    sizes.add_argument("--saturation-deadline-s", type=float, default=300.0, help="all must finish within this")
     sizes.add_argument("--metrics-interval-s", type=float, default=1.0, help="/metrics polling period")
     sizes.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (servers that reject it)")
     limits = parser.add_argument_group("thresholds")
@@ -56,6 +59,7 @@ def load_plan_targets(path: str) -> dict[str, int]:
         "context_length": plan.context_length, "max_new_tokens": plan.max_new_tokens,
         "retained_sessions": plan.retained_sessions, "session_tokens": plan.session_tokens,
         "chunked_prefill_size": plan.chunked_prefill_size,
+        "max_running_requests": plan.max_running_requests, "max_total_tokens": plan.max_total_tokens,
     }
 
 
@@ -73,6 +77,10 @@ def settings_from_args(args: argparse.Namespace) -> SmokeSettings:
             short_delay_s=args.short_delay_s, retention_sessions=sessions, metrics_interval_s=args.metrics_interval_s,
             ignore_eos=not args.no_ignore_eos,
             checkpoint_interval_tokens=args.checkpoint_interval or targets.get("chunked_prefill_size"),
+            saturation_requests=(args.saturation_requests if args.saturation_requests is not None
+                                 else targets.get("max_running_requests", 0)),
+            saturation_prompt_tokens=args.saturation_prompt_tokens, pool_tokens=targets.get("max_total_tokens"),
+            saturation_deadline_s=args.saturation_deadline_s,
         )
         if session_tokens is not None:
             # A plan's session may span nearly the whole context; the probe still has to fit below it.
