@@ -4,6 +4,7 @@ hit rate is sum(cached_tokens) / sum(reusable L), from usage.prompt_tokens_detai
 
 Every prompt is sent as exactly L + question tokens below the limit, and the server's own count must
 match, so silent truncation cannot make every session collapse to one shared prefix and fake hits.
+K and L are what the plan promises (retention_target.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from headroom.client.probes import (
 )
 from headroom.client.prompts import PromptFactory
 from headroom.client.result import RequestResult
+from headroom.client.retention_target import retention_settings, server_plan
 from headroom.client.smoke_types import Check, SmokeReport, SmokeSettings, SmokeThresholds
 
 
 async def retention_probe(
     client: OpenAIClient, factory: PromptFactory, settings: SmokeSettings, thresholds: SmokeThresholds, report: SmokeReport
 ) -> None:
+    if settings.retention_sessions is None:
+        settings = retention_settings(settings, await server_plan(client))
     sessions = settings.retention_sessions
-    if sessions == 0:
-        report.checks["retention"] = Check("skip", "retention probe disabled (0 sessions)")
+    if not sessions:
+        report.checks["retention"] = Check("skip", "no sessions to revisit (probe disabled, or the plan retains none)")
         return
     context_tokens = settings.retention_context_tokens
     question = settings.retention_question_tokens

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from headroom.client.retention_target import retention_settings
 from headroom.client.smoke_types import SmokeReport, SmokeSettings, SmokeThresholds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://localhost:8000")
-    parser.add_argument("--plan", help="plan.json from `headroom plan` (context, max_new_tokens, retention targets)")
+    parser.add_argument("--plan", help="plan.json from `headroom plan` (context, max_new_tokens, retention targets; "
+                        "default: the server's GET /plan)")
     parser.add_argument("--context-length", type=int, help="the server's context length in tokens")
     parser.add_argument("--max-new-tokens", type=int, help="output tokens the plan reserves per request")
     parser.add_argument("--model", help="model name to send (default: first of /v1/models)")
@@ -25,10 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes = parser.add_argument_group("probe sizes")
     sizes.add_argument("--margin-tokens", type=int, default=16, help="long prompt = context - max_new_tokens - margin")
     sizes.add_argument("--short-delay-s", type=float, default=0.5, help="send the short prompt this long after the long one")
-    sizes.add_argument("--retention-sessions", type=int, help="sessions revisited (default: plan's, else 2; 0 disables)")
+    sizes.add_argument("--retention-sessions", type=int,
+                       help="sessions revisited (default: what the plan retains, at most 2; no plan: 2; 0 disables)")
     sizes.add_argument("--retention-tokens", type=int, help="tokens per session (default: plan's, else context/4)")
-    sizes.add_argument("--checkpoint-interval", type=int, help="hybrid engines: SSM checkpoint spacing (default: plan's chunk)")
-    sizes.add_argument("--saturation-requests", type=int, help="concurrent requests (default: plan's running; 0 off)")
+    sizes.add_argument("--checkpoint-interval", type=int,
+                       help="hybrid engines: reusable prefixes round down to this (default: plan's reuse interval)")
+    sizes.add_argument("--saturation-requests", type=int, help="concurrent requests (default: --plan's running; 0 off)")
     sizes.add_argument("--saturation-prompt-tokens", type=int, help="prompt tokens each (default: 2x pool shared)")
     sizes.add_argument("--saturation-deadline-s", type=float, default=300.0, help="all must finish within this")
     sizes.add_argument("--metrics-interval-s", type=float, default=1.0, help="/metrics polling period")
@@ -46,8 +51,8 @@ class UsageError(ValueError):
     """Bad arguments or plan file: exit code 2."""
 
 
-def load_plan_targets(path: str) -> dict[str, int]:
-    """context_length, max_new_tokens, retained_sessions, session_tokens from a plan JSON file."""
+def load_plan_targets(path: str) -> dict[str, Any]:
+    """The plan's fields (context_length, max_new_tokens, retained_sessions, session_tokens, ...) from a JSON file."""
     from headroom.engine.plan import Plan
 
     try:
@@ -55,37 +60,48 @@ def load_plan_targets(path: str) -> dict[str, int]:
         plan = Plan.from_dict(data["plan"] if isinstance(data, dict) and isinstance(data.get("plan"), dict) else data)
     except (OSError, ValueError, TypeError) as error:
         raise UsageError(f"--plan {path}: {error}") from error
-    return {
-        "context_length": plan.context_length, "max_new_tokens": plan.max_new_tokens,
-        "retained_sessions": plan.retained_sessions, "session_tokens": plan.session_tokens,
-        "chunked_prefill_size": plan.chunked_prefill_size,
-        "max_running_requests": plan.max_running_requests, "max_total_tokens": plan.max_total_tokens,
-    }
+    return plan.to_dict()
+
+
+def fetch_server_plan(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The plan `headroom serve` reports at GET /plan; {} when the server has none (a peer engine)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/plan", timeout=timeout_s)
+        data = response.json() if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and "context_length" in data else {}
 
 
 def settings_from_args(args: argparse.Namespace) -> SmokeSettings:
     targets = load_plan_targets(args.plan) if args.plan else {}
+    if not targets and not (args.context_length and args.max_new_tokens):
+        targets = fetch_server_plan(args.url)
     context = args.context_length or targets.get("context_length")
     max_new = args.max_new_tokens or targets.get("max_new_tokens")
     if not context or not max_new:
-        raise UsageError("give --plan plan.json, or both --context-length and --max-new-tokens")
-    sessions = args.retention_sessions if args.retention_sessions is not None else (targets.get("retained_sessions") or 2)
-    session_tokens = args.retention_tokens or targets.get("session_tokens") or None
+        raise UsageError("give --plan plan.json, or both --context-length and --max-new-tokens "
+                         "(the server has no /plan to read them from)")
     try:
         settings = SmokeSettings(
             context_length=context, max_new_tokens=max_new, margin_tokens=args.margin_tokens,
-            short_delay_s=args.short_delay_s, retention_sessions=sessions, metrics_interval_s=args.metrics_interval_s,
-            ignore_eos=not args.no_ignore_eos,
-            checkpoint_interval_tokens=args.checkpoint_interval or targets.get("chunked_prefill_size"),
+            short_delay_s=args.short_delay_s, retention_sessions=args.retention_sessions,
+            metrics_interval_s=args.metrics_interval_s, ignore_eos=not args.no_ignore_eos,
+            checkpoint_interval_tokens=args.checkpoint_interval,
+            # Saturation at the plan's sizes: on with --plan (the promise the user hands over), else on request.
             saturation_requests=(args.saturation_requests if args.saturation_requests is not None
-                                 else targets.get("max_running_requests", 0)),
+                                 else targets.get("max_running_requests", 0) if args.plan else 0),
             saturation_prompt_tokens=args.saturation_prompt_tokens, pool_tokens=targets.get("max_total_tokens"),
             saturation_deadline_s=args.saturation_deadline_s,
         )
-        if session_tokens is not None:
-            # A plan's session may span nearly the whole context; the probe still has to fit below it.
-            room = context - settings.margin_tokens - settings.retention_question_tokens - settings.short_max_tokens
-            settings = SmokeSettings(**{**settings.__dict__, "retention_tokens": min(session_tokens, room)})
+        if targets:
+            # The plan's promise (file, or the server's /plan); the probe tests nothing it did not make.
+            settings = retention_settings(settings, targets)
+        if args.retention_tokens is not None:
+            settings = replace(settings, retention_tokens=min(args.retention_tokens, settings.retention_room))
+        settings.retention_context_tokens  # noqa: B018 - validates the sizes, naming the numbers
     except ValueError as error:
         raise UsageError(str(error)) from error
     return settings

@@ -39,6 +39,7 @@ class SmokeSettings:
     context_length and max_new_tokens are the server's limits (the plan's). The long prefill sends
     context_length - max_new_tokens - margin_tokens tokens; the retention probe sends retention_sessions
     sessions of retention_tokens each (None: a quarter of the context, bounded by what fits).
+    retention_sessions None: what the plan promises (client/retention_target.py).
     """
 
     context_length: int
@@ -48,7 +49,7 @@ class SmokeSettings:
     short_prompt_tokens: int = 32
     short_max_tokens: int = 4
     short_delay_s: float = 0.5
-    retention_sessions: int = 2
+    retention_sessions: int | None = None
     retention_tokens: int | None = None
     retention_question_tokens: int = 16
     # Hybrid engines reuse a prefix only up to their last SSM checkpoint inside it (every chunk, i.e.
@@ -80,7 +81,7 @@ class SmokeSettings:
         if self.saturation_requests and not 1 <= self.saturation_prompt_len <= self.long_prompt_tokens:
             raise ValueError(f"saturation prompt of {self.saturation_prompt_len} tokens must be 1..{self.long_prompt_tokens}"
                              f" (context_length - max_new_tokens - margin)")
-        if self.retention_sessions < 0:
+        if self.retention_sessions is not None and self.retention_sessions < 0:
             raise ValueError(f"retention_sessions must be >= 0, got {self.retention_sessions}")
         if self.retention_sessions:
             # Validates the retention sizes at construction, naming the numbers.
@@ -110,9 +111,14 @@ class SmokeSettings:
         return tokens if interval is None else tokens // interval * interval
 
     @property
+    def retention_room(self) -> int:
+        """The longest session whose revisit still fits below the limit with its question and output."""
+        return self.context_length - self.margin_tokens - self.retention_question_tokens - self.short_max_tokens
+
+    @property
     def retention_context_tokens(self) -> int:
         """Tokens per retained session; every revisit still fits below the limit with its output."""
-        room = self.context_length - self.margin_tokens - self.retention_question_tokens - self.short_max_tokens
+        room = self.retention_room
         wanted = self.retention_tokens if self.retention_tokens is not None else self.context_length // 4
         if wanted > room:
             raise ValueError(

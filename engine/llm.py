@@ -35,6 +35,7 @@ class LLM:
         self.cache = CacheManager(
             self.runner.kv_allocator, ssm.allocator if ssm else None,
             ssm.copy if ssm else _no_ssm, self.config.enable_prefix_cache, self.config.max_running_requests,
+            self.config.chunked_prefill_size,
         )
         self._ids = itertools.count()
 
@@ -81,6 +82,8 @@ class LLM:
             for seq in active:
                 start = seq.num_computed_tokens
                 length = min(chunk, seq.num_prompt_tokens - start) if seq.is_prefilling else 1
+                # A hybrid prefill ends its chunk where the cache wants an SSM checkpoint.
+                length = self.cache.stop_before(seq, start, start + length) - start
                 if not self.cache.reserve(seq, start + length):
                     raise CapacityError(
                         f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "

@@ -51,6 +51,8 @@ class Sequence:
     prefix_node: Any = None
     # Leading kv_slots owned by the radix cache (shared); the rest are this request's own.
     num_shared_slots: int = 0
+    # Hybrid models: prompt positions where the prefill stops to checkpoint its SSM state (CacheManager).
+    checkpoint_stops: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -26,13 +26,15 @@ THRESHOLD_FIELDS = {
 
 @dataclass(frozen=True)
 class SmokeRequest:
-    """What to test: the engine's URL and the plan's limits (tokens); timeout in seconds."""
+    """What to test: the engine's URL and the plan's limits (tokens); timeout in seconds. plan: the revision's
+    plan, whose retained sessions the retention probe revisits (never more than it promised)."""
 
     url: str
     context_length: int
     max_new_tokens: int
     thresholds: dict[str, float]
     timeout_s: float
+    plan: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,21 +48,20 @@ SmokeFn = Callable[[SmokeRequest], SmokeOutcome]
 
 
 def run_engine_smoke(request: SmokeRequest) -> SmokeOutcome:
-    """The real gate: headroom.client.smoke.run_smoke against the engine over HTTP."""
-    from headroom.client.smoke import run_smoke
-    from headroom.client.smoke_types import SmokeThresholds
+    """The real gate: headroom.client.smoke.smoke against the engine over HTTP, retention sized by the plan."""
+    import asyncio
+
+    from headroom.client.retention_target import retention_settings
+    from headroom.client.smoke import smoke
+    from headroom.client.smoke_types import SmokeSettings, SmokeThresholds
 
     unknown = sorted(set(request.thresholds) - set(THRESHOLD_FIELDS))
     if unknown:
         return SmokeOutcome(False, f"spec.smokeTest.thresholds has unknown keys {unknown}; known: {sorted(THRESHOLD_FIELDS)}")
     thresholds = SmokeThresholds(**{THRESHOLD_FIELDS[k]: v for k, v in request.thresholds.items()})
-    report = run_smoke(
-        request.url,
-        context_length=request.context_length,
-        max_new_tokens=request.max_new_tokens,
-        thresholds=thresholds,
-        request_timeout_s=request.timeout_s,
-    )
+    settings = SmokeSettings(context_length=request.context_length, max_new_tokens=request.max_new_tokens)
+    settings = retention_settings(settings, request.plan or None)
+    report = asyncio.run(smoke(request.url, settings, thresholds, request_timeout_s=request.timeout_s))
     checks = {name: {"status": c.status, "reason": c.reason} for name, c in report.checks.items()}
     if report.passed:
         return SmokeOutcome(True, f"{len(checks)} checks passed", checks)

@@ -59,6 +59,7 @@ def _smoke_request(ctx: OperatorContext, body: dict[str, Any], record: RevisionR
         max_new_tokens=int(record.plan["max_new_tokens"]),
         thresholds=record.spec.smoke_test.thresholds.model_dump(by_alias=True, exclude_none=True),
         timeout_s=float(record.spec.smoke_test.timeout_seconds),
+        plan=record.plan,
     )
 
 

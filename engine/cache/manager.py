@@ -1,8 +1,10 @@
 """CacheManager: a request's KV slots, SSM slot and prefix-cache share over its life. Pure Python.
 
 admit: take the longest usable cached prefix (lock it, fork its SSM checkpoint copy-on-write) or a fresh
-SSM slot. reserve: KV slots for the next tokens, evicting unlocked cache entries when short.
-checkpoint: after a prefill chunk, publish the prefix and a copy of the SSM state to the cache, never
+SSM slot; for a hybrid model, choose where its prefill stops to checkpoint (checkpoint_policy).
+stop_before: where a prefill chunk must end so that such a stop is not stepped over.
+reserve: KV slots for the next tokens, evicting unlocked cache entries when short.
+checkpoint: after a pass, publish the prefix (and, at a stop, a copy of the SSM state) to the cache, never
 taking the SSM slots kept for requests that may still be admitted (working_slots).
 finish: publish the whole computed sequence (its own SSM slot becomes the final checkpoint when it
 lands on a page boundary), unlock, and free everything the cache did not adopt.
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from headroom.engine.cache.checkpoint_policy import checkpoint_stops
 from headroom.engine.cache.kv_slots import KVAllocator
-from headroom.engine.cache.radix import RadixCache
+from headroom.engine.cache.radix import PrefixMatch, RadixCache
 from headroom.engine.cache.ssm_slots import SSMSlotAllocator
+from headroom.engine.cache.stats import PrefixStats
 from headroom.engine.sequence import Sequence
 
 
@@ -26,15 +30,19 @@ class CacheManager:
         copy_ssm: Callable[[int, int], None],
         enable_prefix_cache: bool = True,
         working_slots: int = 0,
+        checkpoint_interval: int = 8192,
     ):
         """working_slots: SSM slots kept for running requests' own states (max_running_requests). A running
         request's checkpoints sit on its locked path and cannot be evicted until it finishes; without this
         reserve, a few long prefills checkpointing every chunk took every slot, and a short request that
-        arrived meanwhile waited for them to finish (4.5 s behind four 16K prompts on the H200)."""
+        arrived meanwhile waited for them to finish (4.5 s behind four 16K prompts on the H200).
+        checkpoint_interval: spacing of the chunk checkpoints in tokens (the plan's chunk)."""
         self.kv_allocator = kv_allocator
         self.ssm_allocator = ssm_allocator
         self.copy_ssm = copy_ssm
         self.working_slots = working_slots
+        self.checkpoint_interval = checkpoint_interval
+        self.stats = PrefixStats()
         # Requests holding a working SSM slot (admitted, not finished).
         self.num_working = 0
         self.page = kv_allocator.page_tokens
@@ -45,6 +53,7 @@ class CacheManager:
 
     def admit(self, seq: Sequence) -> bool:
         """Attach a prefix hit and an SSM slot; False (nothing held) when no SSM slot can be had."""
+        match = None
         if self.radix is not None:
             # Leave one token to compute: the next output needs its logits. A preempted request matches its
             # generated tokens too, so it resumes from the state it published instead of recomputing.
@@ -60,6 +69,7 @@ class CacheManager:
                     seq.num_shared_slots = seq.cached_tokens = seq.num_computed_tokens = match.num_tokens
                     seq.ssm_slot = slot
                     self.num_working += slot is not None
+                    self._admitted(seq, match)
                     return True
         if self.ssm_allocator is not None:
             slot = self.ssm_allocator.alloc()
@@ -70,7 +80,28 @@ class CacheManager:
                 return False
             seq.ssm_slot = slot
             self.num_working += 1
+        self._admitted(seq, match)
         return True
+
+    def _admitted(self, seq: Sequence, match: PrefixMatch | None) -> None:
+        """Count the lookup and, for a hybrid model, choose the prefill's checkpoint stops."""
+        seq.checkpoint_stops = []
+        if match is None or seq.output_token_ids:
+            # A request resuming after preemption is past its prompt: no client lookup, no prefill stops.
+            return
+        hit = seq.num_computed_tokens
+        self.stats.looked_up_tokens += seq.num_prompt_tokens - 1
+        self.stats.matched_tokens += match.num_matched_tokens
+        self.stats.hit_tokens += hit
+        self.stats.matched_no_state_tokens += max(0, match.num_matched_tokens - hit)
+        if self.ssm_allocator is not None:
+            seq.checkpoint_stops = checkpoint_stops(
+                seq.num_prompt_tokens, hit, match.num_matched_tokens, self.page, self.checkpoint_interval
+            )
+
+    def stop_before(self, seq: Sequence, start: int, end: int) -> int:
+        """The end of a chunk [start, end) of seq's prefill, pulled back to its first checkpoint stop inside."""
+        return next((stop for stop in seq.checkpoint_stops if start < stop < end), end)
 
     def reserve(self, seq: Sequence, new_len: int) -> bool:
         """Make seq hold kv slots for positions < new_len; False (nothing taken) if they cannot be had."""
@@ -102,19 +133,24 @@ class CacheManager:
         return result.ssm_adopted
 
     def checkpoint(self, seq: Sequence) -> None:
-        """Publish seq's computed prefix (page-aligned) with a copy of its SSM state when both exist."""
+        """After a pass: publish seq's computed prefix (page-aligned). A hybrid model publishes only at its
+        checkpoint stops, with a copy of the SSM state (a prefix without one is unusable)."""
         length = seq.num_computed_tokens
         if self.radix is None or length % self.page or length <= seq.num_shared_slots:
             return
         ckpt = None
         if self.ssm_allocator is not None:
             assert seq.ssm_slot is not None
+            if length not in seq.checkpoint_stops:
+                return
             ckpt = self._checkpoint_slot()
             if ckpt is None:
                 # Without a checkpoint a hybrid prefix is unusable; keep the slots private.
                 return
             self.copy_ssm(seq.ssm_slot, ckpt)
-        if not self._publish(seq, length, ckpt) and ckpt is not None:
+        if self._publish(seq, length, ckpt):
+            self.stats.checkpoints_taken += 1
+        elif ckpt is not None:
             self.ssm_allocator.free(ckpt)  # type: ignore[union-attr]
 
     def _checkpoint_slot(self) -> int | None:
@@ -138,6 +174,7 @@ class CacheManager:
         if publish and self.radix is not None and length > seq.num_shared_slots:
             final = seq.ssm_slot if length == seq.num_computed_tokens else None
             slot_adopted = self._publish(seq, length, final)
+            self.stats.checkpoints_taken += slot_adopted
         own = seq.kv_slots[seq.num_shared_slots :]
         if own:
             self.kv_allocator.free(own)
@@ -149,3 +186,4 @@ class CacheManager:
                 assert self.ssm_allocator is not None
                 self.ssm_allocator.free(seq.ssm_slot)
         seq.kv_slots, seq.ssm_slot, seq.prefix_node, seq.num_shared_slots = [], None, None, 0
+        seq.checkpoint_stops = []

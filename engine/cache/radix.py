@@ -5,6 +5,7 @@ KV slots are always whole pages and eviction never splits one. A node's `ssm_slo
 state after its last token; for a hybrid model a hit is usable only up to the deepest such node, since
 the SSM state of a shorter prefix cannot be rebuilt from KV. Ownership: the tree owns the KV slots and
 checkpoint slots of its nodes and frees them only on eviction; running requests lock their path.
+Which checkpoint goes first when slots run short: checkpoint_policy.eviction_key.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from headroom.engine.cache.checkpoint_policy import eviction_key
 from headroom.engine.cache.kv_slots import KVAllocator
 from headroom.engine.cache.ssm_slots import SSMSlotAllocator
 
@@ -30,12 +32,15 @@ class RadixNode:
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """A usable hit: num_tokens tokens whose KV lies in kv_slots; ssm_slot checkpoints the state after them."""
+    """A usable hit: num_tokens tokens whose KV lies in kv_slots; ssm_slot checkpoints the state after them.
+    num_matched_tokens: whole pages the tree holds the tokens of, usable or not (>= num_tokens; for a hybrid
+    model the difference had no SSM state: the silent miss, and the divergence point to checkpoint)."""
 
     num_tokens: int
     kv_slots: list[int]
     node: RadixNode
     ssm_slot: int | None
+    num_matched_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.num_cached_tokens = 0
         self.num_checkpoints = 0
+        # Checkpoints dropped so far (slot pressure or their KV evicted): /metrics shows the rate.
+        self.num_checkpoints_evicted = 0
 
     def _child_key(self, tokens: list[int], pos: int) -> tuple[int, ...]:
         return tuple(tokens[pos : pos + self.page_size])
@@ -105,6 +112,8 @@ class RadixCache:
                 break
             if common < len(child.key):
                 if self.require_checkpoint:
+                    # The tokens match partway into this edge, where no state exists: count them, no split.
+                    pos += common
                     break
                 child = self._split(child, common)
             child.last_access = now
@@ -113,7 +122,7 @@ class RadixCache:
             node = child
             if not self.require_checkpoint or node.ssm_slot is not None:
                 best = PrefixMatch(pos, list(slots), node, node.ssm_slot)
-        return best
+        return PrefixMatch(best.num_tokens, best.kv_slots, best.node, best.ssm_slot, pos)
 
     def lock(self, node: RadixNode) -> None:
         """A running request uses this node's path: none of it may be evicted until unlock."""
@@ -202,6 +211,7 @@ class RadixCache:
             self.ssm_allocator.free(node.ssm_slot)
             node.ssm_slot = None
             self.num_checkpoints -= 1
+            self.num_checkpoints_evicted += 1
 
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens KV slots, least recently used unlocked leaves first (their checkpoints too).
@@ -223,18 +233,38 @@ class RadixCache:
         return freed
 
     def evict_checkpoints(self, num_slots: int) -> int:
-        """Free SSM checkpoints of unlocked nodes, least recently used first, keeping their KV."""
-        candidates = []
-        stack = [self.root]
+        """Free SSM checkpoints of unlocked nodes, keeping their KV: redundant states first, each path's only
+        state last (checkpoint_policy.eviction_key). Returns how many were freed."""
+        freed = 0
+        while freed < num_slots:
+            ranked = self._checkpoint_ranking()
+            if not ranked:
+                break
+            self._drop_checkpoint(min(ranked, key=lambda pair: pair[0])[1])
+            freed += 1
+        return freed
+
+    def _checkpoint_ranking(self) -> list[tuple[tuple[int, int, int], RadixNode]]:
+        """(eviction key, node) of every unlocked checkpoint, from one walk of the tree."""
+        ranked = []
+        # (node, depth in tokens, depth of the nearest checkpointed ancestor or None)
+        order: list[tuple[RadixNode, int, int | None]] = []
+        stack: list[tuple[RadixNode, int, int | None]] = [(self.root, 0, None)]
         while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.ssm_slot is not None and node.lock_ref == 0:
-                candidates.append(node)
-        candidates.sort(key=lambda n: n.last_access)
-        for node in candidates[:num_slots]:
-            self._drop_checkpoint(node)
-        return min(num_slots, len(candidates))
+            node, depth, above = stack.pop()
+            order.append((node, depth, above))
+            below_above = depth if node.ssm_slot is not None else above
+            stack.extend((child, depth + len(child.key), below_above) for child in node.children.values())
+        states_below: dict[int, int] = {}
+        for node, depth, above in reversed(order):
+            inside = sum(states_below[id(c)] + (c.ssm_slot is not None) for c in node.children.values())
+            states_below[id(node)] = inside
+            if node.ssm_slot is None or node.lock_ref:
+                continue
+            redundant = above is not None or inside > 0
+            loss = depth - (above or 0)
+            ranked.append((eviction_key(redundant, loss, node.last_access), node))
+        return ranked
 
     def evictable_tokens(self) -> int:
         """KV slots held only by the cache (no running request's lock)."""

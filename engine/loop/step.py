@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.loop.capacity import CacheCapacity
@@ -50,7 +51,8 @@ class StepRunner:
         self.eos_ids: dict[str, frozenset[int]] = {}
         self.cache = CacheManager(runner.kv_allocator, runner.ssm_pool.allocator if runner.ssm_pool else None,
                                   runner.ssm_pool.copy if runner.ssm_pool else (lambda src, dst: None),
-                                  runner.config.enable_prefix_cache, scheduler_config.max_running_requests)
+                                  runner.config.enable_prefix_cache, scheduler_config.max_running_requests,
+                                  scheduler_config.chunked_prefill_size)
         self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
         self.scheduler = Scheduler(scheduler_config, self.capacity)
 
@@ -92,7 +94,7 @@ class StepRunner:
             self._release(self.sequences[request.request_id])
         for request in list(plan.admitted):
             self._admit(plan, request)
-        items = [item for item in plan.items if self._reserve(plan, item)]
+        items = [item for item in map(partial(self._stop_at_checkpoint, plan), plan.items) if self._reserve(plan, item)]
         stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
                           admitted=[r.request_id for r in plan.admitted])
         if items:
@@ -117,6 +119,17 @@ class StepRunner:
             plan.remove_item(request)
             request.num_computed = request.num_cached = seq.num_computed_tokens
             plan.add_item(request, min(item.num_tokens, request.num_uncomputed))
+
+    def _stop_at_checkpoint(self, plan: ScheduledPass, item: PassItem) -> PassItem:
+        """End a prefill chunk at the cache's next checkpoint stop inside it (hybrid models keep an SSM
+        state only where a pass ends); the rest follows next pass."""
+        seq = self.sequences[item.request.request_id]
+        end = self.cache.stop_before(seq, item.start, item.start + item.num_tokens)
+        if end == item.start + item.num_tokens:
+            return item
+        plan.remove_item(item.request)
+        plan.add_item(item.request, end - item.start)
+        return plan.prefills[-1]
 
     def _reserve(self, plan: ScheduledPass, item: PassItem) -> bool:
         seq = self.sequences[item.request.request_id]
@@ -144,8 +157,8 @@ class StepRunner:
         for index, item in enumerate(items):
             seq = self.sequences[item.request.request_id]
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
-                # Publish the prefix at every chunk boundary with an SSM checkpoint: hybrid models can
-                # only reuse a prefix up to a node that holds one.
+                # Publish the prefix; at a checkpoint stop with a copy of the SSM state (hybrid models can
+                # only reuse a prefix up to a node that holds one).
                 self.cache.checkpoint(seq)
             if not item.samples:
                 continue

@@ -118,6 +118,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
                     "kv_pool",
                 )
     slots = model.ssm_slots_needed(g, layout, tokens, t.retained_sessions, t.session_tokens)
+    sessions, session_tokens = model.retained(g, layout, tokens, t.retained_sessions, t.session_tokens)
     retained = t.retained_sessions * t.session_tokens
     required = max(ctx, retained)
     if tokens < required:
@@ -140,6 +141,8 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         "kv_pool": f"ok: context {ctx} and retained {t.retained_sessions} x {t.session_tokens} = {retained} "
         f"<= pool {tokens} tokens",
         "ssm_slots": f"ok: {slots} slots cover {slots - layout.running} checkpoints + {layout.running} running",
+        "prefix_reuse": f"ok: retains {sessions} sessions x {session_tokens} tokens"
+        + (" (targets)" if t.retained_sessions else " (default: the pool's tokens reusable)"),
         "non_static_headroom": f"ok: {format_bytes(need_outside)} needed <= "
         f"{format_bytes((1 - fraction) * total)} outside the static budget",
         "context_room": f"ok: prompts up to {ctx - t.max_new_tokens} tokens with {t.max_new_tokens} new tokens",
@@ -161,8 +164,9 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         max_running_requests=layout.running, max_new_tokens=t.max_new_tokens, ssm_slots=slots,
         ssm_dtype=layout.ssm_dtype, kv_bytes_per_token=kvb, ssm_slot_bytes=sb, gpu_memory_bytes=total,
         static_bytes=static_bytes, ledger=ledger, binding_constraint=min(slack, key=lambda k: slack[k]),
-        checks=checks, engine_args=model.render(values), retained_sessions=t.retained_sessions,
-        session_tokens=t.session_tokens,
+        checks=checks, engine_args=model.render(values), retained_sessions=sessions,
+        session_tokens=session_tokens,
+        reuse_interval_tokens=model.reuse_interval(layout) if g.is_hybrid else model.page_tokens(layout),
     )
 
 

@@ -70,6 +70,9 @@ class Plan:
     engine_args: list[str]
     retained_sessions: int = 0
     session_tokens: int = 0
+    # A revisit reuses its shared prefix rounded down to this many tokens (hybrid models: where SSM
+    # checkpoints can sit; 0: not stated, as in plans written before it).
+    reuse_interval_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-length", type=int)
     parser.add_argument("--max-running-requests", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=1024, help="the planner's reserve per request")
+    parser.add_argument("--retained-sessions", type=int, default=0,
+                        help="sessions whose prefixes stay reusable (default: as many as the pool holds)")
+    parser.add_argument("--session-tokens", type=int, default=0, help="tokens per retained session")
     parser.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
     parser.add_argument("--max-waiting-requests", type=int, default=256, help="beyond this, 429 with Retry-After")
     parser.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
@@ -56,6 +59,7 @@ def options_from_args(args: argparse.Namespace):
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
         policy=args.scheduler_policy,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
+        retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,
     )
 
 

@@ -51,6 +51,8 @@ class ServeOptions:
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
     cuda_graph_max_batch: int | None = None
+    retained_sessions: int = 0
+    session_tokens: int = 0
 
 
 def cuda_total_memory(device: str) -> int:
@@ -74,7 +76,8 @@ def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
     request = PlanRequest(
         geometry=load_geometry(model_dir), gpu_memory_bytes=memory, kv_dtype=options.kv_dtype, engine="builtin",
         targets=Targets(context_length=options.context_length, max_running_requests=options.max_running_requests,
-                        max_new_tokens=options.max_new_tokens),
+                        max_new_tokens=options.max_new_tokens, retained_sessions=options.retained_sessions,
+                        session_tokens=options.session_tokens),
         pinned=Pinned(mem_fraction_static=options.mem_fraction_static, max_total_tokens=options.max_total_tokens,
                       chunked_prefill_size=options.chunked_prefill_size, context_length=options.context_length),
     )

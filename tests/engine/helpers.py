@@ -39,19 +39,28 @@ def chunked_logits(runner: ModelRunner, seq: Sequence, chunk: int) -> torch.Tens
 
 
 def assert_hit_then_rest_equals_cold_run(model_dir, vocab: int) -> None:
-    """A 24-token prefix cached at chunk 8, then the prompt extended: the hit covers all 24 tokens and the
-    logits and greedy tokens equal a cold run of the whole prompt."""
+    """A 130-token prompt cached at chunk 64, then the prompt extended: the hit covers the shared prefix (a
+    hybrid model's up to the exact-repeat checkpoint one token short of its end) and the logits and greedy
+    tokens equal a cold run of the whole prompt."""
     from headroom.engine.llm import LLM
 
-    shared = random_prompt(vocab, 24, seed=3)
+    shared = random_prompt(vocab, 130, seed=3)
     second = shared + random_prompt(vocab, 9, seed=4)
-    warm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=8)
+    warm = LLM(str(model_dir), max_total_tokens=512, ssm_slots=32, chunked_prefill_size=64)
     warm.generate([shared], max_new_tokens=3)
     hit = warm.generate([second], max_new_tokens=6)[0]
-    # Checkpoints sit at chunk ends (8, 16, 24): the hit is the whole shared prefix.
-    assert hit.cached_tokens == 24
-    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
+    # A hybrid model holds SSM states only at its checkpoint stops: the deepest inside `shared` is at 129.
+    assert hit.cached_tokens == (129 if warm.runner.ssm_pool is not None else 130)
+    cold = LLM(str(model_dir), max_total_tokens=512, ssm_slots=32, enable_prefix_cache=False)
     cold_run = cold.generate([second], max_new_tokens=6)[0]
     assert cold_run.cached_tokens == 0
     torch.testing.assert_close(hit.prompt_logits, cold_run.prompt_logits, atol=1e-4, rtol=0)
     assert hit.token_ids == cold_run.token_ids
+
+
+def reference_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
+    """transformers' greedy continuation of ids (full recompute each step: slow, tiny models only)."""
+    out: list[int] = []
+    for _ in range(num_tokens):
+        out.append(int(reference_logits(model, ids + out)[-1].argmax()))
+    return out

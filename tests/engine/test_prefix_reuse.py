@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from headroom.engine.llm import LLM
 
-from tests.engine.helpers import assert_hit_then_rest_equals_cold_run, random_prompt
+from tests.engine.helpers import (
+    assert_hit_then_rest_equals_cold_run,
+    random_prompt,
+    reference_greedy,
+    reference_logits,
+)
 
 
 @pytest.mark.parametrize(("kind", "index"), [("qwen3", 0), ("qwen3_5", 0), ("qwen3_5", 2)])
@@ -14,17 +20,23 @@ def test_hit_then_rest_equals_cold_run(tiny_model_factory, kind, index):
     assert_hit_then_rest_equals_cold_run(model_dir, reference.config.vocab_size)
 
 
-def test_hybrid_hit_stops_at_the_deepest_checkpoint(tiny_model_factory):
+def test_hybrid_hit_stops_at_the_deepest_checkpoint_then_at_the_divergence_point(tiny_model_factory):
     model_dir, reference = tiny_model_factory("qwen3_5", 1)
-    ids = random_prompt(reference.config.vocab_size, 20, seed=5)
-    llm = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, chunked_prefill_size=6)
+    vocab = reference.config.vocab_size
+    ids = random_prompt(vocab, 200, seed=5)
+    llm = LLM(str(model_dir), max_total_tokens=1024, ssm_slots=32, chunked_prefill_size=48)
     llm.generate([ids], max_new_tokens=1)
-    # Checkpoints at 6, 12, 18, 20 (and the final state at 20): a prompt sharing 15 tokens hits 12.
-    other = ids[:15] + random_prompt(reference.config.vocab_size, 5, seed=6)
-    result = llm.generate([other], max_new_tokens=2)[0]
-    assert result.cached_tokens == 12
-    cold = LLM(str(model_dir), max_total_tokens=256, ssm_slots=32, enable_prefix_cache=False)
-    assert cold.generate([other], max_new_tokens=2)[0].token_ids == result.token_ids
+    # Stops at 128, 192 (tail), 144, 192 (chunk multiples), 199 (exact repeat): sharing 170 tokens hits 144.
+    other = ids[:170] + random_prompt(vocab, 5, seed=6)
+    first = llm.generate([other], max_new_tokens=2)[0]
+    assert first.cached_tokens == 144
+    # `other` left the cached path at 170 and checkpointed there: the next continuation hits all 170.
+    third = ids[:170] + random_prompt(vocab, 7, seed=7)
+    hit = llm.generate([third], max_new_tokens=4)[0]
+    assert hit.cached_tokens == 170
+    # Greedy tokens after the divergence-point hit equal transformers' (fp32) on the whole prompt.
+    assert hit.token_ids == reference_greedy(reference, third, 4)
+    torch.testing.assert_close(hit.prompt_logits, reference_logits(reference, third)[-1], atol=1e-4, rtol=0)
 
 
 def test_multi_turn_reuses_the_whole_previous_turn(tiny_model_factory):

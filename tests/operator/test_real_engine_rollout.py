@@ -24,8 +24,9 @@ DEPLOYMENT = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/qwen"
 GOOD_FLAGS = ["--context-length", "1024", "--max-new-tokens", "64", "--chunked-prefill-size", "64"]
 # Bad flags: the engine runs a shorter context than the plan promises, so the long prefill fails.
 BAD_FLAGS = ["--context-length", "512", "--max-new-tokens", "64"]
-# CPU on a shared 2-core machine: generous TTFT; retention reuse is judged by the client's own tests.
-CPU_SMOKE = {"timeoutSeconds": 120, "thresholds": {"maxShortTtftSeconds": 10, "minRetentionHitRate": 0}}
+# CPU on a shared 2-core machine: generous TTFT; the retention probe runs with its default threshold against
+# the sessions the revision's plan retains.
+CPU_SMOKE = {"timeoutSeconds": 120, "thresholds": {"maxShortTtftSeconds": 10}}
 TARGETS = {"contextLength": 1024, "maxNewTokens": 64, "maxRunningRequests": 4}
 
 

@@ -90,6 +90,16 @@ class EngineModel(ABC):
     ) -> int:
         """Working slots of running requests plus the checkpoints the prefix cache must keep."""
 
+    def reuse_interval(self, layout: Layout) -> int:
+        """Tokens a hybrid model's reusable prefix is rounded down to: its SSM checkpoints sit on chunk ends."""
+        return layout.chunk
+
+    def retained(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> tuple[int, int]:
+        """Sessions, and tokens each, whose prefixes the plan promises to keep reusable: the targets."""
+        return retained_sessions, session_tokens
+
     @abstractmethod
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
         """Static allocations besides weights, KV pool and SSM pool (tables, residual windows)."""

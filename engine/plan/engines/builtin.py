@@ -6,6 +6,8 @@ one block's workspace, independent of the prefix length (DESIGN.md, "The memory 
 
 from __future__ import annotations
 
+import math
+
 from headroom.engine.plan.engines.base import (
     EngineModel,
     Layout,
@@ -13,7 +15,6 @@ from headroom.engine.plan.engines.base import (
     activation_bytes,
     dense_prefix_bytes,
     req_to_token_table_bytes,
-    session_checkpoints,
 )
 from headroom.engine.plan.geometry import ModelGeometry
 from headroom.engine.plan.kv_format import KV_DTYPES, kv_format, kv_heads_per_gpu
@@ -45,6 +46,17 @@ _ACTIVATION_SCALE = 1.95
 # on 16, 24 and 32 GiB plans alike): a multiple of the activations, rounded up.
 _FRAGMENTATION_SCALE = 0.85
 _FRAGMENTATION_SCALE_KIVI = 1.2
+# The prefix cache's checkpoint policy (engine/cache/checkpoint_policy.py): SSM states one finished session
+# keeps once redundant ones are trimmed, and the most a running request takes during its prefill.
+CHECKPOINTS_PER_SESSION = 3
+CHECKPOINT_GRANULE = 64
+CHECKPOINT_STOPS_PER_REQUEST = 6
+# Without a retained-sessions target the plan retains as many sessions as the pool holds, each of context /
+# DEFAULT_SESSION_FRACTION tokens (the smoke test's default session length), or longer where a session's
+# checkpoints would otherwise take more than DEFAULT_STATE_SHARE of the memory its KV and checkpoints share
+# (a 4B model's fp32 states are 49 MiB a slot; with int2 KV, three of them outweigh 30K tokens of KV).
+DEFAULT_SESSION_FRACTION = 4
+DEFAULT_STATE_SHARE = 0.25
 
 
 def decode_graph_batch(kivi_pool: bool, sparse_moe: bool, running: int) -> int:
@@ -68,16 +80,40 @@ class BuiltinEngine(EngineModel):
     def page_tokens(self, layout: Layout) -> int:
         return kv_format(layout.kv_dtype).page_tokens
 
+    def reuse_interval(self, layout: Layout) -> int:
+        # The cache checkpoints a prompt's tail on multiples of 64 tokens (and of the KV page).
+        return math.lcm(CHECKPOINT_GRANULE, self.page_tokens(layout))
+
+    def retained(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> tuple[int, int]:
+        """The targets exactly when given; otherwise every pool token reusable: as many default-length
+        sessions as the pool holds."""
+        if retained_sessions:
+            return retained_sessions, session_tokens
+        default_tokens = self.default_session_tokens(geometry, layout)
+        return total_tokens // default_tokens, default_tokens
+
+    def default_session_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
+        """A quarter context, lengthened (up to the context) until a session's checkpoints take at most
+        DEFAULT_STATE_SHARE of the bytes its KV and checkpoints take together."""
+        quarter = max(1, layout.context_length // DEFAULT_SESSION_FRACTION)
+        if not geometry.is_hybrid:
+            return quarter
+        states = CHECKPOINTS_PER_SESSION * self.ssm_slot_bytes(geometry, layout)
+        kv_floor = states * (1 - DEFAULT_STATE_SHARE) / DEFAULT_STATE_SHARE
+        floor = math.ceil(kv_floor / self.kv_bytes_per_token(geometry, layout))
+        return min(layout.context_length, max(quarter, floor))
+
     def ssm_slots_needed(
         self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
     ) -> int:
         if not geometry.is_hybrid:
             return 0
-        # The radix cache keeps a checkpoint at every chunk boundary of a cached prefix: enough for the
-        # retained sessions, and at least for one full-context request, plus one working slot per runner.
-        retained = session_checkpoints(retained_sessions, session_tokens, layout.chunk)
-        one_context = -(-layout.context_length // layout.chunk)
-        return max(retained, one_context) + layout.running
+        # Checkpoints the retained sessions keep, those one prefill takes while it runs (locked, so they could
+        # otherwise push out a retained session's), and one working slot per running request.
+        sessions, _ = self.retained(geometry, layout, total_tokens, retained_sessions, session_tokens)
+        return sessions * CHECKPOINTS_PER_SESSION + CHECKPOINT_STOPS_PER_REQUEST + layout.running
 
     def static_extras(self, geometry: ModelGeometry, layout: Layout) -> dict[str, int]:
         fmt = kv_format(layout.kv_dtype)

@@ -20,27 +20,38 @@ def tree_slots(manager: CacheManager) -> list[int]:
     return slots
 
 
+def prefill(manager: CacheManager, seq: Sequence, chunk: int) -> None:
+    """Run seq's prefill the way the engine loop does: chunks end at the cache's checkpoint stops."""
+    while seq.is_prefilling:
+        start = seq.num_computed_tokens
+        end = manager.stop_before(seq, start, min(start + chunk, seq.num_prompt_tokens))
+        assert manager.reserve(seq, end)
+        seq.num_computed_tokens = end
+        manager.checkpoint(seq)
+
+
 def test_random_sessions_keep_slot_accounting_exact():
     rng = random.Random(0)
-    kv, ssm = KVAllocator(256, page_tokens=4), SSMSlotAllocator(12)
+    kv, ssm = KVAllocator(1024, page_tokens=4), SSMSlotAllocator(12)
     copies: list[tuple[int, int]] = []
-    manager = CacheManager(kv, ssm, lambda s, d: copies.append((s, d)))
-    prefixes = [[rng.randrange(50) for _ in range(20)] for _ in range(3)]
+    manager = CacheManager(kv, ssm, lambda s, d: copies.append((s, d)), checkpoint_interval=32)
+    prefixes = [[rng.randrange(50) for _ in range(150)] for _ in range(3)]
     running: list[Sequence] = []
-    for step in range(60):
+    for step in range(120):
         if len(running) < 3:
-            prompt = rng.choice(prefixes)[: rng.randrange(5, 21)] + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
+            prompt = rng.choice(prefixes)[: rng.randrange(60, 151)] + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
             seq = Sequence(f"r{step}", prompt)
             if manager.admit(seq):
                 running.append(seq)
         for seq in list(running):
-            # Simulate a pass: one chunk of up to 7 tokens or one decode token.
-            length = min(7, seq.num_prompt_tokens - seq.num_computed_tokens) if seq.is_prefilling else 1
-            if not manager.reserve(seq, seq.num_computed_tokens + length):
+            # Simulate a pass: a chunk of up to 37 tokens (ending at a stop) or one decode token.
+            start = seq.num_computed_tokens
+            end = manager.stop_before(seq, start, min(start + 37, seq.num_prompt_tokens)) if seq.is_prefilling else start + 1
+            if not manager.reserve(seq, end):
                 manager.finish(seq)
                 running.remove(seq)
                 continue
-            seq.num_computed_tokens += length
+            seq.num_computed_tokens = end
             manager.checkpoint(seq)
             if not seq.is_prefilling:
                 seq.output_token_ids.append(rng.randrange(50))
@@ -58,8 +69,9 @@ def test_random_sessions_keep_slot_accounting_exact():
                 assert seq.prefix_node.lock_ref > 0
         checkpoints = manager.radix.num_checkpoints if manager.radix else 0
         assert checkpoints + len(running) + ssm.num_free == ssm.num_slots
-    # Checkpoints were forked copy-on-write into requests (hits happened).
-    assert copies
+    # Checkpoints were forked copy-on-write into requests (hits happened), and slots ran short.
+    assert copies and manager.stats.hit_tokens > 0
+    assert manager.radix is not None and manager.radix.num_checkpoints_evicted > 0
 
 
 def test_finish_frees_everything_without_cache():
@@ -81,38 +93,15 @@ def test_admit_fails_cleanly_without_ssm_slots():
     assert not manager.admit(second) and second.ssm_slot is None and second.kv_slots == []
 
 
-def test_new_checkpoints_replace_the_least_recently_used_when_slots_are_full():
-    # Three slots: one working slot for the running request, two for checkpoints.
-    kv, ssm = KVAllocator(256), SSMSlotAllocator(3)
-    manager = CacheManager(kv, ssm, lambda s, d: None)
-    old = Sequence("old", list(range(100, 120)))
-    assert manager.admit(old) and manager.reserve(old, 20)
-    for end in (10, 20):
-        old.num_computed_tokens = end
-        manager.checkpoint(old)
-    manager.finish(old)
-    assert manager.radix is not None and manager.radix.num_checkpoints == 2
-    new = Sequence("new", list(range(200, 230)))
-    assert manager.admit(new) and manager.reserve(new, 30)
-    for end in (10, 20, 30):
-        new.num_computed_tokens = end
-        manager.checkpoint(new)
-    # The old session's checkpoints made room for the running request's first two boundaries; the
-    # third finds only checkpoints on the request's own locked path and is skipped, not forced.
-    assert manager.radix.match_prefix(list(range(200, 230))).num_tokens == 20
-    assert manager.radix.match_prefix(list(range(100, 120))).num_tokens == 0
-
-
 def test_checkpoints_never_take_the_slots_kept_for_admission():
-    """Two working slots kept (max running 2): a long prefill checkpointing every chunk stops short of them,
-    so a second request is still admitted while the first runs."""
-    kv, ssm = KVAllocator(256), SSMSlotAllocator(5)
-    manager = CacheManager(kv, ssm, lambda s, d: None, working_slots=2)
-    long = Sequence("long", list(range(100, 160)))
-    assert manager.admit(long) and manager.reserve(long, 60)
-    for end in range(10, 61, 10):
-        long.num_computed_tokens = end
-        manager.checkpoint(long)
+    """Two working slots kept (max running 2): a long prefill with four checkpoint stops stops short of
+    them, so a second request is still admitted while the first runs."""
+    kv, ssm = KVAllocator(512), SSMSlotAllocator(5)
+    manager = CacheManager(kv, ssm, lambda s, d: None, working_slots=2, checkpoint_interval=32)
+    long = Sequence("long", list(range(1000, 1300)))
+    assert manager.admit(long)
+    assert long.checkpoint_stops == [192, 256, 288, 299]
+    prefill(manager, long, chunk=100)
     assert manager.radix is not None and manager.radix.num_checkpoints == 3
     assert ssm.num_free == 1 and manager.num_working == 1
     short = Sequence("short", [1, 2, 3])
@@ -124,13 +113,11 @@ def test_checkpoints_never_take_the_slots_kept_for_admission():
 
 
 def test_without_a_reserve_checkpoints_may_use_every_slot():
-    kv, ssm = KVAllocator(256), SSMSlotAllocator(4)
-    manager = CacheManager(kv, ssm, lambda s, d: None)
-    long = Sequence("long", list(range(100, 160)))
-    assert manager.admit(long) and manager.reserve(long, 60)
-    for end in range(10, 61, 10):
-        long.num_computed_tokens = end
-        manager.checkpoint(long)
+    kv, ssm = KVAllocator(512), SSMSlotAllocator(4)
+    manager = CacheManager(kv, ssm, lambda s, d: None, checkpoint_interval=32)
+    long = Sequence("long", list(range(1000, 1300)))
+    assert manager.admit(long)
+    prefill(manager, long, chunk=100)
     # The running request's own path is locked: nothing can be evicted, so admission fails.
     assert ssm.num_free == 0
     assert not manager.admit(Sequence("short", [1, 2, 3]))

@@ -117,7 +117,7 @@ def test_the_engine_thread_survives_a_failed_step_whose_abort_fails_too(state):
 
 
 def test_a_short_request_is_admitted_while_long_prefills_hold_their_checkpoints(tmp_path):
-    """Four long prompts checkpoint at every chunk and pin those checkpoints (their paths are locked); a
+    """Four long prompts checkpoint at their stops and pin those checkpoints (their paths are locked); a
     30-token question arriving mid-prefill still gets an SSM slot at once and its first token long before
     the long prompts finish (it waited for them on the H200, docs/gpu.md)."""
     # The even split keeps all four prefilling at once, each pinning its checkpoints (short_first would
@@ -130,10 +130,11 @@ def test_a_short_request_is_admitted_while_long_prefills_hold_their_checkpoints(
     for i in range(4):
         prompt = [(7 * j + i) % 200 + 5 for j in range(2000)]
         loop.steps.add(Sequence(f"long{i}", prompt, SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
-    for _ in range(10):
+    for _ in range(20):
         loop.steps.step()
     cache = loop.steps.cache
-    assert cache.ssm_allocator is not None and cache.radix is not None and cache.radix.num_checkpoints >= 8
+    # 64 tokens each a pass (the contended cap) for 20 passes: each has passed its chunk checkpoint at 1024.
+    assert cache.ssm_allocator is not None and cache.radix is not None and cache.radix.num_checkpoints >= 4
     loop.steps.add(Sequence("question", [9] * 30, SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
     assert "question" in loop.steps.step().admitted
     loop.steps.step()

@@ -18,6 +18,7 @@ from headroom.engine.plan import (
     make_plan,
 )
 from headroom.engine.plan.engines import Layout, engine_model
+from headroom.engine.plan.engines.builtin import CHECKPOINT_STOPS_PER_REQUEST, CHECKPOINTS_PER_SESSION
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,10 +84,18 @@ def _check_plan(request: PlanRequest, plan) -> None:
     assert plan.context_length <= plan.max_total_tokens
     assert plan.retained_sessions * plan.session_tokens <= plan.max_total_tokens
     assert plan.context_length > plan.max_new_tokens
-    # SSM slots cover one working slot per running request plus the retained sessions' checkpoints
-    if request.geometry.is_hybrid:
+    # SSM slots cover one working slot per running request plus the retained sessions' checkpoints: one per
+    # chunk for the peers, the checkpoint policy's per session and per prefill for the builtin engine
+    if request.geometry.is_hybrid and request.engine == "builtin":
+        checkpoints = plan.retained_sessions * CHECKPOINTS_PER_SESSION + CHECKPOINT_STOPS_PER_REQUEST
+        assert plan.ssm_slots >= plan.max_running_requests + checkpoints
+    elif request.geometry.is_hybrid:
         checkpoints = plan.retained_sessions * -(-plan.session_tokens // plan.chunked_prefill_size)
         assert plan.ssm_slots >= plan.max_running_requests + checkpoints
+    if request.engine == "builtin" and request.targets.retained_sessions:
+        # Targets are honoured exactly: the plan promises what was asked, no more.
+        assert (plan.retained_sessions, plan.session_tokens) == (
+            request.targets.retained_sessions, request.targets.session_tokens)
     if request.pinned.mem_fraction_static is not None:
         assert plan.mem_fraction_static == request.pinned.mem_fraction_static
     if request.pinned.chunked_prefill_size is not None:

@@ -1,0 +1,65 @@
+"""/metrics' prefix-cache lines from a real CacheManager (no model): counters, slot split, the throttled log."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from headroom.engine.cache.kv_slots import KVAllocator
+from headroom.engine.cache.manager import CacheManager
+from headroom.engine.cache.ssm_slots import SSMSlotAllocator
+from headroom.engine.sequence import Sequence
+from headroom.engine.server import metrics as metrics_module
+from headroom.engine.server.metrics import EngineMetrics
+
+from tests.engine.cache.test_manager import prefill
+
+
+def _loop(cache: CacheManager) -> SimpleNamespace:
+    scheduler = SimpleNamespace(waiting=[], running=[], num_prefilling=0, num_preemptions=0, rejections={})
+    return SimpleNamespace(steps=SimpleNamespace(cache=cache), scheduler=scheduler)
+
+
+def _value(metrics: EngineMetrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
+def _serve(cache: CacheManager, name: str, prompt: list[int]) -> None:
+    seq = Sequence(name, prompt)
+    assert cache.admit(seq)
+    prefill(cache, seq, chunk=64)
+    cache.finish(seq)
+
+
+def test_counters_slots_and_one_silent_miss_log_a_minute(monkeypatch, caplog):
+    clock = [1000.0]
+    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
+    cache = CacheManager(KVAllocator(2048), SSMSlotAllocator(32), lambda s, d: None, checkpoint_interval=64)
+    metrics, loop = EngineMetrics(with_gpu=False), _loop(cache)
+    base = list(range(1000, 1300))
+    _serve(cache, "a", base)
+    # 250 of `base` again: the tree holds them but the deepest state inside is at 192.
+    _serve(cache, "b", base[:250] + [7] * 20)
+    with caplog.at_level(logging.WARNING, logger="headroom.prefix_cache"):
+        metrics.refresh(loop)
+        metrics.refresh(loop)
+    assert _value(metrics, "headroom_prefix_lookup_tokens_total") == 299 + 269
+    assert _value(metrics, "headroom_prefix_matched_tokens_total") == 250
+    assert _value(metrics, "headroom_prefix_matched_no_state_tokens_total") == 250 - 192
+    # Idle: no working slot held; every used slot is a checkpoint.
+    assert _value(metrics, "headroom_ssm_used_slots") == 0
+    assert _value(metrics, "headroom_ssm_checkpoint_slots") == cache.radix.num_checkpoints > 0  # type: ignore[union-attr]
+    assert _value(metrics, "headroom_ssm_checkpoints_taken_total") == cache.stats.checkpoints_taken
+    assert len([r for r in caplog.records if "no SSM checkpoint" in r.getMessage()]) == 1
+    caplog.clear()
+    # A new miss (100 matched, no state below 192) within the minute is counted, not logged; after it, logged.
+    _serve(cache, "c", base[:100] + [9] * 10)
+    with caplog.at_level(logging.WARNING, logger="headroom.prefix_cache"):
+        clock[0] += 30
+        metrics.refresh(loop)
+        assert not caplog.records
+        clock[0] += 31
+        metrics.refresh(loop)
+    assert len(caplog.records) == 1 and "100 prompt tokens" in caplog.records[0].getMessage()
