@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # through their own scripts, and PYTHONSAFEPATH (3.11+) keeps the root off sys.path everywhere else.
 export PYTHONSAFEPATH := 1
 
-.PHONY: install demo test lint typecheck imports pytest bench-plan sync-crds clean
+.PHONY: install demo test lint typecheck imports pytest peers bench-plan bench-peers sync-crds clean
 
 $(PY):
 	cd / && $(PYTHON) -m venv $(abspath $(VENV))
@@ -22,6 +22,16 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The pinned SGLang and vLLM releases (tests/peers/requirements.txt) without their heavy dependencies; the
+# peer tests parse every rendered flag list with them. Cached: re-fetched only when the pins change.
+PEERS := .cache/peers
+PEERS_STAMP := $(PEERS)/.installed
+$(PEERS_STAMP): $(STAMP) tests/peers/requirements.txt tests/peers/install.py
+	$(PY) tests/peers/install.py $(PIP) $(PEERS)
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/headroom demo
@@ -40,13 +50,16 @@ imports: $(STAMP)
 	PYTHONPATH=.cache/importlint $(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
-pytest: $(STAMP)
+pytest: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/pytest
 
 test: lint typecheck imports pytest
 
 bench-plan: $(STAMP)
 	$(PY) bench/plan_speed.py
+
+bench-peers: $(PEERS_STAMP)
+	$(PY) bench/peer_grid.py
 
 # Helm cannot read outside the chart, so the chart carries a byte-identical copy of crds/ (a test checks it).
 sync-crds:

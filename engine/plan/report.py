@@ -6,7 +6,10 @@ from headroom.engine.plan.types import Plan, PlanRefused
 from headroom.engine.plan.units import format_bytes
 
 # Ledger entries that live outside the static budget (every engine model names them so).
-OUTSIDE_STATIC = ("cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation")
+OUTSIDE_STATIC = (
+    "cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation", "backend_metadata",
+    "req_to_token_outside", "startup_in_use",
+)
 _TOTAL_KEYS = ("static_total", "non_static_total", "unused")
 
 

@@ -36,7 +36,7 @@ def load_example(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return server, maps[0]
 
 
-def test_the_three_examples_exist() -> None:
+def test_the_examples_exist() -> None:
     assert EXPECTED <= {p.name for p in EXAMPLES}
 
 

@@ -55,7 +55,7 @@ def test_deployment_runs_the_plans_flags_non_root_with_gpus_and_probes() -> None
 
 
 def test_sglang_engine_uses_its_entry_point_image_and_extra_args() -> None:
-    engine = {"kind": "sglang", "image": "lmsysorg/sglang:v0.5", "extraArgs": ["--enable-metrics"]}
+    engine = {"kind": "sglang", "image": "lmsysorg/sglang:v0.5.23", "extraArgs": ["--enable-metrics"]}
     p = planned(engine=engine, model={"hostPath": "/data/models", "path": "q", "config": inference_server()["spec"]["model"]["config"]},
                 gpu={"count": 2, "memory": "24Gi", "product": "NVIDIA-L4"})
     deployment = deployment_of(p)
@@ -64,7 +64,7 @@ def test_sglang_engine_uses_its_entry_point_image_and_extra_args() -> None:
     assert container["command"] == ["python3", "-m", "sglang.launch_server"]
     assert container["args"][:2] == ["--model-path", "/models/q"]
     assert container["args"][-1] == "--enable-metrics"
-    assert container["image"] == "lmsysorg/sglang:v0.5"
+    assert container["image"] == "lmsysorg/sglang:v0.5.23"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
     assert next(v for v in pod["volumes"] if v["name"] == "model")["hostPath"]["path"] == "/data/models"

@@ -77,12 +77,12 @@ class BuiltinEngine(EngineModel):
     kv_dtypes = KV_DTYPES
     default_ssm_dtype = "fp32"
 
-    def page_tokens(self, layout: Layout) -> int:
+    def page_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
         return kv_format(layout.kv_dtype).page_tokens
 
     def reuse_interval(self, layout: Layout) -> int:
         # The cache checkpoints a prompt's tail on multiples of 64 tokens (and of the KV page).
-        return math.lcm(CHECKPOINT_GRANULE, self.page_tokens(layout))
+        return math.lcm(CHECKPOINT_GRANULE, kv_format(layout.kv_dtype).page_tokens)
 
     def retained(
         self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
