@@ -13,14 +13,17 @@ from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import check_weights
+from headroom.engine.runtime.parallel import TensorParallel, vocab_parallel_embedding
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int, pool_layer: int):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int, pool_layer: int,
+                 tp: TensorParallel | None = None):
         prefix = f"model.layers.{index}."
         self.config = config
+        self.tp = tp
         self.is_linear = config.layer_types[index] == "linear_attention"
         self.mixer: FullAttention | GatedDeltaNet
         if self.is_linear:
@@ -44,22 +47,30 @@ class DecoderLayer:
         else:
             assert kv_pool is not None
             h = self.mixer(h, batch, kv_pool)
-        x = x + h
-        return x + self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset))
+        x = x + self._reduce(h)
+        return x + self._reduce(self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)))
+
+    def _reduce(self, h: torch.Tensor) -> torch.Tensor:
+        """Tensor parallel: the mixer's and the MLP's outputs are each rank's partial sums (row-parallel)."""
+        return h if self.tp is None else self.tp.all_reduce(h)
 
 
 class CausalLM:
-    """Weights as plain tensors; __call__ runs one ForwardBatch and returns each item's last-position logits."""
+    """Weights as plain tensors; __call__ runs one ForwardBatch and returns each item's last-position logits.
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
+    With tp, config and weights are one rank's share (engine/runtime/parallel.py) and the logits are the
+    rank's vocabulary columns."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tp: TensorParallel | None = None):
         check_weights(config, weights)
         self.config = config
+        self.tp = tp
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         full, linear = config.full_attention_layers, config.linear_attention_layers
         self.layers = [
-            DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i))
+            DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i), tp)
             for i in range(config.num_layers)
         ]
 
@@ -68,7 +79,7 @@ class CausalLM:
         self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None, all_positions: bool = False
     ) -> torch.Tensor:
         """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
-        x = F.embedding(batch.token_ids, self.embed)
+        x = vocab_parallel_embedding(batch.token_ids, self.embed, self.tp)
         for layer in self.layers:
             x = layer(x, batch, kv_pool, ssm_pool)
         last = x if all_positions else x[batch.last_rows]

@@ -26,6 +26,15 @@ def load_config(model_dir: Path) -> ModelConfig:
     return model_config_from_hf(json.loads(path.read_text()))
 
 
+def canonical_name(name: str) -> str | None:
+    """A checkpoint tensor's *ForCausalLM name ('model.layers.0...'), None for parts the engine skips."""
+    if name.startswith(_IGNORED_PREFIXES):
+        return None
+    if name.startswith(_NESTED_TEXT_PREFIX):
+        return "model." + name[len(_NESTED_TEXT_PREFIX):]
+    return name
+
+
 def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     """All tensors of the text model, named as in a *ForCausalLM checkpoint ('model.layers.0...', 'lm_head...')."""
     files = sorted(model_dir.glob("*.safetensors"))

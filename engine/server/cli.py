@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="short prefills first, long prompts back to back (default); or the even split")
     parser.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
     parser.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
+    parser.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int,
+                        help="split the model over this many GPUs, one process each (default: the plan's, else 1)")
     parser.add_argument("--cuda-graph-max-batch", type=int,
                         help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
 
@@ -59,6 +61,7 @@ def options_from_args(args: argparse.Namespace):
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
         policy=args.scheduler_policy,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
+        tensor_parallel_size=args.tensor_parallel_size,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,
     )
 

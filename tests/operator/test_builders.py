@@ -54,6 +54,15 @@ def test_deployment_runs_the_plans_flags_non_root_with_gpus_and_probes() -> None
     assert claim == {"claimName": "models", "readOnly": True}
 
 
+def test_builtin_engine_on_two_gpus_runs_tensor_parallel_and_asks_for_both() -> None:
+    p = planned(gpu={"count": 2, "memory": "24Gi"})
+    container = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+
+
 def test_sglang_engine_uses_its_entry_point_image_and_extra_args() -> None:
     engine = {"kind": "sglang", "image": "lmsysorg/sglang:v0.5.23", "extraArgs": ["--enable-metrics"]}
     p = planned(engine=engine, model={"hostPath": "/data/models", "path": "q", "config": inference_server()["spec"]["model"]["config"]},
