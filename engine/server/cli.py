@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
     parser.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
     parser.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
+    parser.add_argument("--scheduler-policy", choices=("short_first", "fair"), default="short_first",
+                        help="short prefills first, long prompts back to back (default); or the even split")
     parser.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
     parser.add_argument("--warmup-tokens", type=int, help="length of the warm-up prefill (default: 2 chunks)")
     parser.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int,
@@ -57,6 +59,7 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
+        policy=args.scheduler_policy,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
         tensor_parallel_size=args.tensor_parallel_size,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,

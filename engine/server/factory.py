@@ -46,6 +46,7 @@ class ServeOptions:
     itl_target_ms: float | None = None
     skip_ahead_limit: int = 16
     strict_fcfs: bool = False
+    policy: str = "short_first"
     log_rejections: bool = False
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
@@ -97,7 +98,7 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
     itl = options.itl_target_ms / 1000.0 if options.itl_target_ms else None
     return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
                            max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
-                           itl_target_s=itl, log_rejections=options.log_rejections)
+                           itl_target_s=itl, log_rejections=options.log_rejections, policy=options.policy)
 
 
 def build_state(options: ServeOptions) -> ServerState:
