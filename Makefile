@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # through their own scripts, and PYTHONSAFEPATH (3.11+) keeps the root off sys.path everywhere else.
 export PYTHONSAFEPATH := 1
 
-.PHONY: install demo test lint typecheck imports pytest bench-plan sync-crds clean
+.PHONY: install demo demo-engine test lint typecheck imports pytest peers bench-plan bench-peers sync-crds clean
 
 $(PY):
 	cd / && $(PYTHON) -m venv $(abspath $(VENV))
@@ -23,8 +23,23 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+# The pinned SGLang and vLLM releases (tests/peers/requirements.txt) without their heavy dependencies; the
+# peer tests parse every rendered flag list with them. Cached: re-fetched only when the pins change.
+PEERS := .cache/peers
+PEERS_STAMP := $(PEERS)/.installed
+$(PEERS_STAMP): $(STAMP) tests/peers/requirements.txt tests/peers/install.py
+	$(PY) tests/peers/install.py $(PIP) $(PEERS)
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+
+# The operator's story: API emulator, `headroom operator`, the node agent and the engine (tests/e2e/demo.py).
 demo: $(STAMP)
 	$(VENV)/bin/headroom demo
+
+# The engine alone: plan, serve the embedded model, long and short streams, metrics.
+demo-engine: $(STAMP)
+	$(VENV)/bin/headroom demo --engine-only
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -40,13 +55,16 @@ imports: $(STAMP)
 	PYTHONPATH=.cache/importlint $(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
-pytest: $(STAMP)
+pytest: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/pytest
 
 test: lint typecheck imports pytest
 
 bench-plan: $(STAMP)
 	$(PY) bench/plan_speed.py
+
+bench-peers: $(PEERS_STAMP)
+	$(PY) bench/peer_grid.py
 
 # Helm cannot read outside the chart, so the chart carries a byte-identical copy of crds/ (a test checks it).
 sync-crds:

@@ -28,7 +28,7 @@ def _geometry(name: str):
 def cases() -> dict[str, PlanRequest]:
     seed = PlanRequest(
         geometry=_geometry("seed-27b-int2"), gpu_memory_bytes=12227 * 1024**2, kv_dtype="int2", engine="sglang",
-        tp=2, ssm_dtype="fp16",
+        engine_flavour="int-kv", tp=2, ssm_dtype="fp16",
         targets=Targets(context_length=131072, retained_sessions=3, session_tokens=66000, max_running_requests=4),
     )
     return {

@@ -104,6 +104,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+        # Written after each KV dtype, so a run cut short still returns what it measured.
+        (out / "prefix_chains.json").write_text(json.dumps(results, indent=2) + "\n")
         for lap in results["kv"][kv]["laps"]:
             print(f"{kv} lap {lap['lap']}: hit {lap['hit_rate']:.1%}, TTFT " + ", ".join(f"{t:.3f}" for t in lap["ttft_s"]))
     results["seconds"] = round(time.perf_counter() - started, 1)

@@ -31,14 +31,18 @@ SHORT_ARRIVALS_S = [20.0 + 0.37 * k for k in range(8)]
 POLICIES = {
     "strict FCFS-with-stop (before)": SchedulerConfig.strict_fcfs(8192, 10, chunk_per_request=4096),
     "seed's fix (lone request capped too)": SchedulerConfig(
-        chunked_prefill_size=8192, max_running_requests=10, cap_lone_request=True, cost_model=COST),
-    "headroom, no ITL target": SchedulerConfig(chunked_prefill_size=8192, max_running_requests=10, cost_model=COST),
-    "headroom, ITL target 1 s": SchedulerConfig(
+        chunked_prefill_size=8192, max_running_requests=10, cap_lone_request=True, cost_model=COST, policy="fair"),
+    "fair, no ITL target": SchedulerConfig(chunked_prefill_size=8192, max_running_requests=10, cost_model=COST, policy="fair"),
+    "fair, ITL target 1 s": SchedulerConfig(
+        chunked_prefill_size=8192, max_running_requests=10, itl_target_s=1.0, cost_model=COST, policy="fair"),
+    "fair, ITL target 0.5 s": SchedulerConfig(
+        chunked_prefill_size=8192, max_running_requests=10, itl_target_s=0.5, cost_model=COST, policy="fair"),
+    "short_first (new default), no ITL target": SchedulerConfig(
+        chunked_prefill_size=8192, max_running_requests=10, cost_model=COST),
+    "short_first, ITL target 1 s": SchedulerConfig(
         chunked_prefill_size=8192, max_running_requests=10, itl_target_s=1.0, cost_model=COST),
-    "headroom, ITL target 0.5 s": SchedulerConfig(
-        chunked_prefill_size=8192, max_running_requests=10, itl_target_s=0.5, cost_model=COST),
-    "headroom, budget 2048, ITL target 1 s": SchedulerConfig(
-        chunked_prefill_size=2048, max_running_requests=10, itl_target_s=1.0, cost_model=COST),
+    "fair, budget 2048, ITL target 1 s": SchedulerConfig(
+        chunked_prefill_size=2048, max_running_requests=10, itl_target_s=1.0, cost_model=COST, policy="fair"),
 }
 
 

@@ -1,4 +1,5 @@
-"""`headroom demo` (make demo): plan -> serve the embedded model on CPU -> one long and several short
+"""`headroom demo` (make demo): the operator's story from a source checkout (tests/e2e/demo.py); with
+--engine-only the engine alone: plan -> serve the embedded model on CPU -> one long and several short
 streaming requests at once -> per-request TTFT/ITL and the metrics that matter -> clean shutdown.
 """
 
@@ -7,8 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 PLAN_FIELDS = ("context_length", "max_total_tokens", "chunked_prefill_size", "max_running_requests", "ssm_slots",
@@ -20,6 +23,8 @@ METRICS_SHOWN = ("headroom_kv_used_tokens", "headroom_kv_total_tokens", "headroo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine-only", action="store_true",
+                        help="the engine alone (the default is the operator's story, from a source checkout)")
     parser.add_argument("--long-tokens", type=int, default=3000, help="length of the long prompt (bytes = tokens)")
     parser.add_argument("--num-short", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -65,7 +70,26 @@ async def _workload(base_url: str, args: argparse.Namespace) -> list[dict[str, A
     return list(results)
 
 
+def story_script() -> Path:
+    """The operator's story (emulator, operator, node agent, engine) lives with the tests of a source checkout."""
+    return Path(__file__).resolve().parents[1] / "tests" / "e2e" / "demo.py"
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.engine_only:
+        script = story_script()
+        if not script.is_file():
+            print(f"headroom demo: the operator's story needs a source checkout ({script} is absent); "
+                  "`headroom demo --engine-only` runs the engine alone", file=sys.stderr)
+            return 2
+        import runpy
+
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+    return run_engine_tour(args)
+
+
+def run_engine_tour(args: argparse.Namespace) -> int:
     import httpx
     import uvicorn
     from headroom.engine.server.app import build_app

@@ -18,6 +18,7 @@ from headroom.client.http import OpenAIClient
 from headroom.client.probes import long_prefill_with_short_prompt, server_alive
 from headroom.client.prompts import build_prompt_factory
 from headroom.client.retention import retention_probe
+from headroom.client.saturation import saturation_probe
 from headroom.client.smoke_types import Check, SmokeReport, SmokeSettings, SmokeThresholds
 from headroom.client.telemetry import MetricsSampler, detect_cliff
 
@@ -59,6 +60,7 @@ async def smoke(
         if not report.checks["alive_after_long_prefill"].passed:
             return report
         await boundary_probes(client, factory, settings, thresholds, report)
+        await saturation_probe(client, factory, settings, report)
         await retention_probe(client, factory, settings, thresholds, report)
     return report
 

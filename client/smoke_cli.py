@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("--retention-tokens", type=int, help="tokens per session (default: plan's, else context/4)")
     sizes.add_argument("--checkpoint-interval", type=int,
                        help="hybrid engines: reusable prefixes round down to this (default: plan's reuse interval)")
+    sizes.add_argument("--saturation-requests", type=int, help="concurrent requests (default: --plan's running; 0 off)")
+    sizes.add_argument("--saturation-prompt-tokens", type=int, help="prompt tokens each (default: 2x pool shared)")
+    sizes.add_argument("--saturation-deadline-s", type=float, default=300.0, help="all must finish within this")
     sizes.add_argument("--metrics-interval-s", type=float, default=1.0, help="/metrics polling period")
     sizes.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (servers that reject it)")
     limits = parser.add_argument_group("thresholds")
@@ -95,6 +98,11 @@ def settings_from_args(args: argparse.Namespace) -> SmokeSettings:
             short_delay_s=args.short_delay_s, retention_sessions=args.retention_sessions,
             metrics_interval_s=args.metrics_interval_s, ignore_eos=not args.no_ignore_eos,
             checkpoint_interval_tokens=args.checkpoint_interval,
+            # Saturation at the plan's sizes: on with --plan (the promise the user hands over), else on request.
+            saturation_requests=(args.saturation_requests if args.saturation_requests is not None
+                                 else targets.get("max_running_requests", 0) if args.plan else 0),
+            saturation_prompt_tokens=args.saturation_prompt_tokens, pool_tokens=targets.get("max_total_tokens"),
+            saturation_deadline_s=args.saturation_deadline_s,
         )
         if targets:
             # The plan's promise (file, or the server's /plan); the probe tests nothing it did not make.

@@ -57,6 +57,12 @@ class SmokeSettings:
     checkpoint_interval_tokens: int | None = None
     metrics_interval_s: float = 1.0
     ignore_eos: bool = True
+    # Saturation probe: this many requests at once (the plan's max_running_requests; 0 disables), each of
+    # saturation_prompt_tokens prompt tokens + max_new_tokens (see saturation_prompt_len for the default).
+    saturation_requests: int = 0
+    saturation_prompt_tokens: int | None = None
+    pool_tokens: int | None = None
+    saturation_deadline_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -69,11 +75,29 @@ class SmokeSettings:
             )
         if self.checkpoint_interval_tokens is not None and self.checkpoint_interval_tokens < 1:
             raise ValueError(f"checkpoint_interval_tokens must be >= 1, got {self.checkpoint_interval_tokens}")
+        if self.saturation_requests < 0 or self.saturation_deadline_s <= 0:
+            raise ValueError(f"saturation_requests={self.saturation_requests} must be >= 0 and "
+                             f"saturation_deadline_s={self.saturation_deadline_s} > 0")
+        if self.saturation_requests and not 1 <= self.saturation_prompt_len <= self.long_prompt_tokens:
+            raise ValueError(f"saturation prompt of {self.saturation_prompt_len} tokens must be 1..{self.long_prompt_tokens}"
+                             f" (context_length - max_new_tokens - margin)")
         if self.retention_sessions is not None and self.retention_sessions < 0:
             raise ValueError(f"retention_sessions must be >= 0, got {self.retention_sessions}")
         if self.retention_sessions:
             # Validates the retention sizes at construction, naming the numbers.
             self.retention_context_tokens  # noqa: B018
+
+    @property
+    def saturation_prompt_len(self) -> int:
+        """Prompt tokens of one saturation request: enough that the requests need twice the pool, and at least
+        two chunks (a preempted request resumes from its chunk checkpoints: the path that livelocked), within
+        the context."""
+        if self.saturation_prompt_tokens is not None:
+            return self.saturation_prompt_tokens
+        wanted = 2 * (self.checkpoint_interval_tokens or 1)
+        if self.pool_tokens is not None and self.saturation_requests:
+            wanted = max(wanted, 2 * self.pool_tokens // self.saturation_requests - self.max_new_tokens)
+        return min(wanted, self.long_prompt_tokens)
 
     @property
     def long_prompt_tokens(self) -> int:

@@ -18,7 +18,8 @@ class EngineConfig:
     static_budget_bytes (weights + pools) comes from the plan (mem_fraction_static x GPU memory);
     None skips that check (CPU tests). cuda_graph_max_batch: decode passes of up to this many sequences
     replay CUDA graphs (engine/runtime/decode_graphs.py); None = min(max_running_requests, 64) on CUDA with a
-    token-granular KV pool, else off; 0 = off.
+    token-granular KV pool, else off; 0 = off. tensor_parallel_size: processes (devices) the model is split
+    over (engine/runtime/parallel.py); the pool sizes and the static budget are per device, as the plan's ledger.
     """
 
     model_path: str
@@ -36,6 +37,7 @@ class EngineConfig:
     gpu_memory_bytes: int | None = None
     seed: int = 0
     cuda_graph_max_batch: int | None = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,6 +47,8 @@ class EngineConfig:
         for name in ("max_total_tokens", "chunked_prefill_size", "context_length", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.ssm_slots < 0:
             raise ValueError(f"ssm_slots must be >= 0, got {self.ssm_slots}")
         if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch < 0:
@@ -67,6 +71,7 @@ class EngineConfig:
             max_running_requests=plan.max_running_requests,
             static_budget_bytes=int(plan.mem_fraction_static * plan.gpu_memory_bytes),
             gpu_memory_bytes=plan.gpu_memory_bytes,
+            tensor_parallel_size=plan.tp,
         )
         fields.update(overrides)
         return cls(**fields)

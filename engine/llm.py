@@ -10,6 +10,7 @@ import torch
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.config import EngineConfig
 from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.model_runner import CapacityError, ModelRunner
 from headroom.engine.runtime.sampling import sample
 from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
@@ -29,7 +30,7 @@ class LLM:
     def __init__(self, model_path: str, config: EngineConfig | None = None, **settings: Any):
         """settings are EngineConfig fields (device, kv_dtype, max_total_tokens, chunked_prefill_size, ...)."""
         self.config = replace(config, **settings) if config else EngineConfig(model_path=model_path, **settings)
-        self.runner = ModelRunner(self.config)
+        self.runner: ModelRunner = build_runner(self.config)
         self.graph_capture = self.runner.capture_decode_graphs()
         ssm = self.runner.ssm_pool
         self.cache = CacheManager(
@@ -38,6 +39,10 @@ class LLM:
             self.config.chunked_prefill_size,
         )
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks' processes (nothing to do on one device)."""
+        self.runner.close()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

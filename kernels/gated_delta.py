@@ -40,3 +40,19 @@ def naive_gated_delta_rule(
         s = s + k[t][:, :, None] * delta[:, None, :]
         out[t] = (s * q[t][:, :, None]).sum(dim=1)
     return out.to(v.dtype), s
+
+
+def naive_gated_delta_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, slots: torch.Tensor,
+) -> torch.Tensor:
+    """One token for each of B sequences, states updated in place in the pool.
+
+    q, k [B, Hk, Dk]; v [B, Hv, Dv]; g, beta [B, Hv]; states [S, Hv, Dk, Dv] fp32 (the SSM pool's recurrent
+    states of one layer); slots [B] rows of states. Returns out [B, Hv, Dv] in v's dtype."""
+    out = torch.empty_like(v)
+    for b, slot in enumerate(slots.tolist()):
+        rows = slice(b, b + 1)
+        out[rows], new_state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[slot])
+        states[slot].copy_(new_state)
+    return out

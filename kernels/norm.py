@@ -22,3 +22,12 @@ def naive_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     out = weight * normed.to(x.dtype)
     return (out * torch.nn.functional.silu(gate.float())).to(x.dtype)
+
+
+def naive_add_rms_norm(
+    delta: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder's residual step: s = residual + delta (rounded to the model dtype), then rms_norm(s).
+    delta, residual [N, D] -> (normed [N, D], s [N, D])."""
+    summed = residual + delta
+    return naive_rms_norm(summed, weight, eps, unit_offset), summed

@@ -1,18 +1,20 @@
 """The one dispatch point between the engine and its kernels.
 
 Callers use only these names. Each picks an implementation from its inputs: on the CPU the pure-torch
-naive_* reference; on CUDA the Triton kernel (paged attention, quantize-on-write, conv decode step) or
-fla-core's Gated DeltaNet where one exists. Triton modules are imported only inside the CUDA branch, and
-every naive_* reference lives in a module that imports no Triton, so the CPU path runs without Triton
-installed.
+naive_* reference; on CUDA the Triton kernel (paged attention, quantize-on-write, conv decode step,
+quantized-weight GEMM) or fla-core's Gated DeltaNet where one exists. Triton modules are imported only
+inside the CUDA branch, and every naive_* reference lives in a module that imports no Triton, so the CPU
+path runs without Triton installed.
 """
 
 from __future__ import annotations
 
 import torch
 from headroom.kernels.attention import naive_prefix_attention
+from headroom.kernels.attention_merge import merge_two as naive_merge_two
 from headroom.kernels.conv import naive_causal_conv1d
 from headroom.kernels.gated_delta import naive_gated_delta_rule
+from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
 from headroom.kernels.kv_quant import (
     naive_fp8_dequantize,
     naive_fp8_quantize,
@@ -21,11 +23,10 @@ from headroom.kernels.kv_quant import (
     naive_kivi_quantize_keys,
     naive_kivi_quantize_values,
 )
-from headroom.kernels.norm import naive_gated_rms_norm, naive_rms_norm
-from headroom.kernels.rotary import naive_apply_rotary, rotary_inv_freq
+from headroom.kernels.norm import naive_add_rms_norm, naive_gated_rms_norm, naive_rms_norm
+from headroom.kernels.quant_weight import QuantizedWeight, naive_quant_linear
+from headroom.kernels.rotary import naive_apply_rotary, naive_rms_norm_rotary, rotary_inv_freq
 
-rms_norm = naive_rms_norm
-gated_rms_norm = naive_gated_rms_norm
 apply_rotary = naive_apply_rotary
 causal_conv1d = naive_causal_conv1d
 gated_delta_rule = naive_gated_delta_rule
@@ -38,10 +39,106 @@ kivi_quantize_values = naive_kivi_quantize_values
 kivi_dequantize_values = naive_kivi_dequantize_values
 
 __all__ = [
-    "apply_rotary", "causal_conv1d", "fp8_dequantize", "fp8_quantize", "gated_delta_rule", "gated_rms_norm",
-    "kivi_dequantize_keys", "kivi_dequantize_values", "kivi_quantize_keys", "kivi_quantize_values",
-    "prefix_attention", "rms_norm", "rotary_inv_freq",
+    "add_rms_norm", "apply_rotary", "causal_conv1d", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
+    "gated_delta_rule", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
+    "kivi_quantize_keys", "kivi_quantize_values", "merge_two", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
+    "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
 ]
+
+# The fused elementwise kernels (norms, rotary, gates, GDN decode step) on CUDA; False runs the naive_*
+# references there too (bench/engine_speed.py measures both in one process).
+_FUSED = {"on": True}
+
+
+def set_fused(on: bool) -> None:
+    _FUSED["on"] = on
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return x.is_cuda and _FUSED["on"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
+    """x [T, D] or [T, H, D] -> rms_norm over D (kernels/norm.py)."""
+    if _fused(x):
+        from headroom.kernels.norm_triton import rms_norm as run
+
+        return run(x, weight, eps, unit_offset)[0]
+    return naive_rms_norm(x, weight, eps, unit_offset)
+
+
+def add_rms_norm(delta, residual, weight, eps: float, unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + delta), residual + delta), both [T, D]: the decoder's residual step."""
+    if _fused(residual):
+        from headroom.kernels.norm_triton import rms_norm as run
+
+        normed, summed = run(residual, weight, eps, unit_offset, delta=delta)
+        assert summed is not None
+        return normed, summed
+    return naive_add_rms_norm(delta, residual, weight, eps, unit_offset)
+
+
+def gated_rms_norm(x, gate, weight, eps: float) -> torch.Tensor:
+    if _fused(x):
+        from headroom.kernels.norm_triton import gated_rms_norm as run
+
+        return run(x, gate, weight, eps)
+    return naive_gated_rms_norm(x, gate, weight, eps)
+
+
+def rms_norm_rotary(x, weight, eps: float, unit_offset: bool, positions, inv_freq) -> torch.Tensor:
+    """q/k per-head norm then rotary: x [T, H, D] -> [T, H, D] contiguous."""
+    if _fused(x):
+        from headroom.kernels.rotary_triton import rms_norm_rotary as run
+
+        return run(x, weight, eps, unit_offset, positions, inv_freq)
+    return naive_rms_norm_rotary(x, weight, eps, unit_offset, positions, inv_freq)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if _fused(gate):
+        from headroom.kernels.gates_triton import silu_mul as run
+
+        return run(gate, up)
+    return naive_silu_mul(gate, up)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    if _fused(x):
+        from headroom.kernels.gates_triton import sigmoid_mul as run
+
+        return run(x, gate)
+    return naive_sigmoid_mul(x, gate)
+
+
+def gdn_gates(b, a, neg_a, dt_bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """(beta [N, Hv] model dtype, g [N, Hv] fp32) of Gated DeltaNet (kernels/gates.py)."""
+    if _fused(b):
+        from headroom.kernels.gates_triton import gdn_gates as run
+
+        return run(b, a, neg_a, dt_bias)
+    return naive_gdn_gates(b, a, neg_a, dt_bias)
+
+
+def merge_two(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over two disjoint key ranges merged by lse (out [N, H, D] in out_a's dtype, lse [N, H])."""
+    if _fused(out_a):
+        from headroom.kernels.attention_merge_triton import merge_splits_into
+
+        out, lse = torch.empty_like(out_a), torch.empty_like(lse_a)
+        merge_splits_into(torch.stack((out_a.float(), out_b.float())), torch.stack((lse_a, lse_b)), out, lse)
+        return out, lse
+    return naive_merge_two(out_a, lse_a, out_b, lse_b)
+
+
+def gated_delta_decode(q, k, v, g, beta, states, slots) -> torch.Tensor | None:
+    """One decode token per sequence, states updated in place at slots. None: not fused here, the caller
+    takes the varlen path (fla or the reference)."""
+    if _fused(q):
+        from headroom.kernels.gdn_decode import gated_delta_decode as run
+
+        return run(q, k, v, g, beta, states, slots)
+    return None
 
 
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
@@ -55,6 +152,16 @@ def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, 
     from headroom.kernels.paged_kv import naive_paged_attention
 
     return naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ a quantized weight's [N, K].T: Triton GEMM over the packed weight on CUDA,
+    dequantize-then-matmul elsewhere."""
+    if x.is_cuda:
+        from headroom.kernels.quant_matmul import quant_matmul
+
+        return quant_matmul(x, weight, bias)
+    return naive_quant_linear(x, weight, bias)
 
 
 def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens):

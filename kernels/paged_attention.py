@@ -15,7 +15,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.attention_merge import merge_attention_states
+from headroom.kernels.attention_merge_triton import merge_splits_into
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
 from headroom.kernels.paged_kv import PagedKV, naive_paged_attention
@@ -26,6 +26,10 @@ _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 32
+# Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
+# block_m for extend): set only by bench/engine_speed.py's tile sweep; empty means the defaults below.
+EXTEND_TUNING: dict[str, int] = {}
+DECODE_TUNING: dict[str, int] = {}
 
 
 @triton.jit
@@ -134,6 +138,11 @@ def paged_attention_fwd(
     group = num_q_heads // kv.num_kv_heads
     block_m = 16 if max_q_len * group <= 16 else 64
     block_n = 64 if head_dim <= 128 else 32
+    num_warps, num_stages = (4 if head_dim <= 64 else 8), 2
+    tuning = EXTEND_TUNING if block_m == 64 else DECODE_TUNING
+    if tuning:
+        block_m, block_n = tuning.get("block_m", block_m), tuning.get("block_n", block_n)
+        num_warps, num_stages = tuning.get("num_warps", num_warps), tuning.get("num_stages", num_stages)
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -162,13 +171,11 @@ def paged_attention_fwd(
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:
         return out, out_lse
-    merged, merged_lse = merge_attention_states(splits_out, lse, q.dtype)
-    out.copy_(merged)
-    out_lse.copy_(merged_lse)
+    merge_splits_into(splits_out, lse, out, out_lse)
     return out, out_lse
 
 

@@ -21,3 +21,12 @@ def naive_apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch
     half = rotary_dim // 2
     rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
     return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
+
+
+def naive_rms_norm_rotary(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> torch.Tensor:
+    """Per-head q/k RMSNorm, then rotary: x [T, H, D] (any strides), weight [D] -> [T, H, D] contiguous."""
+    from headroom.kernels.norm import naive_rms_norm
+
+    return naive_apply_rotary(naive_rms_norm(x, weight, eps, unit_offset), positions, inv_freq)

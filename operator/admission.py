@@ -41,3 +41,19 @@ def inferenceserver_validate(
         f"plan {planned.revision}: context {planned.plan.context_length}, KV tokens {planned.plan.max_total_tokens}, "
         f"chunk {planned.plan.chunked_prefill_size}, slots {planned.plan.ssm_slots}"
     )
+    overridden = overridden_flags(parsed.engine.extra_args, planned.plan.engine_args)
+    if overridden:
+        # extraArgs come last, so the engine takes them over the plan's: admitted, but said out loud.
+        warnings.append(
+            f"engine.extraArgs override planned flags {overridden}: the engine will not run this plan, "
+            "and the smoke test judges it against the plan"
+        )
+
+
+def overridden_flags(extra_args: list[str], engine_args: list[str]) -> list[str]:
+    """Flags (`--x` or `--x=v`) that extraArgs repeat from the planned flags."""
+
+    def flags(args: list[str]) -> set[str]:
+        return {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
+
+    return sorted(flags(extra_args) & flags(engine_args))

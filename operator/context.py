@@ -14,9 +14,11 @@ MEMO_KEY = "headroom"
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    """engine_url_template fields: {service} (the canary Service), {namespace}, {name}, {port}.
+    """engine_url_template fields: {service} (the canary Service), {namespace}, {name}, {port}, and
+    {cluster_ip}: the canary Service's spec.clusterIP, read when the template names it.
 
-    Tests point it at a locally started engine; in a cluster the default resolves through DNS.
+    In a cluster the default resolves through DNS; `http://{cluster_ip}:{port}` needs no DNS (an operator
+    outside the cluster's resolver, or one machine with a local node agent, as `make demo` runs it).
     """
 
     engine_image: str = "ghcr.io/headroom/headroom-engine:latest"

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-image", default=_DEFAULTS.engine_image, help="image for engine.kind=builtin")
     parser.add_argument(
         "--engine-url-template", default=_DEFAULTS.engine_url_template,
-        help="URL of the revision under test; fields {service} {namespace} {name} {port}",
+        help="URL of the revision under test; fields {service} {namespace} {name} {port} {cluster_ip}",
     )
     parser.add_argument("--tick-seconds", type=float, default=_DEFAULTS.tick_seconds, help="re-check interval")
     parser.add_argument("--webhook-port", type=int, default=None, help="serve the validating webhook on this port")

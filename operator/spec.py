@@ -7,9 +7,11 @@ still fails with a message naming the field.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from headroom.engine.plan import ModelGeometry, Pinned, PlanRequest, Targets, geometry_from_config, parse_size
+from headroom.engine.plan.engines import UnknownProfile, resolve_profile
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
@@ -55,9 +57,24 @@ class GpuSpec(_Camel):
     product: str | None = None
 
 
+# A release in an image tag: lmsysorg/sglang:v0.5.23-cu129 -> 0.5.23.
+_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)")
+
+
+def image_version(image: str) -> str | None:
+    """The release an image tag names, or None (no tag, or a tag such as 'latest')."""
+    tag = image.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
+    match = _TAG_VERSION.match(tag)
+    return match.group(1) if match else None
+
+
 class EngineSpec(_Camel):
     kind: Literal["builtin", "sglang", "vllm"] = "builtin"
     image: str | None = None
+    # The engine release the plan is priced for; default: the version in the image tag.
+    version: str | None = None
+    # A fork's capability the stock release lacks (int-kv: the field report's SGLang with integer KV).
+    flavour: Literal["int-kv"] | None = None
     port: int = Field(default=8000, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list, alias="extraArgs")
 
@@ -65,7 +82,24 @@ class EngineSpec(_Camel):
     def _image_for_third_party(self) -> EngineSpec:
         if self.kind != "builtin" and not self.image:
             raise ValueError(f"engine.image is required for the {self.kind} engine")
+        if self.kind != "builtin":
+            self.resolved_version()
         return self
+
+    def resolved_version(self) -> str | None:
+        """The profile's release: engine.version, else the image tag's; refused when there is no profile for it."""
+        if self.kind == "builtin":
+            return None
+        version = self.version or image_version(self.image or "")
+        if version is None:
+            raise ValueError(
+                f"engine.image {self.image!r} names no release in its tag; set engine.version to a release "
+                "headroom has a profile for"
+            )
+        try:
+            return resolve_profile(self.kind, version, self.flavour).version
+        except UnknownProfile as exc:
+            raise ValueError(f"engine {self.image}: {exc}") from exc
 
 
 class KvCacheSpec(_Camel):
@@ -195,6 +229,8 @@ def plan_request(spec: InferenceServerSpec, geometry: ModelGeometry, gpu_memory_
         kv_dtype=spec.kv_cache.dtype,
         ssm_dtype=spec.kv_cache.ssm_dtype,
         engine=spec.engine.kind,
+        engine_version=spec.engine.resolved_version(),
+        engine_flavour=spec.engine.flavour,
         tp=spec.gpu.count,
         targets=targets,
         pinned=pinned,

@@ -48,12 +48,17 @@ def _apply_service(kube: KubeClient, desired_service: dict[str, Any]) -> None:
         kube.merge_patch(path, {"spec": {"selector": desired_service["spec"]["selector"]}})
 
 
-def _smoke_request(ctx: OperatorContext, body: dict[str, Any], record: RevisionRecord) -> SmokeRequest:
+def _smoke_request(ctx: OperatorContext, body: dict[str, Any], record: RevisionRecord) -> SmokeRequest | None:
+    """None while the template names {cluster_ip} and the canary Service has none yet."""
     meta = body["metadata"]
-    url = ctx.settings.engine_url_template.format(
-        service=canary_service_name(meta["name"]), namespace=meta["namespace"], name=meta["name"],
-        port=record.spec.engine.port,
-    )
+    fields = {"service": canary_service_name(meta["name"]), "namespace": meta["namespace"], "name": meta["name"],
+              "port": record.spec.engine.port}
+    if "{cluster_ip}" in ctx.settings.engine_url_template:
+        service = ctx.kube.get(object_path("v1", "services", meta["namespace"], fields["service"])) or {}
+        fields["cluster_ip"] = (service.get("spec") or {}).get("clusterIP") or ""
+        if fields["cluster_ip"] in ("", "None"):
+            return None
+    url = ctx.settings.engine_url_template.format(**fields)
     return SmokeRequest(
         url=url,
         context_length=int(record.plan["context_length"]),
@@ -102,14 +107,21 @@ def apply_step(
             # The engine got its key from the same Secret; until the operator can read it, no gate runs.
             reason = f"revision {revision}: {exc}"
             return StepResult(conditions=[Condition("Validated", "Unknown", "ApiKeyUnavailable", reason)], message=reason)
+        if request is None:
+            waiting = f"Service {canary_service_name(meta['name'])} has no clusterIP yet"
+            return StepResult(conditions=[Condition("Validated", "Unknown", "WaitingForService", waiting)])
         ctx.smoke.start((meta["namespace"], meta["name"], revision), request)
         return StepResult(
-            status={"lastSmoke": {"revision": revision, "result": "Running", "summary": "", "finishedAt": ""}},
+            # checks: None drops the previous run's verdicts (status is merge-patched).
+            status={"lastSmoke": {"revision": revision, "result": "Running", "summary": "", "finishedAt": "",
+                                  "checks": None}},
             conditions=[Condition("Deployed", "True", "Ready", f"revision {revision} is ready"),
                         Condition("Validated", "Unknown", "SmokeRunning", f"smoke test of revision {revision}")],
         )
+    # checks: every probe's verdict and reason, for `kubectl get isvc -o jsonpath='{.status.lastSmoke.checks}'`.
     smoke = {"revision": revision, "result": "Passed" if step.action == Action.PROMOTE else "Failed",
-             "summary": outcome.summary if outcome else step.reason, "finishedAt": now}
+             "summary": outcome.summary if outcome else step.reason, "finishedAt": now,
+             "checks": outcome.checks if outcome else {}}
     if step.action == Action.PROMOTE:
         _apply_service(kube, build_service(body, revision, port))
         _drop_stale_configmaps(kube, body, keep={revision})

@@ -55,8 +55,9 @@ class CacheManager:
         """Attach a prefix hit and an SSM slot; False (nothing held) when no SSM slot can be had."""
         match = None
         if self.radix is not None:
-            # Leave one prompt token to compute: the first output needs its logits.
-            match = self.radix.match_prefix(seq.prompt_token_ids[:-1])
+            # Leave one token to compute: the next output needs its logits. A preempted request matches its
+            # generated tokens too, so it resumes from the state it published instead of recomputing.
+            match = self.radix.match_prefix(seq.token_ids[:-1])
             if match.num_tokens:
                 self.radix.lock(match.node)
                 slot = self.radix.fork_checkpoint(match, self.copy_ssm) if match.ssm_slot is not None else None
@@ -85,7 +86,8 @@ class CacheManager:
     def _admitted(self, seq: Sequence, match: PrefixMatch | None) -> None:
         """Count the lookup and, for a hybrid model, choose the prefill's checkpoint stops."""
         seq.checkpoint_stops = []
-        if match is None:
+        if match is None or seq.output_token_ids:
+            # A request resuming after preemption is past its prompt: no client lookup, no prefill stops.
             return
         hit = seq.num_computed_tokens
         self.stats.looked_up_tokens += seq.num_prompt_tokens - 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
@@ -15,10 +15,10 @@ class FullAttention:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
         self.config = config
         self.pool_layer = pool_layer
-        self.q_proj = weights[prefix + "q_proj.weight"]
-        self.k_proj = weights[prefix + "k_proj.weight"]
-        self.v_proj = weights[prefix + "v_proj.weight"]
-        self.o_proj = weights[prefix + "o_proj.weight"]
+        self.q_proj = linear_weight(config, weights, prefix + "q_proj")
+        self.k_proj = linear_weight(config, weights, prefix + "k_proj")
+        self.v_proj = linear_weight(config, weights, prefix + "v_proj")
+        self.o_proj = linear_weight(config, weights, prefix + "o_proj")
         self.q_bias = weights.get(prefix + "q_proj.bias")
         self.k_bias = weights.get(prefix + "k_proj.bias")
         self.v_bias = weights.get(prefix + "v_proj.bias")
@@ -35,15 +35,13 @@ class FullAttention:
         q = linear(x, self.q_proj, self.q_bias)
         gate = None
         if cfg.attention_gate:
+            # Strided [N, H, D] views; the fused norm/rotary and gate kernels read them without a copy.
             q, gate = q.view(n, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(n, -1)
         q = q.reshape(n, cfg.num_heads, cfg.head_dim)
         k = linear(x, self.k_proj, self.k_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
         v = linear(x, self.v_proj, self.v_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
-        q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        q = ops.apply_rotary(q, batch.positions, self.inv_freq)
-        k = ops.apply_rotary(k, batch.positions, self.inv_freq)
+        q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
+        k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
         if kv_pool.is_kivi:
             assert not batch.is_static, "DecodeGraphs never takes a KIVI pool"
             # Whole pages are quantized; each sequence's open page stays in its residual window.
@@ -66,5 +64,5 @@ class FullAttention:
                 out[rows] = ops.prefix_attention(q[rows], k_ctx, v_ctx, batch.positions[rows], self.scale)
         attn = out.reshape(n, -1)
         if gate is not None:
-            attn = attn * torch.sigmoid(gate)
+            attn = ops.sigmoid_mul(attn, gate)
         return linear(attn, self.o_proj, self.o_bias)

@@ -4,7 +4,7 @@ head-grouped in_proj_qkvz/ba. Both yield the same tensors, so GatedDeltaNet is l
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.models.config import ModelConfig
 
 # (mixed_qkv [N, 2*Hk*Dk + Hv*Dv] in conv-channel order q|k|v, z [N, Hv, Dv], b [N, Hv], a [N, Hv])
@@ -16,10 +16,10 @@ class SplitProjection:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
         self.config = config
-        self.in_proj_qkv = weights[prefix + "in_proj_qkv.weight"]
-        self.in_proj_z = weights[prefix + "in_proj_z.weight"]
-        self.in_proj_b = weights[prefix + "in_proj_b.weight"]
-        self.in_proj_a = weights[prefix + "in_proj_a.weight"]
+        self.in_proj_qkv = linear_weight(config, weights, prefix + "in_proj_qkv")
+        self.in_proj_z = linear_weight(config, weights, prefix + "in_proj_z")
+        self.in_proj_b = linear_weight(config, weights, prefix + "in_proj_b")
+        self.in_proj_a = linear_weight(config, weights, prefix + "in_proj_a")
 
     def __call__(self, x: torch.Tensor) -> Projected:
         """x [N, hidden] -> Projected."""
@@ -36,8 +36,8 @@ class FusedGroupedProjection:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
         self.config = config
-        self.in_proj_qkvz = weights[prefix + "in_proj_qkvz.weight"]
-        self.in_proj_ba = weights[prefix + "in_proj_ba.weight"]
+        self.in_proj_qkvz = linear_weight(config, weights, prefix + "in_proj_qkvz")
+        self.in_proj_ba = linear_weight(config, weights, prefix + "in_proj_ba")
 
     def __call__(self, x: torch.Tensor) -> Projected:
         """x [N, hidden] -> Projected."""

@@ -4,9 +4,8 @@ gated RMSNorm, out-projection. Per-sequence conv and recurrent state live in the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from headroom.engine.layers.gdn_projection import gdn_projection
-from headroom.engine.layers.mlp import linear
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
 from headroom.engine.runtime.ssm_pool import SSMPool
@@ -24,7 +23,7 @@ class GatedDeltaNet:
         # Decay rate per value head, fp32 so that exp() cannot overflow in half precision.
         self.neg_a = -weights[prefix + "A_log"].float().exp()
         self.norm = weights[prefix + "norm.weight"]
-        self.out_proj = weights[prefix + "out_proj.weight"]
+        self.out_proj = linear_weight(config, weights, prefix + "out_proj")
         self.key_dim = config.linear_num_key_heads * config.linear_key_head_dim
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, ssm_pool: SSMPool) -> torch.Tensor:
@@ -33,13 +32,12 @@ class GatedDeltaNet:
         n = x.shape[0]
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed, z, b, a = self.project(x)
-        beta = torch.sigmoid(b)
-        g = self.neg_a * F.softplus(a.float() + self.dt_bias.float())
+        beta, g = ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
         slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
         conv_states = ssm_pool.conv[self.pool_layer]
         if batch.is_decode_only:
             # One token per sequence: one batched conv step over the pool's states, in place.
-            conv_out = ops.causal_conv1d_update(mixed.contiguous(), self.conv_weight, conv_states, slots.to(torch.int32))
+            conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
         else:
             conv_out = torch.empty_like(mixed)
             for span in batch.spans:
@@ -50,23 +48,32 @@ class GatedDeltaNet:
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
-        if x.is_cuda or batch.is_static:
+        # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere).
+        core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots) if batch.is_decode_only else None
+        if core is None:
+            core = self._varlen(q, k, v, g, beta, recurrent, slots, batch)
+        normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
+        return linear(normed.reshape(n, hv * dv), self.out_proj)
+
+    def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
+        """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence."""
+        n, hv, dv = v.shape
+        if q.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
             bounds = batch.cached(GDN_BOUNDS, lambda: torch.tensor(
-                [0] + [s.offset + s.length for s in batch.spans], device=x.device
+                [0] + [s.offset + s.length for s in batch.spans], device=q.device
             ))
             core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], bounds)
             recurrent[slots] = final.to(recurrent.dtype)
         else:
-            core = torch.empty((n, hv, dv), dtype=x.dtype, device=x.device)
+            core = torch.empty((n, hv, dv), dtype=v.dtype, device=q.device)
             for span in batch.spans:
                 slot = span.seq.ssm_slot
                 rows = slice(span.offset, span.offset + span.length)
                 out, new_state = ops.gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent[slot])
                 recurrent[slot].copy_(new_state)
                 core[rows] = out
-        normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
-        return linear(normed.reshape(n, hv * dv), self.out_proj)
+        return core
 
 
 def _slot_index(batch: ForwardBatch, device: torch.device) -> torch.Tensor:

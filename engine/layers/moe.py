@@ -4,7 +4,8 @@ SwiGLU expert scaled by a sigmoid gate. Experts stay the checkpoint's per-expert
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.mlp import SwiGLU, linear
+from headroom.engine.layers.linear import LinearWeight, linear, linear_weight
+from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.models.config import ModelConfig
 
 
@@ -12,12 +13,13 @@ class SparseMoE:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
-        self.router = weights[prefix + "gate.weight"]
-        self.experts = [SwiGLU(weights, f"{prefix}experts.{e}.") for e in range(config.num_experts)]
+        self.router = linear_weight(config, weights, prefix + "gate")
+        self.experts = [SwiGLU(config, weights, f"{prefix}experts.{e}.") for e in range(config.num_experts)]
         # (shared SwiGLU expert, its gate weight [1, hidden]); None when shared_expert_intermediate_size is 0.
-        self.shared: tuple[SwiGLU, torch.Tensor] | None = None
+        self.shared: tuple[SwiGLU, LinearWeight] | None = None
         if config.shared_expert_intermediate_size:
-            self.shared = (SwiGLU(weights, prefix + "shared_expert."), weights[prefix + "shared_expert_gate.weight"])
+            self.shared = (SwiGLU(config, weights, prefix + "shared_expert."),
+                           linear_weight(config, weights, prefix + "shared_expert_gate"))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (expert ids [N, k] int64, weights [N, k] in x's dtype)."""

@@ -11,7 +11,6 @@ import torch
 from headroom.engine.runtime.forward_batch import POOL_INDEX, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
-from headroom.kernels.attention_merge import merge_two
 from headroom.kernels.paged_kv import PagedKV, page_table
 
 
@@ -59,5 +58,5 @@ def paged_attention_over_pool(
     out_window, lse_window = ops.paged_attention(
         q, batch.positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
     )
-    merged, _ = merge_two(out, lse, out_window, lse_window)
+    merged, _ = ops.merge_two(out, lse, out_window, lse_window)
     return merged

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from headroom.engine.config import EngineConfig
 from headroom.engine.loop.step import StepRunner, StepStats, TokenEvent
 from headroom.engine.runtime.decode_graphs import CaptureReport
+from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.scheduler.types import SchedulerConfig
 from headroom.engine.sequence import Sequence
@@ -59,8 +60,9 @@ class EngineLoop:
     def from_config(cls, config: EngineConfig, scheduler_config: SchedulerConfig, max_waiting_requests: int = 256,
                     on_step: Callable[[StepStats, EngineLoop], None] | None = None) -> EngineLoop:
         """Build the model runner (weights and pools) for `config` and a loop around it. The server builds
-        its engine through here: it reaches the runtime only through the loop."""
-        return cls(ModelRunner(config), scheduler_config, max_waiting_requests, on_step)
+        its engine through here: it reaches the runtime only through the loop. With tensor_parallel_size > 1
+        the runner leads the other ranks' processes (engine/runtime/leader.py); this loop never knows."""
+        return cls(build_runner(config), scheduler_config, max_waiting_requests, on_step)
 
     @property
     def scheduler(self):
@@ -73,6 +75,10 @@ class EngineLoop:
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode CUDA graphs before the loop starts (nothing on a CPU)."""
         return self.runner.capture_decode_graphs()
+
+    def synchronize(self) -> None:
+        """Wait until the runner (every tensor-parallel rank) has finished all work sent so far."""
+        self.runner.synchronize()
 
     def _emit(self, request_id: str, event: TokenEvent) -> None:
         stream = self._streams.get(request_id)
@@ -106,6 +112,7 @@ class EngineLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.runner.close()
 
     def drain_inbox(self) -> None:
         while True:

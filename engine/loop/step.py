@@ -57,6 +57,14 @@ class StepRunner:
         self.scheduler = Scheduler(scheduler_config, self.capacity)
 
     def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
+        """Queue seq; one that could never fit the KV pool, even alone, is refused at once with the numbers."""
+        pool = self.cache.kv_allocator.num_tokens
+        if seq.num_prompt_tokens + seq.sampling.max_new_tokens > pool:
+            self.emit(seq.request_id, TokenEvent([], "error", (
+                f"prompt of {seq.num_prompt_tokens} tokens + max_new_tokens {seq.sampling.max_new_tokens} = "
+                f"{seq.num_prompt_tokens + seq.sampling.max_new_tokens} exceeds the KV pool of {pool} tokens: "
+                "it could never be scheduled"), seq.num_prompt_tokens))
+            return
         self.sequences[seq.request_id] = seq
         self.eos_ids[seq.request_id] = frozenset() if seq.sampling.ignore_eos else eos_token_ids
         self.scheduler.add(SchedRequest(seq.request_id, seq.num_prompt_tokens, seq.sampling.max_new_tokens))
@@ -96,11 +104,15 @@ class StepRunner:
 
     def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
         seq = self.sequences[request.request_id]
+        first_hit = seq.cached_tokens
         if not self.cache.admit(seq):
             # The scheduler counted a slot that a locked checkpoint still holds: wait, never fail.
             self.scheduler.defer(plan, request, "ssm_slot_held")
             return
         seq.status = SequenceStatus.RUNNING
+        if seq.output_token_ids:
+            # Re-admitted after preemption: usage keeps the hit the client's prompt had, not the resume point.
+            seq.cached_tokens = first_hit
         if seq.num_computed_tokens != request.num_computed:
             # The prefix hit at admission differs from the scheduler's estimate: restart the chunk there.
             item = next(i for i in plan.prefills if i.request is request)

@@ -4,8 +4,8 @@ and Qwen3-Next (Qwen3.5's mixers with fused GDN projections and sparse MoE MLPs)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from headroom.engine.layers.attention import FullAttention
+from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
@@ -13,14 +13,17 @@ from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import check_weights
+from headroom.engine.runtime.parallel import TensorParallel, vocab_parallel_embedding
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int, pool_layer: int):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int, pool_layer: int,
+                 tp: TensorParallel | None = None):
         prefix = f"model.layers.{index}."
         self.config = config
+        self.tp = tp
         self.is_linear = config.layer_types[index] == "linear_attention"
         self.mixer: FullAttention | GatedDeltaNet
         if self.is_linear:
@@ -33,33 +36,49 @@ class DecoderLayer:
         if index in config.moe_layers:
             self.mlp = SparseMoE(config, weights, prefix + "mlp.")
         else:
-            self.mlp = SwiGLU(weights, prefix + "mlp.")
+            self.mlp = SwiGLU(config, weights, prefix + "mlp.")
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch, kv_pool: KVPool | None,
+        ssm_pool: SSMPool | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual x, the previous layer's MLP output or None) [N, hidden] -> the same pair for the next layer.
+        The residual add is left to the next norm, which fuses it (ops.add_rms_norm)."""
         cfg = self.config
-        h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        if delta is None:
+            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        else:
+            h, x = ops.add_rms_norm(delta, x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
         if isinstance(self.mixer, GatedDeltaNet):
             assert ssm_pool is not None
             h = self.mixer(h, batch, ssm_pool)
         else:
             assert kv_pool is not None
             h = self.mixer(h, batch, kv_pool)
-        x = x + h
-        return x + self.mlp(ops.rms_norm(x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset))
+        h, x = ops.add_rms_norm(self._reduce(h), x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        return x, self._reduce(self.mlp(h))
+
+    def _reduce(self, h: torch.Tensor) -> torch.Tensor:
+        """Tensor parallel: the mixer's and the MLP's outputs are each rank's partial sums (row-parallel)."""
+        return h if self.tp is None else self.tp.all_reduce(h)
 
 
 class CausalLM:
-    """Weights as plain tensors; __call__ runs one ForwardBatch and returns each item's last-position logits."""
+    """Weights as plain tensors; __call__ runs one ForwardBatch and returns each item's last-position logits.
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
+    With tp, config and weights are one rank's share (engine/runtime/parallel.py) and the logits are the
+    rank's vocabulary columns."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tp: TensorParallel | None = None):
         check_weights(config, weights)
         self.config = config
+        self.tp = tp
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        full, linear = config.full_attention_layers, config.linear_attention_layers
+        self.lm_head = self.embed if config.tie_word_embeddings else linear_weight(config, weights, "lm_head")
+        full, linear_layers = config.full_attention_layers, config.linear_attention_layers
         self.layers = [
-            DecoderLayer(config, weights, i, linear.index(i) if i in linear else full.index(i))
+            DecoderLayer(config, weights, i, linear_layers.index(i) if i in linear_layers else full.index(i), tp)
             for i in range(config.num_layers)
         ]
 
@@ -68,9 +87,12 @@ class CausalLM:
         self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None, all_positions: bool = False
     ) -> torch.Tensor:
         """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
-        x = F.embedding(batch.token_ids, self.embed)
+        x = vocab_parallel_embedding(batch.token_ids, self.embed, self.tp)
+        delta = None
         for layer in self.layers:
-            x = layer(x, batch, kv_pool, ssm_pool)
-        last = x if all_positions else x[batch.last_rows]
-        last = ops.rms_norm(last, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
-        return F.linear(last, self.lm_head).float()
+            x, delta = layer(x, delta, batch, kv_pool, ssm_pool)
+        assert delta is not None, "a model has at least one layer"
+        if not all_positions:
+            x, delta = x[batch.last_rows], delta[batch.last_rows]
+        last, _ = ops.add_rms_norm(delta, x, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
+        return linear(last, self.lm_head).float()

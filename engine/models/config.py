@@ -7,6 +7,7 @@ from typing import Any
 
 from headroom.engine.models.moe_config import MoEConfigError, moe_fields_from_hf
 from headroom.engine.plan.geometry import GeometryError, layer_types
+from headroom.engine.plan.quant_format import QuantConfigError, WeightQuant, weight_quant_from_config
 
 # architecture -> (family, whether the checkpoint nests the text model under model.language_model)
 SUPPORTED_ARCHITECTURES = {
@@ -56,6 +57,8 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()
+    # Quantized linear weights (quantization_config); None: every weight in the model dtype.
+    weight_quant: WeightQuant | None = None
 
     @property
     def num_layers(self) -> int:
@@ -102,15 +105,15 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         raise ModelConfigError(
             f"unsupported architectures {archs}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    top = cfg
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": archs, "dtype": cfg.get("dtype", cfg["text_config"].get("dtype"))}
     family = SUPPORTED_ARCHITECTURES[arch]
-    quantization = cfg.get("quantization_config")
-    if quantization:
-        # Loading would cast quantized tensors to the model dtype without their scales: refuse instead.
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
-        raise ModelConfigError(f"config.json quantization_config (quant_method {method!r}) is not supported; "
-                               "use an unquantized checkpoint")
+    try:
+        # Read before the text_config unwrap: a wrapper keeps quantization_config at its top level.
+        weight_quant = weight_quant_from_config(top)
+    except QuantConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
     hidden = int(_field(cfg, "hidden_size"))
     heads = int(_field(cfg, "num_attention_heads"))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -165,5 +168,6 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 32768),
         eos_token_ids=tuple([eos] if isinstance(eos, int) else (eos or [])),
+        weight_quant=weight_quant,
         **linear,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from headroom.engine.plan.engines import engine_model
 from headroom.engine.plan.types import Alternative, Plan, PlanRefused, PlanRequest
 
 # Lower precision after each dtype, in the order a user would accept it.
@@ -50,7 +51,12 @@ def _variants(request: PlanRequest) -> Iterator[tuple[str, PlanRequest]]:
         yield f"max_total_tokens {pin.max_total_tokens} -> derived", replace(
             request, pinned=replace(pin, max_total_tokens=None)
         )
-    for dtype in _LOWER_PRECISION[request.kv_dtype]:
+    # Only dtypes the chosen profile has: never suggest what the engine would reject.
+    offered = engine_model(request.engine, request.engine_version, request.engine_flavour).kv_dtypes
+    lower = [d for d in _LOWER_PRECISION[request.kv_dtype] if d in offered]
+    # A dtype the profile lacks: its own dtypes, the narrowest first.
+    candidates = lower if request.kv_dtype in offered else list(reversed(offered))
+    for dtype in candidates:
         yield f"kv_dtype {request.kv_dtype} -> {dtype}", replace(request, kv_dtype=dtype)
     if t.max_new_tokens > 1 and ctx and ctx <= t.max_new_tokens:
         yield f"max_new_tokens {t.max_new_tokens} -> {ctx // 4}", replace(

@@ -6,12 +6,13 @@ import argparse
 import json
 import sys
 
+from headroom.engine.plan.engines.profiles import profile_labels
 from headroom.engine.plan.geometry import GeometryError, geometry_from_config, load_geometry
 from headroom.engine.plan.kv_format import KV_DTYPES, SSM_DTYPES
 from headroom.engine.plan.presets import PRESETS, preset_config
 from headroom.engine.plan.report import render_plan, render_refusal
 from headroom.engine.plan.solver import make_plan
-from headroom.engine.plan.types import ENGINES, Pinned, PlanRefused, PlanRequest, Targets
+from headroom.engine.plan.types import ENGINE_FLAVOURS, ENGINES, Pinned, PlanRefused, PlanRequest, Targets
 from headroom.engine.plan.units import parse_size
 
 EXIT_REFUSED = 2
@@ -38,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
     parser.add_argument("--ssm-dtype", choices=SSM_DTYPES, help="recurrent-state dtype (default: the engine's)")
     parser.add_argument("--engine", choices=ENGINES, default="builtin")
+    parser.add_argument(
+        "--engine-version", help=f"the engine release the plan is for (default: the newest profile; {profile_labels()})"
+    )
+    parser.add_argument(
+        "--engine-flavour", choices=ENGINE_FLAVOURS,
+        help="a fork's capability: int-kv is the field report's SGLang with integer KV (never the default)",
+    )
     parser.add_argument("--weight-bytes", help="weights of the whole model when the checkpoint is not at hand, e.g. 16GB")
     parser.add_argument("--context-length", type=_context, default=None, help="tokens, or 'auto'")
     parser.add_argument("--retained-sessions", type=int, default=0)
@@ -76,7 +84,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     gpu_memory = parse_size(args.gpu_memory, "--gpu-memory") if args.gpu_memory else gpu_memory_from_nvml()
     return PlanRequest(
         geometry=geometry, gpu_memory_bytes=gpu_memory, kv_dtype=args.kv_dtype, engine=args.engine,
-        tp=args.tp, ssm_dtype=args.ssm_dtype,
+        engine_version=args.engine_version, engine_flavour=args.engine_flavour, tp=args.tp, ssm_dtype=args.ssm_dtype,
         targets=Targets(
             context_length=args.context_length, retained_sessions=args.retained_sessions,
             session_tokens=args.session_tokens, max_running_requests=args.max_running_requests,

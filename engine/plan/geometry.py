@@ -8,6 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from headroom.engine.plan.quant_format import QuantConfigError, WeightQuant, weight_quant_from_config
+from headroom.engine.plan.weight_bytes import estimated_weight_bytes
+
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5", "qwen3_next")
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -52,6 +55,17 @@ class ModelGeometry:
     dtype_bytes: int = 2
     # Measured from safetensors headers or given by the user; None means estimate from shapes.
     weight_bytes: int | None = None
+    # Each layer's kind (full_attention / linear_attention); empty for a full-attention-only model.
+    layer_types: tuple[str, ...] = ()
+    # How the checkpoint stores its linear weights (quantization_config); None: the model dtype.
+    weight_quant: WeightQuant | None = None
+
+    @property
+    def weight_format(self) -> str:
+        """The weights' storage as the plan reports it ('bf16', 'fp8 e4m3, 128x128 blocks', ...)."""
+        if self.weight_quant is not None:
+            return self.weight_quant.label
+        return {1: "fp8", 2: "bf16/fp16", 4: "fp32"}.get(self.dtype_bytes, f"{self.dtype_bytes}-byte")
 
     @property
     def is_hybrid(self) -> bool:
@@ -67,13 +81,17 @@ class ModelGeometry:
         h = self.hidden_size
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         q_out = self.num_attention_heads * self.head_dim * (2 if self.has_attention_gate else 1)
-        attn = h * q_out + 2 * h * self.num_kv_heads * self.head_dim + self.num_attention_heads * self.head_dim * h
+        # Projections, then the q/k norms (one weight per head dim each).
+        attn = (h * q_out + 2 * h * self.num_kv_heads * self.head_dim + self.num_attention_heads * self.head_dim * h
+                + 2 * self.head_dim)
         key_dim = self.linear_num_key_heads * self.linear_key_head_dim
         value_dim = self.linear_num_value_heads * self.linear_value_head_dim
         conv_dim = 2 * key_dim + value_dim
         linear = (
             h * conv_dim + h * value_dim + 2 * h * self.linear_num_value_heads
             + conv_dim * self.linear_conv_kernel_dim + value_dim * h
+            # The gated norm over a value head, and dt_bias + A_log per value head.
+            + self.linear_value_head_dim + 2 * self.linear_num_value_heads
         )
         if self.num_experts:
             mlp = (
@@ -93,7 +111,7 @@ class ModelGeometry:
     def total_weight_bytes(self) -> int:
         if self.weight_bytes is not None:
             return self.weight_bytes
-        return self.estimated_parameter_count() * self.dtype_bytes
+        return estimated_weight_bytes(self, self.weight_quant)
 
 
 def _require(cfg: dict[str, Any], key: str, model_type: str) -> Any:
@@ -120,6 +138,11 @@ def layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> list[s
 
 def geometry_from_config(cfg: dict[str, Any]) -> ModelGeometry:
     """Build geometry from a parsed config.json (a qwen3_5 wrapper's text_config is unwrapped)."""
+    try:
+        # Read before the text_config unwrap: a wrapper keeps quantization_config at its top level.
+        weight_quant = weight_quant_from_config(cfg)
+    except QuantConfigError as exc:
+        raise GeometryError(str(exc)) from None
     model_type = cfg.get("model_type")
     if model_type == "qwen3_5" and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "model_type": "qwen3_5_text"}
@@ -145,6 +168,7 @@ def geometry_from_config(cfg: dict[str, Any]) -> ModelGeometry:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 32768),
         dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2),
+        weight_quant=weight_quant,
     )
     if model_type == "qwen3":
         return ModelGeometry(num_full_attention_layers=num_layers, num_linear_attention_layers=0, **common)
@@ -168,6 +192,7 @@ def geometry_from_config(cfg: dict[str, Any]) -> ModelGeometry:
     return ModelGeometry(
         num_full_attention_layers=num_full,
         num_linear_attention_layers=num_layers - num_full,
+        layer_types=tuple(types),
         has_attention_gate=True,
         **common,
         **linear,
@@ -176,7 +201,8 @@ def geometry_from_config(cfg: dict[str, Any]) -> ModelGeometry:
 
 
 def safetensors_weight_bytes(model_dir: Path) -> int | None:
-    """Sum tensor sizes from safetensors headers only (8-byte length + JSON); None if there are none."""
+    """Sum tensor sizes from safetensors headers only (8-byte length + JSON), quantization codes, scales and
+    zero points included as stored. None if there are none."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         return None

@@ -6,7 +6,10 @@ from headroom.engine.plan.types import Plan, PlanRefused
 from headroom.engine.plan.units import format_bytes
 
 # Ledger entries that live outside the static budget (every engine model names them so).
-OUTSIDE_STATIC = ("cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation")
+OUTSIDE_STATIC = (
+    "cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation", "backend_metadata",
+    "req_to_token_outside", "startup_in_use", "tp_communicator",
+)
 _TOTAL_KEYS = ("static_total", "non_static_total", "unused")
 
 
@@ -19,6 +22,7 @@ def render_plan(plan: Plan) -> str:
         ("context-length", f"{plan.context_length:,}"),
         ("max-running-requests", str(plan.max_running_requests)),
         ("ssm slots", f"{plan.ssm_slots} ({plan.ssm_dtype}, {format_bytes(plan.ssm_slot_bytes)} each)"),
+        ("weights", f"{plan.weight_format}, {format_bytes(plan.ledger.get('weights', 0))} per GPU"),
         ("kv cache", f"{plan.kv_dtype}, {plan.kv_bytes_per_token:,} bytes/token/GPU"),
         ("gpu memory", f"{format_bytes(plan.gpu_memory_bytes)} per GPU, tp {plan.tp}"),
         ("binding constraint", plan.binding_constraint),

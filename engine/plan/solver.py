@@ -24,7 +24,7 @@ _FRACTION_STEP = 1000
 # How far pricing a candidate got before it failed, by the constraint it failed on.
 _STAGE = {
     "context_room": 0, "model_max_position": 0, "non_static_headroom": 1, "dequant_transient": 1,
-    "weights": 2, "kv_pool": 3, "ssm_slots": 3,
+    "engine_limit": 1, "weights": 2, "kv_pool": 3, "ssm_slots": 3,
 }
 
 
@@ -46,12 +46,12 @@ def _pool_tokens(model: EngineModel, request: PlanRequest, layout: Layout, avail
     while low < high:
         mid = (low + high + 1) // 2
         slots = model.ssm_slots_needed(g, layout, mid, t.retained_sessions, t.session_tokens)
-        if mid * kvb + slots * sb <= avail:
+        if mid * kvb + model.ssm_pool_bytes(slots, sb) <= avail:
             low = mid
         else:
             high = mid - 1
     tokens = low
-    page = model.page_tokens(layout)
+    page = model.page_tokens(g, layout)
     return max(0, tokens // page * page)
 
 
@@ -69,16 +69,22 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
             f"context-length {ctx} exceeds the model's max_position_embeddings {g.max_position_embeddings}",
             "model_max_position",
         )
+    refusal = model.refuse_layout(g, layout, total)
+    if refusal is not None:
+        raise PlanRefused(refusal, "engine_limit")
+    # The fraction applies to `base`: the total, or (SGLang) the free memory the engine measures at startup.
+    outside_base = model.outside_base(g, layout, total)
+    base = total - sum(outside_base.values())
     non_static = model.non_static(g, layout, total)
     need_outside = sum(non_static.values())
-    fraction_max = _floor_fraction((total - need_outside) / total)
+    fraction_max = _floor_fraction((base - need_outside) / base)
     fraction = pin.mem_fraction_static if pin.mem_fraction_static is not None else fraction_max
     if fraction > fraction_max:
         transient = non_static.get("dequant_transient", 0)
-        squeezed = transient > 0 and need_outside - transient <= (1 - fraction) * total
+        squeezed = transient > 0 and need_outside - transient <= (1 - fraction) * base
         items = ", ".join(f"{k} {format_bytes(v)}" for k, v in non_static.items() if v)
         raise PlanRefused(
-            f"mem-fraction-static {fraction:.3f} leaves {format_bytes((1 - fraction) * total)} outside the static "
+            f"mem-fraction-static {fraction:.3f} leaves {format_bytes((1 - fraction) * base)} outside the static "
             f"budget but {model.name} needs {format_bytes(need_outside)} there ({items}); "
             + (
                 f"the {layout.kv_dtype} prefill dequantizes a {ctx}-token prefix to fp16 outside the static budget; "
@@ -89,7 +95,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         )
     weights = -(-g.total_weight_bytes() // request.tp)
     extras = model.static_extras(g, layout)
-    static_budget = int(fraction * total)
+    static_budget = int(fraction * base)
     avail = static_budget - weights - sum(extras.values())
     kvb = model.kv_bytes_per_token(g, layout)
     sb = model.ssm_slot_bytes(g, layout)
@@ -97,7 +103,7 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         raise PlanRefused(
             f"weights {format_bytes(weights)} + tables {format_bytes(sum(extras.values()))} leave "
             f"{format_bytes(max(avail, 0))} of the static budget {format_bytes(static_budget)} "
-            f"(mem-fraction-static {fraction:.3f} of {format_bytes(total)}), "
+            f"(mem-fraction-static {fraction:.3f} of {format_bytes(base)}), "
             f"less than one {ctx}-token context needs ({format_bytes(kvb * ctx)})",
             "weights" if avail <= 0 else "kv_pool",
         )
@@ -107,13 +113,14 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
         if model.token_cap_only:
             tokens = min(pool_by_memory, pin.max_total_tokens)
         else:
-            page = model.page_tokens(layout)
+            page = model.page_tokens(g, layout)
             tokens = pin.max_total_tokens // page * page
             slots_then = model.ssm_slots_needed(g, layout, tokens, t.retained_sessions, t.session_tokens)
-            if tokens * kvb + slots_then * sb > avail:
+            if tokens * kvb + model.ssm_pool_bytes(slots_then, sb) > avail:
                 raise PlanRefused(
                     f"max-total-tokens {pin.max_total_tokens} needs {format_bytes(tokens * kvb)} of KV pool plus "
-                    f"{slots_then} SSM slots ({format_bytes(slots_then * sb)}), but mem-fraction-static {fraction:.3f} "
+                    f"{slots_then} SSM slots ({format_bytes(model.ssm_pool_bytes(slots_then, sb))}), "
+                    f"but mem-fraction-static {fraction:.3f} "
                     f"leaves {format_bytes(avail)} after weights; it holds {pool_by_memory} tokens",
                     "kv_pool",
                 )
@@ -123,28 +130,30 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
     required = max(ctx, retained)
     if tokens < required:
         raise _pool_refusal(request, model, layout, tokens, required, avail, kvb, sb, fraction, pool_by_memory)
-    static_ledger = {"weights": weights, "kv_pool": tokens * kvb, "ssm_pool": slots * sb, **extras}
+    static_ledger = {"weights": weights, "kv_pool": tokens * kvb, "ssm_pool": model.ssm_pool_bytes(slots, sb), **extras}
     static_bytes = sum(static_ledger.values())
     ledger = {
         **static_ledger,
         **{k: v for k, v in non_static.items()},
+        **outside_base,
         "static_total": static_bytes,
-        "non_static_total": need_outside,
-        "unused": total - static_bytes - need_outside,
+        "non_static_total": need_outside + sum(outside_base.values()),
+        "unused": total - static_bytes - need_outside - sum(outside_base.values()),
     }
     slack = {
         "kv_pool": (tokens - required) / max(tokens, 1),
-        "non_static_headroom": ((1 - fraction) * total - need_outside) / total,
+        "non_static_headroom": ((1 - fraction) * base - need_outside) / total,
         "static_budget": (static_budget - static_bytes) / total,
     }
     checks = {
         "kv_pool": f"ok: context {ctx} and retained {t.retained_sessions} x {t.session_tokens} = {retained} "
         f"<= pool {tokens} tokens",
-        "ssm_slots": f"ok: {slots} slots cover {slots - layout.running} checkpoints + {layout.running} running",
+        "ssm_slots": f"ok: {slots} slots cover {slots - layout.running * model.slots_per_running(layout)} checkpoints "
+        f"+ {layout.running} running x {model.slots_per_running(layout)}",
         "prefix_reuse": f"ok: retains {sessions} sessions x {session_tokens} tokens"
         + (" (targets)" if t.retained_sessions else " (default: the pool's tokens reusable)"),
         "non_static_headroom": f"ok: {format_bytes(need_outside)} needed <= "
-        f"{format_bytes((1 - fraction) * total)} outside the static budget",
+        f"{format_bytes((1 - fraction) * base)} outside the static budget",
         "context_room": f"ok: prompts up to {ctx - t.max_new_tokens} tokens with {t.max_new_tokens} new tokens",
     }
     if pin.max_total_tokens is not None and model.token_cap_only and pin.max_total_tokens > pool_by_memory:
@@ -155,18 +164,19 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
     values = {
         "mem_fraction_static": fraction, "max_total_tokens": tokens, "chunked_prefill_size": chunk,
         "context_length": ctx, "max_running_requests": layout.running, "kv_dtype": layout.kv_dtype,
-        "ssm_slots": slots, "ssm_dtype": layout.ssm_dtype, "tp": request.tp,
-        "kv_cache_memory_bytes": tokens * kvb + slots * sb,
+        "ssm_slots": slots, "ssm_dtype": layout.ssm_dtype, "tp": request.tp, "max_new_tokens": t.max_new_tokens,
+        "kv_cache_memory_bytes": tokens * kvb + model.ssm_pool_bytes(slots, sb),
     }
     return Plan(
-        engine=model.name, kv_dtype=layout.kv_dtype, tp=request.tp, mem_fraction_static=fraction,
+        engine=model.name, engine_profile=model.profile, kv_dtype=layout.kv_dtype, tp=request.tp, mem_fraction_static=fraction,
         max_total_tokens=tokens, chunked_prefill_size=chunk, context_length=ctx,
         max_running_requests=layout.running, max_new_tokens=t.max_new_tokens, ssm_slots=slots,
         ssm_dtype=layout.ssm_dtype, kv_bytes_per_token=kvb, ssm_slot_bytes=sb, gpu_memory_bytes=total,
         static_bytes=static_bytes, ledger=ledger, binding_constraint=min(slack, key=lambda k: slack[k]),
         checks=checks, engine_args=model.render(values), retained_sessions=sessions,
         session_tokens=session_tokens,
-        reuse_interval_tokens=model.reuse_interval(layout) if g.is_hybrid else model.page_tokens(layout),
+        reuse_interval_tokens=model.reuse_interval(layout) if g.is_hybrid else model.page_tokens(g, layout),
+        weight_format=g.weight_format,
     )
 
 
@@ -192,10 +202,12 @@ def _pool_refusal(
             f"mem-fraction-static {fraction:.3f} sizes it at {pool_by_memory} tokens",
             "kv_pool",
         )
-    if required * kvb + slots_floor * sb <= avail < required * kvb + slots_for_required * sb:
+    pool_bytes = model.ssm_pool_bytes
+    if required * kvb + pool_bytes(slots_floor, sb) <= avail < required * kvb + pool_bytes(slots_for_required, sb):
         return PlanRefused(
             f"{what} tokens need {slots_for_required} SSM checkpoint slots at chunk {layout.chunk} "
-            f"({format_bytes(slots_for_required * sb)}); with them the static budget holds only {tokens} tokens; "
+            f"({format_bytes(pool_bytes(slots_for_required, sb))}); with them the static budget holds only {tokens} "
+            "tokens; "
             "a larger chunked-prefill-size needs fewer checkpoints",
             "ssm_slots",
         )
@@ -203,7 +215,7 @@ def _pool_refusal(
         return PlanRefused(
             f"{what} tokens do not fit the KV pool capped at --max-total-tokens {tokens}", "kv_pool"
         )
-    need = required * kvb + slots_for_required * sb - avail
+    need = required * kvb + pool_bytes(slots_for_required, sb) - avail
     fraction_needed = _ceil_fraction(fraction + need / request.gpu_memory_bytes)
     return PlanRefused(
         f"{what} tokens do not fit the KV pool: mem-fraction-static {fraction:.3f} holds {tokens} tokens "
@@ -214,7 +226,7 @@ def _pool_refusal(
 
 def _search(request: PlanRequest) -> Plan:
     """Best plan over free chunk and context choices: the longest context, then the preferred chunk."""
-    model = engine_model(request.engine)
+    model = engine_model(request.engine, request.engine_version, request.engine_flavour)
     t, pin = request.targets, request.pinned
     ctx_fixed = pin.context_length or t.context_length
     contexts = (ctx_fixed,) if ctx_fixed else tuple(

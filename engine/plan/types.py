@@ -8,6 +8,8 @@ from typing import Any
 from headroom.engine.plan.geometry import ModelGeometry
 
 ENGINES = ("builtin", "sglang", "vllm")
+# Forks with a capability their upstream release lacks; a profile the user names (engines/profiles.py).
+ENGINE_FLAVOURS = ("int-kv",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class PlanRequest:
     gpu_memory_bytes: int
     kv_dtype: str = "bf16"
     engine: str = "builtin"
+    # The engine release and fork the plan is for; None: the newest stock profile of `engine`.
+    engine_version: str | None = None
+    engine_flavour: str | None = None
     tp: int = 1
     ssm_dtype: str | None = None
     targets: Targets = field(default_factory=Targets)
@@ -73,6 +78,10 @@ class Plan:
     # A revisit reuses its shared prefix rounded down to this many tokens (hybrid models: where SSM
     # checkpoints can sit; 0: not stated, as in plans written before it).
     reuse_interval_tokens: int = 0
+    # The profile the plan was priced for, e.g. 'sglang 0.5.23' (engines/profiles.py).
+    engine_profile: str = ""
+    # How the weights are stored (geometry.weight_format): 'bf16/fp16', 'fp8 e4m3, 128x128 blocks', 'int4 W4A16, ...'.
+    weight_format: str = "bf16/fp16"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

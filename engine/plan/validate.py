@@ -28,7 +28,7 @@ def validate_request(request: PlanRequest) -> None:
         raise ValueError(f"kv dtype {request.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     if request.ssm_dtype is not None and request.ssm_dtype not in SSM_DTYPES:
         raise ValueError(f"ssm dtype {request.ssm_dtype!r} is not one of {', '.join(SSM_DTYPES)}")
-    model = engine_model(request.engine)
+    model = engine_model(request.engine, request.engine_version, request.engine_flavour)
     _positive("context_length", t.context_length)
     _positive("retained_sessions", t.retained_sessions, allow_zero=True)
     _positive("session_tokens", t.session_tokens, allow_zero=True)
@@ -47,6 +47,7 @@ def validate_request(request: PlanRequest) -> None:
         )
     if request.kv_dtype not in model.kv_dtypes:
         raise PlanRefused(
-            f"engine {model.name} has no {request.kv_dtype} KV cache (it offers {', '.join(model.kv_dtypes)})",
+            f"engine {model.profile} has no {request.kv_dtype} KV cache (it offers {', '.join(model.kv_dtypes)})"
+            + (f"; {model.kv_dtype_note}" if model.kv_dtype_note else ""),
             "kv_dtype",
         )

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from headroom.engine.layers.gdn_projection import gdn_projection_shapes
 from headroom.engine.models.config import ModelConfig, model_config_from_hf
+from headroom.engine.plan.quant_format import WeightQuant
 from safetensors.torch import load_file
 
 # Checkpoint parts a text-only engine does not use (multimodal tower, multi-token prediction head).
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 _NESTED_TEXT_PREFIX = "model.language_model."
+# A quantized checkpoint's codes, scales and shapes keep their stored dtypes (never cast to the model dtype).
+_QUANT_SUFFIXES = (".weight_scale_inv", ".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape")
 
 
 class WeightError(ValueError):
@@ -24,6 +28,15 @@ def load_config(model_dir: Path) -> ModelConfig:
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in model directory {model_dir}")
     return model_config_from_hf(json.loads(path.read_text()))
+
+
+def canonical_name(name: str) -> str | None:
+    """A checkpoint tensor's *ForCausalLM name ('model.layers.0...'), None for parts the engine skips."""
+    if name.startswith(_IGNORED_PREFIXES):
+        return None
+    if name.startswith(_NESTED_TEXT_PREFIX):
+        return "model." + name[len(_NESTED_TEXT_PREFIX):]
+    return name
 
 
 def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
@@ -38,7 +51,8 @@ def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device) -> d
                 continue
             if name.startswith(_NESTED_TEXT_PREFIX):
                 name = "model." + name[len(_NESTED_TEXT_PREFIX):]
-            weights[name] = tensor.to(device=device, dtype=dtype)
+            keep = name.endswith(_QUANT_SUFFIXES) or tensor.dtype == torch.float8_e4m3fn
+            weights[name] = tensor.to(device=device) if keep else tensor.to(device=device, dtype=dtype)
     return weights
 
 
@@ -74,7 +88,60 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "linear_attn.A_log"] = (hv,)
             shapes[p + "linear_attn.norm.weight"] = (config.linear_value_head_dim,)
             shapes[p + "linear_attn.out_proj.weight"] = (h, value_dim)
+    if config.weight_quant is not None:
+        shapes = quantized_shapes(shapes, config.weight_quant)
     return shapes
+
+
+def _is_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """Every 2-D '.weight' but the embedding is a Linear layer's (norms are 1-D, conv1d 3-D)."""
+    return name.endswith(".weight") and len(shape) == 2 and name != "model.embed_tokens.weight"
+
+
+def quantized_shapes(shapes: dict[str, tuple[int, ...]], quant: WeightQuant) -> dict[str, tuple[int, ...]]:
+    """Dense tensor shapes -> the checkpoint's: each quantized linear's codes and scales (kernels/quant_weight.py)."""
+    out: dict[str, tuple[int, ...]] = {}
+    bn, bk = quant.block
+    for name, shape in shapes.items():
+        module = name[: -len(".weight")]
+        if not (_is_linear(name, shape) and quant.is_quantized(module)):
+            out[name] = shape
+            continue
+        n, k = shape
+        if quant.method == "fp8_block":
+            out[name] = shape
+            out[module + ".weight_scale_inv"] = (-(-n // bn), -(-k // bk))
+            continue
+        out[module + ".weight_packed"] = (n, -(-k // 8))
+        out[module + ".weight_scale"] = (n, -(-k // bk))
+        out[module + ".weight_shape"] = (2,)
+        if not quant.symmetric:
+            out[module + ".weight_zero_point"] = (-(-n // 8), -(-k // bk))
+    return out
+
+
+def _dtype_problems(config: ModelConfig, weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> list[str]:
+    """Quantized parts in the dtype their format fixes, dense linears not stored quantized, weight_shape right."""
+    problems = []
+    dense: dict[str, tuple[int, ...]] | None = None
+    for name, shape in expected.items():
+        tensor = weights.get(name)
+        if tensor is None:
+            continue
+        if name.endswith((".weight_packed", ".weight_zero_point")) and tensor.dtype != torch.int32:
+            problems.append(f"{name} is {tensor.dtype}, not int32")
+        elif name.endswith(".weight") and _is_linear(name, shape) and name[:-7] + ".weight_scale_inv" in expected:
+            if tensor.dtype != torch.float8_e4m3fn:
+                problems.append(f"{name} is {tensor.dtype}, not float8_e4m3fn as quantization_config says")
+        elif name.endswith(".weight") and tensor.dtype == torch.float8_e4m3fn:
+            problems.append(f"{name} is float8_e4m3fn but quantization_config leaves it unquantized (ignore list)")
+        elif name.endswith(".weight_shape"):
+            if dense is None:
+                dense = expected_shapes(replace(config, weight_quant=None))
+            want = dense[name[: -len("_shape")]]
+            if tuple(int(v) for v in tensor.tolist()) != want:
+                problems.append(f"{name} holds {tensor.tolist()}, not {list(want)}")
+    return problems
 
 
 def _swiglu_shapes(prefix: str, hidden: int, intermediate: int) -> dict[str, tuple[int, ...]]:
@@ -108,10 +175,11 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> None
         for name, shape in expected.items()
         if name in weights and tuple(weights[name].shape) != shape
     ]
+    wrong += _dtype_problems(config, weights, expected)
     if missing or wrong:
         parts = []
         if missing:
             parts.append(f"{len(missing)} missing tensors: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         if wrong:
-            parts.append(f"mis-shaped tensors: {'; '.join(wrong[:8])}")
+            parts.append(f"mis-shaped or mis-typed tensors: {'; '.join(wrong[:8])}")
         raise WeightError(f"{config.architecture} checkpoint does not fit its config.json: " + " | ".join(parts))

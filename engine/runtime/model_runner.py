@@ -14,6 +14,8 @@ from headroom.engine.runtime.decode_graphs import CaptureReport, DecodeGraphs
 from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import load_config, load_weights
+from headroom.engine.runtime.parallel import TensorParallel, shard_config
+from headroom.engine.runtime.sharded_loader import load_sharded_weights
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.engine.sequence import Sequence
 
@@ -25,11 +27,21 @@ class CapacityError(RuntimeError):
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None):
+        """tp: this process's rank of a tensor-parallel group (engine/runtime/leader.py starts one); the
+        runner then holds the rank's share and model_config is the rank's (shard_config)."""
+        if config.tensor_parallel_size != (tp.size if tp is not None else 1):
+            raise ValueError(
+                f"tensor_parallel_size {config.tensor_parallel_size} needs one process per rank: build the runner "
+                "with engine/runtime/leader.py's build_runner"
+            )
         self.config = config
+        self.tp = tp
         self.device = torch.device(config.device)
         model_dir = Path(config.model_path)
-        self.model_config = load_config(model_dir)
+        full_config = load_config(model_dir)
+        self.vocab_size = full_config.vocab_size
+        self.model_config = shard_config(full_config, tp.size) if tp is not None else full_config
         dtype_name = self.model_config.torch_dtype if config.dtype == "auto" else config.dtype
         if dtype_name not in _TORCH_DTYPES:
             raise ValueError(f"model dtype {dtype_name!r} (config.json) is not one of {', '.join(_TORCH_DTYPES)}")
@@ -41,9 +53,12 @@ class ModelRunner:
                 "every running request of a hybrid model needs its own SSM slot"
             )
         self._precheck(model_dir)
-        weights = load_weights(model_dir, self.dtype, self.device)
+        if tp is None:
+            weights = load_weights(model_dir, self.dtype, self.device)
+        else:
+            weights = load_sharded_weights(model_dir, full_config, self.dtype, self.device, tp.rank, tp.size)
         weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.model = CausalLM(mc, weights)
+        self.model = CausalLM(mc, weights, tp)
         self.kv_pool = KVPool(
             config.max_total_tokens, len(mc.full_attention_layers), mc.num_kv_heads, mc.head_dim,
             config.kv_dtype, self.dtype, self.device,
@@ -71,6 +86,14 @@ class ModelRunner:
             return CaptureReport((), 0.0, 0)
         return self.decode_graphs.capture()
 
+    def synchronize(self) -> None:
+        """Wait for this device's queued work (every rank's, for a tensor-parallel leader)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        """Stop what the runner started besides its tensors (a tensor-parallel leader's other ranks)."""
+
     def release(self, seq: Sequence) -> None:
         """Forget seq's per-request state here (KIVI residual window, decode-graph table row)."""
         self.kv_pool.release(seq)
@@ -87,12 +110,14 @@ class ModelRunner:
         config = self.config
         geometry = load_geometry(model_dir)
         element = torch.tensor([], dtype=self.dtype).element_size()
+        # Per device: a tensor-parallel rank holds 1/tp of the weights and pools (the plan's ledger).
+        tp = config.tensor_parallel_size
         if config.kv_dtype == "auto":
-            kv_token = kv_bytes_per_token(geometry, "bf16") * element // 2
+            kv_token = kv_bytes_per_token(geometry, "bf16", tp) * element // 2
         else:
-            kv_token = kv_bytes_per_token(geometry, config.kv_dtype)
-        ssm = ssm_slot_bytes(geometry, 1, config.ssm_dtype) * config.ssm_slots if geometry.is_hybrid else 0
-        weights = geometry.total_weight_bytes() * element // geometry.dtype_bytes
+            kv_token = kv_bytes_per_token(geometry, config.kv_dtype, tp)
+        ssm = ssm_slot_bytes(geometry, tp, config.ssm_dtype) * config.ssm_slots if geometry.is_hybrid else 0
+        weights = -(-geometry.total_weight_bytes() * element // geometry.dtype_bytes // tp)
         expected = weights + kv_token * config.max_total_tokens + ssm
         budget = config.static_budget_bytes
         if budget is not None and expected > budget:
@@ -149,6 +174,8 @@ class ModelRunner:
         else:
             batch = ForwardBatch.build(items, self.device)
             logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.vocab_size)
         for item in items:
             item.seq.num_computed_tokens += len(item.token_ids)
         return logits

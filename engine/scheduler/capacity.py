@@ -30,7 +30,17 @@ class Capacity(Protocol):
         ...
 
     def cached_prefix_len(self, request: SchedRequest) -> int:
-        """Leading prompt tokens already in the prefix cache (0 when none or no cache)."""
+        """Leading tokens already in the prefix cache (0 when none or no cache)."""
+        ...
+
+    def kv_tokens_locked_by_admission(self, request: SchedRequest) -> int:
+        """Evictable KV tokens of the request's cached prefix: free_kv_tokens counts them, and admitting the
+        request locks them, so admission must pay for them (else it admits what then cannot reserve)."""
+        ...
+
+    def kv_tokens_freed_by_preemption(self, request: SchedRequest) -> int:
+        """KV tokens free_kv_tokens gains once `request` is released (its own pages, and the part of its
+        cached prefix nobody else holds), so a preemption pays for this very pass."""
         ...
 
 
@@ -42,7 +52,11 @@ def pages_to_extend(held_tokens: int, num_new: int, page_tokens: int) -> int:
 
 
 class CountingCapacity:
-    """Pools as plain counters: `allocate` and `release` are called by whoever runs the passes."""
+    """Pools as plain counters: `allocate` and `release` are called by whoever runs the passes.
+
+    A cached prefix (set_cached_prefix) lives in the pool as evictable pages, as in the radix cache: counted
+    as free until a request that uses it is admitted (then locked), and back to evictable on release.
+    """
 
     def __init__(self, total_kv_tokens: int, total_ssm_slots: int, page_tokens: int = 1):
         if total_kv_tokens < 1 or total_ssm_slots < 1 or page_tokens < 1:
@@ -56,10 +70,11 @@ class CountingCapacity:
         self._held_tokens: dict[str, int] = {}
         self._slot_holders: set[str] = set()
         self._cached_prefixes: dict[str, int] = {}
+        self._locked_prefixes: dict[str, int] = {}
 
     def free_kv_tokens(self) -> int:
         used = sum(-(-held // self.page_tokens) * self.page_tokens for held in self._held_tokens.values())
-        return self.total_kv_tokens - used
+        return self.total_kv_tokens - used - sum(self._locked_prefixes.values())
 
     def free_ssm_slots(self) -> int:
         return self.total_ssm_slots - len(self._slot_holders)
@@ -70,18 +85,30 @@ class CountingCapacity:
     def cached_prefix_len(self, request: SchedRequest) -> int:
         return min(self._cached_prefixes.get(request.request_id, 0), request.prompt_len - 1)
 
+    def kv_tokens_locked_by_admission(self, request: SchedRequest) -> int:
+        return self.cached_prefix_len(request)
+
+    def kv_tokens_freed_by_preemption(self, request: SchedRequest) -> int:
+        held = self._held_tokens.get(request.request_id, 0)
+        return -(-held // self.page_tokens) * self.page_tokens + self._locked_prefixes.get(request.request_id, 0)
+
     def set_cached_prefix(self, request_id: str, num_tokens: int) -> None:
+        """Pretend num_tokens of the request's prompt sit in the pool as evictable cache pages."""
         self._cached_prefixes[request_id] = num_tokens
 
     def allocate(self, request: SchedRequest, num_new: int) -> None:
         """Take KV for `num_new` more positions of `request` (and its SSM slot on first use)."""
         needed = self.kv_tokens_to_extend(request, num_new)
+        if request.request_id not in self._slot_holders:
+            needed += request.num_cached
         if needed > self.free_kv_tokens():
             raise RuntimeError(
                 f"KV pool over-committed: request {request.request_id} needs {needed} tokens,"
                 f" {self.free_kv_tokens()} free of {self.total_kv_tokens}"
             )
         if request.request_id not in self._slot_holders:
+            # First allocation after admission: the cached prefix it starts from is locked now.
+            self._locked_prefixes[request.request_id] = request.num_cached
             if self.free_ssm_slots() < 1:
                 raise RuntimeError(f"SSM slots over-committed: all {self.total_ssm_slots} are held")
             self._slot_holders.add(request.request_id)
@@ -90,6 +117,7 @@ class CountingCapacity:
 
     def release(self, request: SchedRequest) -> None:
         self._held_tokens.pop(request.request_id, None)
+        self._locked_prefixes.pop(request.request_id, None)
         self._slot_holders.discard(request.request_id)
 
 

@@ -6,6 +6,7 @@ chunk budget, admission judged on the next chunk, and a bounded scan past reques
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass
@@ -33,6 +34,9 @@ class PrefillPlanner:
         contenders = len(prefilling) + admissible
         if contenders == 0:
             return
+        if self.config.policy == "short_first":
+            self._run_short_first(prefilling)
+            return
         limit = self._per_request_limit(contenders)
         for request in prefilling:
             self._continue(request, limit)
@@ -40,6 +44,24 @@ class PrefillPlanner:
         is_capped = self.config.cap_contended_chunks and (contenders > 1 or self.config.cap_lone_request)
         if not is_capped:
             self._hand_out_leftover()
+
+    def _run_short_first(self, prefilling: list[SchedRequest]) -> None:
+        """Short prefills first, whole; then long prompts oldest first, each taking what budget is left."""
+        short = self.config.short_limit
+        for request in prefilling:
+            if request.num_uncomputed <= short:
+                self._continue(request, self.budget_left)
+        self._admit(self.budget_left, select=lambda r: r.num_uncomputed <= short)
+        if self.plan.prefills:
+            # A pass carrying a short prefill stays short (long prompts add min_prefill_tokens at most): the
+            # question's first token waits for the pass in flight and one short pass, not a full one. It costs
+            # one pass's fixed overhead per arrival of shorts, ~47 ms on the H200 (bench/scheduling_h200.py).
+            self.budget_left = min(self.budget_left, self.config.min_prefill_tokens)
+        for request in sorted(prefilling, key=lambda r: r.arrival_seq):
+            if request.num_uncomputed > short and self.budget_left > 0:
+                self._continue(request, self.budget_left)
+        if self.budget_left > 0:
+            self._admit(self.budget_left, select=lambda r: r.num_uncomputed > short)
 
     def _per_request_limit(self, contenders: int) -> int:
         """Chunk tokens one request may take this pass."""
@@ -73,11 +95,21 @@ class PrefillPlanner:
             self._take(request, num_tokens)
             self.plan.add_item(request, num_tokens)
 
-    def _admit(self, limit: int) -> None:
-        """Scan the waiting queue in arrival order; judge each on its next chunk; skip past misfits."""
+    def _admit(self, limit: int, select: Callable[[SchedRequest], bool] | None = None) -> None:
+        """Scan the waiting queue in arrival order; judge each on its next chunk; skip past misfits.
+        select: consider only these requests (the others are neither judged nor counted as overtaken)."""
         scheduler = self.scheduler
         skipped: list[SchedRequest] = []
         for request in list(scheduler.waiting):
+            if select is not None and not select(request):
+                # Passed over by policy: it ages like a misfit, and once overtaken too often it is a barrier.
+                if request.times_overtaken >= self.config.max_times_overtaken:
+                    break
+                skipped.append(request)
+                continue
+            if request in self.plan.preempted:
+                # Preempted to make room in this very pass: taking it back would undo that.
+                continue
             if len(scheduler.running) >= self.config.max_running_requests:
                 scheduler.reject(request, "MAX_RUNNING", 0, self.kv_free, self.budget_left)
                 break
@@ -97,14 +129,16 @@ class PrefillPlanner:
             reserve = self.config.decode_reserve_tokens * (self.num_decodes + 1) if scheduler.running else 0
             # Judging whole prompts also means honouring what running prefills were promised.
             reserve += self._promised_after_this_pass() if whole else 0
-            need = self.capacity.kv_tokens_to_extend(request, judged) + reserve
+            # Its cached prefix was counted as free (evictable) and admission locks it: pay for it here.
+            locked = self.capacity.kv_tokens_locked_by_admission(request) if cached else 0
+            need = self.capacity.kv_tokens_to_extend(request, judged) + locked + reserve
             if need > self.kv_free:
                 scheduler.reject(request, "NO_KV", need, self.kv_free, self.budget_left)
                 skipped.append(request)
                 # Aging: a request overtaken too often stops the scan, so freed pages go to it first.
                 if request.times_overtaken >= self.config.max_times_overtaken:
                     break
-                if len(skipped) > self.config.skip_ahead_limit:
+                if sum(1 for r in skipped if select is None or select(r)) > self.config.skip_ahead_limit:
                     break
                 continue
             for earlier in skipped:
@@ -115,6 +149,7 @@ class PrefillPlanner:
             request.num_cached = cached
             request.num_computed = cached
             self.plan.admitted.append(request)
+            self.kv_free -= locked
             self._take(request, chunk)
             self.plan.add_item(request, chunk)
 

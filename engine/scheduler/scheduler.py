@@ -57,16 +57,23 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledPass:
-        """Plan the next pass. Preempted requests are back in the waiting queue; release their memory."""
+        """Plan the next pass. Preempted requests are back in the waiting queue; release their memory.
+
+        Progress every pass: a preemption's pages are counted free in the same pass (no pass spent only
+        preempting), and while a pass would compute nothing with several requests holding memory, the newest
+        is preempted until the others can grow.
+        """
         plan = ScheduledPass()
-        free_kv = self.capacity.free_kv_tokens()
-        free_kv -= self._schedule_decodes(plan, free_kv)
+        free_kv = self._schedule_decodes(plan, self.capacity.free_kv_tokens())
         budget = self._prefill_budget(len(plan.decodes))
         plan.prefill_budget = budget
-        PrefillPlanner(self, plan, budget, free_kv).run()
-        if plan.is_empty and not plan.preempted and len(self.running) > 1:
+        planner = PrefillPlanner(self, plan, budget, free_kv)
+        planner.run()
+        while plan.is_empty and len(self.running) > 1:
             # Everyone holds pages and nobody can grow: free the newest so the others can finish.
-            self._preempt(plan, self.running[-1])
+            freed = self._preempt(plan, self.running[-1])
+            planner = PrefillPlanner(self, plan, budget, planner.kv_free + freed)
+            planner.run()
         return plan
 
     def complete(self, plan: ScheduledPass, finished_ids: set[str] | frozenset[str] = frozenset()) -> None:
@@ -80,24 +87,20 @@ class Scheduler:
         self.running = [r for r in self.running if r.request_id not in finished_ids]
 
     def _schedule_decodes(self, plan: ScheduledPass, free_kv: int) -> int:
-        """Add every decode that fits (oldest first); when one does not, preempt the newest request."""
-        used = 0
-        starved = False
+        """Add every decode (oldest first); one that does not fit preempts the newest request, whose pages
+        pay for it in this pass. Returns the free KV left."""
         for request in [r for r in self.running if r.phase is Phase.DECODE]:
             need = self.capacity.kv_tokens_to_extend(request, 1)
-            if used + need > free_kv:
-                starved = True
-                continue
-            used += need
-            plan.add_item(request, 1)
-        if starved and len(self.running) > 1:
-            # One victim a pass: its pages show up as free next pass, so we never over-preempt.
-            victim = self.running[-1]
-            if victim in plan.scheduled_requests:
-                used -= self.capacity.kv_tokens_to_extend(victim, 1)
-                plan.remove_item(victim)
-            self._preempt(plan, victim)
-        return used
+            while need > free_kv and request in self.running and len(self.running) > 1:
+                victim = self.running[-1]
+                if victim in plan.scheduled_requests:
+                    free_kv += self.capacity.kv_tokens_to_extend(victim, 1)
+                    plan.remove_item(victim)
+                free_kv += self._preempt(plan, victim)
+            if request in self.running and need <= free_kv:
+                free_kv -= need
+                plan.add_item(request, 1)
+        return free_kv
 
     def _prefill_budget(self, num_decodes: int) -> int:
         """The chunk budget, shrunk while decodes run so the pass stays within the ITL target."""
@@ -107,8 +110,10 @@ class Scheduler:
             budget = min(budget, max(self.config.min_prefill_tokens, bound))
         return budget
 
-    def _preempt(self, plan: ScheduledPass, victim: SchedRequest) -> None:
-        """Recompute later: back to the waiting queue in arrival order, nothing computed."""
+    def _preempt(self, plan: ScheduledPass, victim: SchedRequest) -> int:
+        """Recompute later: back to the waiting queue in arrival order, nothing computed. Returns the KV
+        tokens its release frees (the caller releases it before this pass runs)."""
+        freed = self.capacity.kv_tokens_freed_by_preemption(victim)
         self.running.remove(victim)
         victim.phase = Phase.WAITING
         victim.num_computed = 0
@@ -118,6 +123,7 @@ class Scheduler:
         keys = [r.arrival_seq for r in self.waiting]
         self.waiting.insert(bisect.bisect(keys, victim.arrival_seq), victim)
         plan.preempted.append(victim)
+        return freed
 
     def defer(self, plan: ScheduledPass, request: SchedRequest, reason: str) -> None:
         """Undo this pass's admission of `request` (the caches refused it after all): it waits again."""

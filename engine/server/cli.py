@@ -64,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
     memory.add_argument("--cuda-graph-max-batch", "--cuda-graph-max-bs", dest="cuda_graph_max_batch", type=int,
                         help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
-    memory.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp", type=int, choices=[1], default=1,
-                        help="headroom's own engine runs on one GPU")
+    memory.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tensor_parallel_size", type=int,
+                        help="split the model over this many GPUs, one process each (default: the plan's, else 1)")
 
     scheduling = parser.add_argument_group("scheduling")
     scheduling.add_argument("--chunked-prefill-size", type=int, help="prefill tokens per pass")
@@ -75,6 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scheduling.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
     scheduling.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
     scheduling.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
+    scheduling.add_argument("--scheduler-policy", choices=("short_first", "fair"), default="short_first",
+                            help="short prefills first, long prompts back to back (default); or the even split")
 
     diagnostics = parser.add_argument_group("diagnostics")
     diagnostics.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
@@ -97,7 +99,9 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
+        policy=args.scheduler_policy,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
+        tensor_parallel_size=args.tensor_parallel_size,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,
     )
 

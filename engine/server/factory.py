@@ -50,10 +50,13 @@ class ServeOptions:
     itl_target_ms: float | None = None
     skip_ahead_limit: int = 16
     strict_fcfs: bool = False
+    policy: str = "short_first"
     log_rejections: bool = False
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
     cuda_graph_max_batch: int | None = None
+    # None: the plan's (1 when the planner makes it).
+    tensor_parallel_size: int | None = None
     retained_sessions: int = 0
     session_tokens: int = 0
 
@@ -70,7 +73,10 @@ def cuda_total_memory(device: str) -> int:
 def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
     """--plan file, or the builtin planner with the pinned flags and the device's memory."""
     if options.plan_path:
-        return Plan.from_dict(json.loads(Path(options.plan_path).read_text()))
+        plan = Plan.from_dict(json.loads(Path(options.plan_path).read_text()))
+        if options.tensor_parallel_size is not None and options.tensor_parallel_size != plan.tp:
+            raise ValueError(f"--tensor-parallel-size {options.tensor_parallel_size} disagrees with the plan's tp {plan.tp}")
+        return plan
     memory = parse_size(options.gpu_memory) if options.gpu_memory else None
     if memory is None and options.device.startswith("cuda"):
         memory = cuda_total_memory(options.device)
@@ -78,6 +84,7 @@ def resolve_plan(options: ServeOptions, model_dir: Path) -> Plan:
         memory = parse_size(CPU_MEMORY_BUDGET)
     request = PlanRequest(
         geometry=load_geometry(model_dir), gpu_memory_bytes=memory, kv_dtype=options.kv_dtype, engine="builtin",
+        tp=options.tensor_parallel_size or 1,
         targets=Targets(context_length=options.context_length, max_running_requests=options.max_running_requests,
                         max_new_tokens=options.max_new_tokens, retained_sessions=options.retained_sessions,
                         session_tokens=options.session_tokens),
@@ -95,7 +102,7 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
     itl = options.itl_target_ms / 1000.0 if options.itl_target_ms else None
     return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
                            max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
-                           itl_target_s=itl, log_rejections=options.log_rejections)
+                           itl_target_s=itl, log_rejections=options.log_rejections, policy=options.policy)
 
 
 def build_state(options: ServeOptions) -> ServerState:
@@ -154,6 +161,8 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
                                 SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
         loop.run_until_idle()
+        # Ready means every tensor-parallel rank has run the warm-up too.
+        loop.synchronize()
     except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:

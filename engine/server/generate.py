@@ -162,7 +162,9 @@ async def generate(state: ServerState, request: Request, seq: Sequence, stops: l
                 last = now
                 usage.completion_tokens += len(event.token_ids)
                 state.metrics.generated_tokens.inc(len(event.token_ids))
-            if usage.cached_tokens != event.num_cached_tokens:
+            if event.num_cached_tokens > usage.cached_tokens:
+                # Only upwards: a request preempted before its first token may be re-admitted with a
+                # shorter hit, and a Prometheus counter cannot go down (inc(-n) raised, HTTP 500).
                 state.metrics.cached_tokens.inc(event.num_cached_tokens - usage.cached_tokens)
                 usage.cached_tokens = event.num_cached_tokens
             if event.error is not None:

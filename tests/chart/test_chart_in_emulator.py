@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import attrs
 import kmock
 import pytest
 import yaml
@@ -28,18 +27,6 @@ import yaml
 from tests.chart.chart_tools import RELEASE_NAMESPACE, REPO_ROOT, Renderer, by_kind
 from tests.operator.conftest import Api
 from tests.operator.emulator import HeadroomEmulator
-
-
-@attrs.define(kw_only=True)
-class CoreDiscoveryEmulator(HeadroomEmulator):
-    """kmock 0.8 answers /api/v1 with groupVersion "/v1"; kubectl then maps no core kind (Service, Secret...)."""
-
-    async def _serve_version(self, request: Any) -> Any:
-        payload = await super()._serve_version(request)
-        if isinstance(payload, dict) and str(payload.get("groupVersion", "")).startswith("/"):
-            payload["groupVersion"] = payload["groupVersion"].lstrip("/")
-        return payload
-
 
 EXAMPLE = REPO_ROOT / "examples" / "rtx4070-qwen3.5-4b.yaml"
 NAMESPACE = "llm"
@@ -107,7 +94,7 @@ async def test_chart_applies_and_its_operator_plans_an_example(render: Renderer,
         (certs / key).write_bytes(base64.b64decode(value))
     hook = by_kind(manifests, "ValidatingWebhookConfiguration")[0]["webhooks"][0]
 
-    async with CoreDiscoveryEmulator() as handler, kmock.Server(handler) as server:
+    async with HeadroomEmulator() as handler, kmock.Server(handler) as server:
         api = Api(server)
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump({

@@ -133,3 +133,5 @@ def test_dockerignore_keeps_build_inputs(stages: dict[str, Stage]) -> None:
     for source in copied:
         assert source.rstrip("/") not in ignored, f"{source} is COPY'd but .dockerignore drops it"
     assert {".venv", ".git", ".tools"} <= ignored
+    # The node agent and the emulator (tests/e2e, tests/operator) are development tools: never in an image.
+    assert "tests" in ignored and not any(source.startswith("tests") for source in copied)

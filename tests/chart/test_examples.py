@@ -20,7 +20,8 @@ from kubernetes_validate import validate as validate_builtin
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
-EXPECTED = {"rtx4070-qwen3.5-4b.yaml", "2x12gb-tp2-27b-int2.yaml", "h200-qwen3-next-80b.yaml"}
+EXPECTED = {"rtx4070-qwen3.5-4b.yaml", "2x12gb-tp2-27b-int2.yaml", "h200-qwen3-next-80b.yaml",
+            "rtx4070-qwen3.5-9b-int4.yaml", "rtx4090-qwen3.5-27b-int4.yaml"}
 KUBERNETES_VERSION = "1.33"
 
 
@@ -36,7 +37,7 @@ def load_example(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return server, maps[0]
 
 
-def test_the_three_examples_exist() -> None:
+def test_the_examples_exist() -> None:
     assert EXPECTED <= {p.name for p in EXAMPLES}
 
 
@@ -76,3 +77,19 @@ def test_seed_004_example_holds_all_three_sessions() -> None:
     # The report's failure: a 148,058-token pool cannot hold 3 x 66,000 = 198,000 tokens.
     assert planned.plan.max_total_tokens >= 198_000
     assert "--chunked-prefill-size" in planned.plan.engine_args
+
+
+@pytest.mark.parametrize(("name", "gib"), [("rtx4070-qwen3.5-9b-int4.yaml", 12), ("rtx4090-qwen3.5-27b-int4.yaml", 24)])
+def test_quantized_examples_plan_int4_weights_that_bf16_could_not_fit(name: str, gib: int) -> None:
+    """The 12 GB and 24 GB cards plan a 9B and a 27B hybrid only because the weights are INT4."""
+    from headroom.engine.plan import geometry_from_config
+
+    server, config_map = load_example(REPO_ROOT / "examples" / name)
+    spec = parse_spec(server["spec"])
+    config_json = json.loads(config_map["data"]["config.json"])
+    plan = plan_revision(spec, config_json, parse_size(spec.gpu.memory or "")).plan
+    assert plan.weight_format == "int4 W4A16, group 128, symmetric"
+    assert plan.ledger["weights"] < 0.75 * gib * 1024**3
+    dense = dict(config_json)
+    dense.pop("quantization_config")
+    assert geometry_from_config(dense).total_weight_bytes() > gib * 1024**3

@@ -1,4 +1,6 @@
-"""`headroom demo` end to end on CPU: plan, serve, long + short streams, metrics, clean stop."""
+"""`headroom demo --engine-only` end to end on CPU: plan, serve, long + short streams, metrics, clean stop.
+
+The operator's story (`headroom demo` without the flag) is tests/e2e/demo.py, run by tests/e2e/test_demo.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ def test_demo_runs_and_reports_ttft_and_metrics(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HEADROOM_CACHE", str(tmp_path))
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
-    assert demo.run(parser.parse_args(["--long-tokens", "1200", "--num-short", "2", "--max-tokens", "4"])) == 0
+    assert demo.run(parser.parse_args(["--engine-only", "--long-tokens", "1200", "--num-short", "2", "--max-tokens", "4"])) == 0
     out = capsys.readouterr().out
     assert "chunked_prefill_size   256" in out
     for name in ("long", "short0", "short1"):

@@ -4,7 +4,9 @@ Stock kmock 0.8 lacks resourceVersion, uid, generation and creationTimestamp, re
 CRDs into discovery, and answers a failed JSON-patch `test` with HTTP 500; kopf's finalizer
 patch tests /metadata/resourceVersion, so with stock kmock no handler ever runs. This subclass
 stamps the metadata, registers CRDs on creation, and answers 422 where the API server would.
-Lists also get kind/apiVersion, which kubectl requires.
+Lists also get kind/apiVersion, which kubectl requires. Like kube-apiserver it also renders Tables for
+`kubectl get` (emulator_tables), calls validating webhooks (emulator_admission), and gives each ClusterIP
+Service a clusterIP: a random loopback address, which tests' node agent listens on (kube-proxy's job).
 Still absent (and unused by the operator): label selectors, PUT, protobuf, garbage collection.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import random
 import uuid
 from typing import Any
 
@@ -21,12 +24,20 @@ import kmock
 from kmock._internal import dicts
 from kmock._internal.k8s import KubernetesError
 
+from tests.operator.emulator_admission import WEBHOOKS_PATH, Verdict, call_webhooks, matching_webhooks, review
+from tests.operator.emulator_tables import render_table, wants_table
+
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+SERVICE_RESOURCE = kmock.resource("", "v1", "services")
+WEBHOOK_RESOURCE = kmock.resource(*WEBHOOKS_PATH)
+REQUEST_LOG_SIZE = 16
 
 
 @attrs.define(kw_only=True)
 class HeadroomEmulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _printer_columns: dict[Any, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _random: random.Random = attrs.field(factory=random.Random, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -45,6 +56,7 @@ class HeadroomEmulator(kmock.KubernetesEmulator):
                 verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
                 subresources=set((version.get("subresources") or {}).keys()),
             )
+            self._printer_columns[key] = list(version.get("additionalPrinterColumns") or [])
 
     def _stamp_create(self, body: dict[str, Any]) -> None:
         meta = body.setdefault("metadata", {})
@@ -72,18 +84,84 @@ class HeadroomEmulator(kmock.KubernetesEmulator):
         else:
             patch.extend({"op": "add", "path": f"/metadata/{key}", "value": value} for key, value in stamps.items())
 
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        """kmock 0.8 answers /api/v1 with groupVersion "/v1"; kubectl then maps no core kind (Service, ConfigMap)."""
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and str(payload.get("groupVersion", "")).startswith("/"):
+            payload["groupVersion"] = payload["groupVersion"].lstrip("/")
+        return payload
+
+    def _kind(self, resource: Any) -> str | None:
+        info = self.resources[resource] if resource in self.resources else None
+        return info.kind if info is not None else None
+
+    def _table_requested(self, request: kmock.Request) -> bool:
+        return wants_table(next((v for k, v in request.headers.items() if k.lower() == "accept"), ""))
+
     async def _serve_list(self, request: kmock.Request) -> Any:
         """kubectl needs kind and apiVersion on lists, which stock kmock leaves out."""
         listing = dict(await super()._serve_list(request))
         resource = request.resource
-        info = self.resources[resource] if resource in self.resources else None
-        kind = info.kind if info is not None and info.kind else "List"
+        if self._table_requested(request):
+            return render_table(self._kind(resource), self._printer_columns.get(resource), listing["items"])
+        kind = self._kind(resource) or "List"
         group = f"{resource.group}/" if resource.group else ""
         return {"apiVersion": f"{group}{resource.version}", "kind": f"{kind}List", **listing}
 
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        obj = await super()._serve_fetch(request)
+        if self._table_requested(request) and request.subresource is None:
+            return render_table(self._kind(request.resource), self._printer_columns.get(request.resource), [obj])
+        return obj
+
+    def _assign_cluster_ip(self, service: dict[str, Any]) -> None:
+        """A random loopback address, so parallel test runs on one machine rarely meet (kube-proxy retries)."""
+        spec = service.setdefault("spec", {})
+        if spec.get("type", "ClusterIP") == "ClusterIP" and not spec.get("clusterIP"):
+            address = f"127.{self._random.randint(128, 254)}.{self._random.randint(0, 255)}.{self._random.randint(1, 254)}"
+            spec["clusterIP"], spec["clusterIPs"] = address, [address]
+
+    async def _admit(self, request: kmock.Request) -> Verdict:
+        """Run the validating webhooks that match this create or update (never a subresource's)."""
+        resource = request.resource
+        if request.subresource is not None or not isinstance(request.data, (dict, list)):
+            return Verdict(True)
+        configurations = [obj.raw for key, obj in self.objects.items() if key[0] == WEBHOOK_RESOURCE and not obj.deleted]
+        operation = "CREATE" if request.action == kmock.action.CREATE else "UPDATE"
+        hooks = matching_webhooks(configurations, resource.group, resource.version, resource.plural, operation)
+        if not hooks:
+            return Verdict(True)
+        old = None
+        obj = request.data
+        if operation == "UPDATE":
+            key = (resource, request.namespace, request.name)
+            if key not in self.objects or self.objects[key].deleted:
+                return Verdict(True)
+            old = dict(self.objects[key].raw)
+            try:
+                obj = dicts.patch_dict(old, request.data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+                return Verdict(True)
+        return await call_webhooks(hooks, review(obj, old, resource.group, resource.version, resource.plural, operation))
+
     async def _handle(self, request: kmock.Request) -> Any:
+        # kmock logs every request (and each reaction the ones it served) and matches each new one against that whole log (a scan per request), so
+        # a long run slowed down steadily (1 ms -> 500 ms a GET within a minute of node-agent polling). Only the
+        # recent requests are kept; no test asserts on older ones.
+        del self._requests[:-REQUEST_LOG_SIZE]
+        for reaction in self._payloads:
+            del reaction._requests[:-REQUEST_LOG_SIZE]
+        verdict = Verdict(True)
+        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+            verdict = await self._admit(request)
+            if not verdict.allowed:
+                return self._with_warnings(await self._render_error(
+                    KubernetesError(status=verdict.code, reason="Forbidden" if verdict.code == 403 else "Invalid",
+                                    message=verdict.message)), verdict.warnings)
         if request.resource is not None:
             if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+                if request.resource == SERVICE_RESOURCE:
+                    self._assign_cluster_ip(request.data)
                 self._stamp_create(request.data)
                 if request.resource == CRD_RESOURCE:
                     self._register_crd(request.data)
@@ -94,4 +172,11 @@ class HeadroomEmulator(kmock.KubernetesEmulator):
                         self._stamp_update(dict(self.objects[key].raw), request.data)
                     except KubernetesError as exc:
                         return await self._render_error(exc)
-        return await super()._handle(request)
+        return self._with_warnings(await super()._handle(request), verdict.warnings)
+
+    @staticmethod
+    def _with_warnings(response: Any, warnings: list[str]) -> Any:
+        """Admission warnings travel as Warning headers; kubectl prints them as `Warning: ...`."""
+        for warning in warnings:
+            response.headers.add("Warning", f'299 - "{warning}"')
+        return response

@@ -100,3 +100,31 @@ async def test_missing_gpu_memory_without_discovery_labels_is_refused(operator: 
     await api.create("/api/v1/nodes", node)
     response = await _review(port, inference_server("nomem", gpu={"count": 1}))
     assert response["allowed"] is True, response
+
+
+async def test_extra_args_that_override_planned_flags_are_admitted_with_a_warning(operator: OperatorHarness, emulator) -> None:
+    port = _free_port()
+    await operator.start(never_smoke, webhook_port=port)
+    spec_engine = {"kind": "builtin", "extraArgs": ["--context-length=512", "--log-rejections"]}
+    response = await _review(port, inference_server("qwen", engine=spec_engine))
+    assert response["allowed"] is True
+    warning = next(w for w in response["warnings"] if "extraArgs" in w)
+    assert "['--context-length']" in warning, warning
+
+
+async def test_an_engine_release_without_a_profile_and_int_kv_on_stock_sglang_are_refused(
+    operator: OperatorHarness, emulator
+) -> None:
+    port = _free_port()
+    await operator.start(never_smoke, webhook_port=port)
+    old = inference_server("old", engine={"kind": "sglang", "image": "lmsysorg/sglang:v0.5.5-cu129"})
+    response = await _review(port, old)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "no engine profile for sglang 0.5.5" in message and "sglang 0.5.23" in message, message
+    stock_int = inference_server(
+        "int", engine={"kind": "sglang", "image": "lmsysorg/sglang:v0.5.23"}, kvCache={"dtype": "int4"}
+    )
+    response = await _review(port, stock_int)
+    assert response["allowed"] is False
+    assert "no int4 KV cache" in response["status"]["message"] and "int-kv" in response["status"]["message"]

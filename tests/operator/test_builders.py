@@ -54,8 +54,17 @@ def test_deployment_runs_the_plans_flags_non_root_with_gpus_and_probes() -> None
     assert claim == {"claimName": "models", "readOnly": True}
 
 
+def test_builtin_engine_on_two_gpus_runs_tensor_parallel_and_asks_for_both() -> None:
+    p = planned(gpu={"count": 2, "memory": "24Gi"})
+    container = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+
+
 def test_sglang_engine_uses_its_entry_point_image_and_extra_args() -> None:
-    engine = {"kind": "sglang", "image": "lmsysorg/sglang:v0.5", "extraArgs": ["--enable-metrics"]}
+    engine = {"kind": "sglang", "image": "lmsysorg/sglang:v0.5.23", "extraArgs": ["--enable-metrics"]}
     p = planned(engine=engine, model={"hostPath": "/data/models", "path": "q", "config": inference_server()["spec"]["model"]["config"]},
                 gpu={"count": 2, "memory": "24Gi", "product": "NVIDIA-L4"})
     deployment = deployment_of(p)
@@ -64,7 +73,7 @@ def test_sglang_engine_uses_its_entry_point_image_and_extra_args() -> None:
     assert container["command"] == ["python3", "-m", "sglang.launch_server"]
     assert container["args"][:2] == ["--model-path", "/models/q"]
     assert container["args"][-1] == "--enable-metrics"
-    assert container["image"] == "lmsysorg/sglang:v0.5"
+    assert container["image"] == "lmsysorg/sglang:v0.5.23"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
     assert next(v for v in pod["volumes"] if v["name"] == "model")["hostPath"]["path"] == "/data/models"

@@ -41,7 +41,7 @@ def test_crd_names_and_printer_columns() -> None:
     {},
     {"targets": {"contextLength": "auto"}},
     {"targets": {"contextLength": 65536, "retainedSessions": 3, "sessionTokens": 20000}},
-    {"engine": {"kind": "sglang", "image": "lmsysorg/sglang:v0.5", "extraArgs": ["--enable-metrics"]}},
+    {"engine": {"kind": "sglang", "image": "lmsysorg/sglang:v0.5.23", "extraArgs": ["--enable-metrics"]}},
     {"overrides": {"memFractionStatic": 0.85, "chunkedPrefillSize": 8192}},
     {"gpu": {"count": 2}},
     {"smokeTest": {"enabled": False}},

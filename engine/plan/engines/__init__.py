@@ -1,16 +1,12 @@
-"""Engine models: builtin (exact), sglang and vllm (their own memory formulas and flags)."""
+"""Engine models: builtin (exact), and the pinned SGLang and vLLM profiles (engines/profiles.py)."""
 
 from headroom.engine.plan.engines.base import EngineModel, Layout
-from headroom.engine.plan.engines.builtin import BuiltinEngine
-from headroom.engine.plan.engines.sglang import SGLangEngine
-from headroom.engine.plan.engines.vllm import VLLMEngine
+from headroom.engine.plan.engines.profiles import PROFILES, Profile, UnknownProfile, resolve_profile
 
 
-def engine_model(name: str) -> EngineModel:
-    models: dict[str, type[EngineModel]] = {"builtin": BuiltinEngine, "sglang": SGLangEngine, "vllm": VLLMEngine}
-    if name not in models:
-        raise ValueError(f"engine {name!r} is not one of {', '.join(models)}")
-    return models[name]()
+def engine_model(name: str, version: str | None = None, flavour: str | None = None) -> EngineModel:
+    """The engine model of a profile; ValueError (UnknownProfile) lists the profiles when there is none."""
+    return resolve_profile(name, version, flavour).model()
 
 
-__all__ = ["EngineModel", "Layout", "engine_model"]
+__all__ = ["PROFILES", "EngineModel", "Layout", "Profile", "UnknownProfile", "engine_model", "resolve_profile"]

@@ -66,10 +66,15 @@ def activation_bytes(geometry: ModelGeometry, chunk: int, running: int, tp: int)
 
 
 class EngineModel(ABC):
-    """Memory formulas and flag rendering of one serving engine."""
+    """Memory formulas and flag rendering of one serving engine (one profile: a release, or a fork)."""
 
     name: str
+    # The release the formulas are transcribed from (None: headroom's own engine); flavour names a fork.
+    version: str | None = None
+    flavour: str | None = None
     kv_dtypes: tuple[str, ...]
+    # Said when a KV dtype outside kv_dtypes is asked for: where that dtype exists, if anywhere.
+    kv_dtype_note: str = ""
     default_ssm_dtype: str = "fp32"
     # True when max-total-tokens only caps a pool sized by the static fraction (SGLang); False when
     # the engine allocates exactly the tokens the plan names.
@@ -81,8 +86,35 @@ class EngineModel(ABC):
     def ssm_slot_bytes(self, geometry: ModelGeometry, layout: Layout) -> int:
         return ssm_slot_bytes(geometry, layout.tp, layout.ssm_dtype)
 
-    def page_tokens(self, layout: Layout) -> int:
+    def page_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
         return 1
+
+    @property
+    def profile(self) -> str:
+        """'sglang 0.5.23', 'sglang 0.5.19 int-kv', 'builtin'."""
+        return " ".join(p for p in (self.name, self.version, self.flavour) if p)
+
+    def outside_base(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
+        """Memory already in use when the engine measures the base its fraction applies to (none: the total)."""
+        return {}
+
+    def ssm_pool_bytes(self, slots: int, slot_bytes: int) -> int:
+        """Bytes of the SSM pool for `slots` usable slots (an engine may allocate padding slots)."""
+        return slots * slot_bytes
+
+    def slots_per_running(self, layout: Layout) -> int:
+        """SSM slots one running request holds (its working state, plus any tracking buffers)."""
+        return 1
+
+    def checkpoints_needed(
+        self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
+    ) -> int:
+        """Checkpoint slots the prefix cache keeps, beyond what running requests hold (the plan's promise)."""
+        return session_checkpoints(retained_sessions, session_tokens, layout.chunk) if geometry.is_hybrid else 0
+
+    def refuse_layout(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> str | None:
+        """Why this engine would not start with this layout (None: it would); checked before pricing."""
+        return None
 
     @abstractmethod
     def ssm_slots_needed(

@@ -45,6 +45,10 @@ _ACTIVATION_SCALE = 1.95
 # for KIVI, whose page-sized temporaries of many sizes fragment more, at 1,257-1,265 MiB of activations
 # on 16, 24 and 32 GiB plans alike): a multiple of the activations, rounded up.
 _FRAGMENTATION_SCALE = 0.85
+# Tensor parallel (tp > 1): NCCL's communicator buffers and its own device allocations, outside torch's
+# allocator, on every rank. An estimate (about 16-32 channels x a few 4 MiB buffers per peer, plus margin),
+# not yet measured here: bench/tp_speed.py reports each rank's peak against its ledger.
+_TP_COMMUNICATOR_BYTES = 512 * MiB
 _FRAGMENTATION_SCALE_KIVI = 1.2
 # The prefix cache's checkpoint policy (engine/cache/checkpoint_policy.py): SSM states one finished session
 # keeps once redundant ones are trimmed, and the most a running request takes during its prefill.
@@ -77,12 +81,12 @@ class BuiltinEngine(EngineModel):
     kv_dtypes = KV_DTYPES
     default_ssm_dtype = "fp32"
 
-    def page_tokens(self, layout: Layout) -> int:
+    def page_tokens(self, geometry: ModelGeometry, layout: Layout) -> int:
         return kv_format(layout.kv_dtype).page_tokens
 
     def reuse_interval(self, layout: Layout) -> int:
         # The cache checkpoints a prompt's tail on multiples of 64 tokens (and of the KV page).
-        return math.lcm(CHECKPOINT_GRANULE, self.page_tokens(layout))
+        return math.lcm(CHECKPOINT_GRANULE, kv_format(layout.kv_dtype).page_tokens)
 
     def retained(
         self, geometry: ModelGeometry, layout: Layout, total_tokens: int, retained_sessions: int, session_tokens: int
@@ -132,16 +136,19 @@ class BuiltinEngine(EngineModel):
         scale = _FRAGMENTATION_SCALE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SCALE
         activations = int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp))
         graphs = decode_graph_count(geometry, layout)
-        return {
+        lines = {
             "cuda_context": _CUDA_CONTEXT_BYTES,
             "activations": activations,
             "dequant_transient": workspace,
             "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
             "fragmentation": int(scale * activations),
         }
+        if layout.tp > 1:
+            lines["tp_communicator"] = _TP_COMMUNICATOR_BYTES
+        return lines
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
-        return [
+        flags = [
             "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
             "--max-total-tokens", str(values["max_total_tokens"]),
             "--chunked-prefill-size", str(values["chunked_prefill_size"]),
@@ -149,4 +156,10 @@ class BuiltinEngine(EngineModel):
             "--max-running-requests", str(values["max_running_requests"]),
             "--kv-cache-dtype", str(values["kv_dtype"]),
             "--ssm-slots", str(values["ssm_slots"]),
+            # `headroom serve` re-plans from these flags: without the plan's reserve it would assume its default.
+            "--max-new-tokens", str(values["max_new_tokens"]),
         ]
+        if int(values["tp"]) > 1:
+            # One process a GPU (engine/runtime/leader.py); rendered only when there is more than one.
+            flags += ["--tensor-parallel-size", str(values["tp"])]
+        return flags

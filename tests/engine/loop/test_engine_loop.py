@@ -120,8 +120,11 @@ def test_a_short_request_is_admitted_while_long_prefills_hold_their_checkpoints(
     """Four long prompts checkpoint at their stops and pin those checkpoints (their paths are locked); a
     30-token question arriving mid-prefill still gets an SSM slot at once and its first token long before
     the long prompts finish (it waited for them on the H200, docs/gpu.md)."""
+    # The even split keeps all four prefilling at once, each pinning its checkpoints (short_first would
+    # run them one after another).
     state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=4096,
-                                     chunked_prefill_size=512, max_running_requests=8, max_new_tokens=64))
+                                     chunked_prefill_size=512, max_running_requests=8, max_new_tokens=64,
+                                     policy="fair"))
     loop = state.loop
     events = _capture(loop)
     for i in range(4):

@@ -21,7 +21,7 @@ def seed_request(**pinned_and_targets) -> PlanRequest:
     target_args = dict(context_length=114688, retained_sessions=3, session_tokens=66000, max_running_requests=4)
     target_args.update({k: v for k, v in pinned_and_targets.items() if k not in pin_keys})
     return PlanRequest(
-        geometry=geometry, gpu_memory_bytes=SEED_GPU_BYTES, kv_dtype="int2", engine="sglang", tp=2,
+        geometry=geometry, gpu_memory_bytes=SEED_GPU_BYTES, kv_dtype="int2", engine="sglang", engine_flavour="int-kv", tp=2,
         ssm_dtype="fp16", targets=Targets(**target_args), pinned=pinned,
     )
 

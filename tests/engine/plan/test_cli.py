@@ -9,7 +9,7 @@ from headroom.main import main
 
 SEED_ARGS = [
     "plan", "--preset", "seed-27b-int2", "--gpu-memory", "12227MiB", "--tp", "2", "--kv-dtype", "int2",
-    "--ssm-dtype", "fp16", "--engine", "sglang", "--retained-sessions", "3", "--session-tokens", "66000",
+    "--ssm-dtype", "fp16", "--engine", "sglang", "--engine-flavour", "int-kv", "--retained-sessions", "3", "--session-tokens", "66000",
     "--max-running-requests", "4",
 ]
 REQUIRED_KEYS = {

@@ -19,11 +19,14 @@ from headroom.engine.plan import (
 )
 from headroom.engine.plan.engines import Layout, engine_model
 from headroom.engine.plan.engines.builtin import CHECKPOINT_STOPS_PER_REQUEST, CHECKPOINTS_PER_SESSION
+from headroom.engine.plan.report import OUTSIDE_STATIC
+from headroom.engine.plan.solver import AUTO_CONTEXT_CANDIDATES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 GiB = 1024**3
-_OUTSIDE = ("cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation")
+# (engine, flavour): every profile, the int-kv fork only when named.
+_PROFILES = [("builtin", None), ("sglang", None), ("sglang", "int-kv"), ("vllm", None)]
 
 
 @st.composite
@@ -48,13 +51,13 @@ def geometries(draw) -> ModelGeometry:
 
 @st.composite
 def requests(draw) -> PlanRequest:
-    engine = draw(st.sampled_from(["builtin", "sglang", "vllm"]))
-    kv = draw(st.sampled_from(["bf16", "fp8"] if engine == "vllm" else ["bf16", "fp8", "int8", "int4", "int2"]))
+    engine, flavour = draw(st.sampled_from(_PROFILES))
+    kv = draw(st.sampled_from(engine_model(engine, None, flavour).kv_dtypes))
     sessions = draw(st.integers(0, 4))
     return PlanRequest(
         geometry=draw(geometries()),
         gpu_memory_bytes=draw(st.sampled_from([12, 16, 24, 48, 80, 141])) * GiB,
-        kv_dtype=kv, engine=engine, tp=draw(st.sampled_from([1, 2, 4])),
+        kv_dtype=kv, engine=engine, engine_flavour=flavour, tp=draw(st.sampled_from([1, 2, 4])),
         targets=Targets(
             context_length=draw(st.one_of(st.none(), st.sampled_from([4096, 32768, 131072]))),
             retained_sessions=sessions,
@@ -70,16 +73,21 @@ def requests(draw) -> PlanRequest:
 
 
 def _check_plan(request: PlanRequest, plan) -> None:
+    model = engine_model(request.engine, None, request.engine_flavour)
     ledger, total = plan.ledger, request.gpu_memory_bytes
+    layout = Layout(plan.chunked_prefill_size, plan.context_length, plan.max_running_requests, plan.kv_dtype,
+                    plan.tp, plan.ssm_dtype)
+    # The fraction applies to the total, or to what the engine finds free at startup (SGLang).
+    base = total - sum(model.outside_base(request.geometry, layout, total).values())
     static = plan.static_bytes
-    outside = sum(ledger.get(k, 0) for k in _OUTSIDE)
-    # static = weights + KV pool + SSM pool + tables <= f * M
+    outside = sum(ledger.get(k, 0) for k in OUTSIDE_STATIC) - (total - base)
+    # static = weights + KV pool + SSM pool + tables <= f * base
     assert ledger["kv_pool"] == plan.max_total_tokens * plan.kv_bytes_per_token
-    assert ledger["ssm_pool"] == plan.ssm_slots * plan.ssm_slot_bytes
+    assert ledger["ssm_pool"] == model.ssm_pool_bytes(plan.ssm_slots, plan.ssm_slot_bytes)
     assert ledger["weights"] >= request.geometry.total_weight_bytes() // request.tp
-    assert static <= plan.mem_fraction_static * total + 1
+    assert static <= plan.mem_fraction_static * base + 1
     # the non-static remainder holds everything that lives outside the static budget
-    assert outside <= (1 - plan.mem_fraction_static) * total
+    assert outside <= (1 - plan.mem_fraction_static) * base
     # targets: one full context and the retained sessions fit the pool; prompts have room
     assert plan.context_length <= plan.max_total_tokens
     assert plan.retained_sessions * plan.session_tokens <= plan.max_total_tokens
@@ -91,7 +99,7 @@ def _check_plan(request: PlanRequest, plan) -> None:
         assert plan.ssm_slots >= plan.max_running_requests + checkpoints
     elif request.geometry.is_hybrid:
         checkpoints = plan.retained_sessions * -(-plan.session_tokens // plan.chunked_prefill_size)
-        assert plan.ssm_slots >= plan.max_running_requests + checkpoints
+        assert plan.ssm_slots >= plan.max_running_requests * model.slots_per_running(layout) + checkpoints
     if request.engine == "builtin" and request.targets.retained_sessions:
         # Targets are honoured exactly: the plan promises what was asked, no more.
         assert (plan.retained_sessions, plan.session_tokens) == (
@@ -104,7 +112,7 @@ def _check_plan(request: PlanRequest, plan) -> None:
 
 def _check_refusal(request: PlanRequest, refusal: PlanRefused) -> None:
     """The named constraint fails even at the most generous setting of every free lever."""
-    model = engine_model(request.engine)
+    model = engine_model(request.engine, None, request.engine_flavour)
     g, t, total = request.geometry, request.targets, request.gpu_memory_bytes
     ctx = t.context_length
     name = refusal.binding_constraint
@@ -112,30 +120,32 @@ def _check_refusal(request: PlanRequest, refusal: PlanRefused) -> None:
     if name == "context_room":
         assert ctx is not None and ctx <= t.max_new_tokens
         return
-    if name in ("kv_dtype", "model_max_position"):
+    if name in ("kv_dtype", "model_max_position", "engine_limit"):
         return
     # For the remaining constraints, check the smallest context tried and every chunk candidate:
     # even the cheapest layout cannot satisfy the named constraint.
-    contexts = [ctx] if ctx else [2048]
+    # auto: the smallest context of the ladder that leaves room for max_new_tokens (smaller ones fail context_room).
+    contexts = [ctx] if ctx else [min(c for c in AUTO_CONTEXT_CANDIDATES if c > t.max_new_tokens)]
     chunks = [request.pinned.chunked_prefill_size] if request.pinned.chunked_prefill_size else [1024, 2048, 4096, 8192, 16384]
     running = t.max_running_requests or 8
     for context in contexts:
         for chunk in chunks:
             layout = Layout(chunk, context, running, request.kv_dtype, request.tp, request.ssm_dtype or "fp32")
+            base = total - sum(model.outside_base(g, layout, total).values())
             outside = sum(model.non_static(g, layout, total).values())
             # The solver floors a free mem-fraction-static to the flag's three decimals.
-            fraction = request.pinned.mem_fraction_static or math.floor((total - outside) / total * 1000) / 1000
+            fraction = request.pinned.mem_fraction_static or math.floor((base - outside) / base * 1000) / 1000
             if name in ("non_static_headroom", "dequant_transient"):
-                assert outside > (1 - fraction) * total
+                assert outside > (1 - fraction) * base
                 continue
-            avail = fraction * total - g.total_weight_bytes() / request.tp - sum(model.static_extras(g, layout).values())
+            avail = fraction * base - g.total_weight_bytes() / request.tp - sum(model.static_extras(g, layout).values())
             kvb = model.kv_bytes_per_token(g, layout)
             sb = model.ssm_slot_bytes(g, layout)
             required = max(context, t.retained_sessions * t.session_tokens)
             slots = model.ssm_slots_needed(g, layout, required, t.retained_sessions, t.session_tokens)
-            if outside > (1 - fraction) * total:
+            if outside > (1 - fraction) * base:
                 continue
-            assert required * kvb + slots * sb > avail, (name, chunk, context)
+            assert required * kvb + model.ssm_pool_bytes(slots, sb) > avail, (name, chunk, context)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

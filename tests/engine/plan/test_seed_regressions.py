@@ -59,7 +59,7 @@ def test_the_transient_grows_with_context_for_sglang_but_not_for_builtin():
     assert long.ledger["dequant_transient"] == 4 * short.ledger["dequant_transient"]
     from dataclasses import replace
 
-    on_builtin = dict(engine="builtin", ssm_dtype="fp32", gpu_memory_bytes=48 * 1024**3)
+    on_builtin = dict(engine="builtin", engine_flavour=None, ssm_dtype="fp32", gpu_memory_bytes=48 * 1024**3)
     builtin_short = make_plan(replace(seed_request(context_length=32768), **on_builtin))
     builtin_long = make_plan(replace(seed_request(context_length=131072), **on_builtin))
     assert builtin_short.ledger["dequant_transient"] == builtin_long.ledger["dequant_transient"]

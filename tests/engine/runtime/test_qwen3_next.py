@@ -198,7 +198,9 @@ def test_missing_tensor_is_named(qwen3_next, tmp_path, name):
     ({"moe_intermediate_size": None}, "'moe_intermediate_size' must be a positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"linear_num_key_heads": 3}, "linear_num_value_heads=4 is not a multiple of linear_num_key_heads=3"),
-    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "quant_method 'fp8'"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quant_method 'awq' is not supported"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "bits": 8}},
+     r"keys the engine does not support: bits"),
 ])
 def test_malformed_config_is_named(qwen3_next, change, message):
     model_dir, _ = qwen3_next(0)

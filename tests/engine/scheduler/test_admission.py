@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 
+import pytest
 from headroom.engine.scheduler.capacity import CountingCapacity, run_counted_pass
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import SchedRequest, SchedulerConfig
@@ -27,7 +28,7 @@ def admitted_ids(plan) -> list[str]:
 
 def test_skip_ahead_admits_the_short_request_behind_one_that_does_not_fit(caplog):
     config = SchedulerConfig(chunked_prefill_size=1024, max_running_requests=8, decode_reserve_tokens=0,
-                             cap_contended_chunks=False, log_rejections=True)
+                             cap_contended_chunks=False, log_rejections=True, policy="fair")
     scheduler, capacity = crowded(config)
     with caplog.at_level(logging.INFO, logger="headroom.scheduler"):
         plan = run_counted_pass(scheduler, capacity)
@@ -50,11 +51,11 @@ def test_admission_judges_the_next_chunk_not_the_whole_prompt():
     assert admitted_ids(run_counted_pass(scheduler, capacity)) == ["long"]
 
 
-def drive_with_short_stream(max_times_overtaken: int, passes: int) -> int | None:
+def drive_with_short_stream(max_times_overtaken: int, passes: int, policy: str = "fair") -> int | None:
     """Shorts arrive every pass and keep the pool busy; returns the pass at which `big` was admitted."""
     config = SchedulerConfig(chunked_prefill_size=512, max_running_requests=8, even_split=False,
                              cap_contended_chunks=False, decode_reserve_tokens=0,
-                             max_times_overtaken=max_times_overtaken)
+                             max_times_overtaken=max_times_overtaken, policy=policy)
     capacity = CountingCapacity(600, 16)
     scheduler = Scheduler(config, capacity)
     scheduler.add(SchedRequest("warm", prompt_len=100, max_new_tokens=20))
@@ -69,20 +70,23 @@ def drive_with_short_stream(max_times_overtaken: int, passes: int) -> int | None
     return None
 
 
-def test_a_skipped_request_is_not_starved():
-    admitted_at = drive_with_short_stream(max_times_overtaken=3, passes=200)
+@pytest.mark.parametrize("policy", ["fair", "short_first"])
+def test_a_skipped_request_is_not_starved(policy):
+    admitted_at = drive_with_short_stream(max_times_overtaken=3, passes=200, policy=policy)
     assert admitted_at is not None and admitted_at < 40
 
 
 def test_without_aging_the_short_stream_would_starve_it():
-    # The control for the test above: the same workload starves `big` when aging is off.
+    # The control for the test above: the same workload starves `big` when aging is off (fair policy;
+    # short_first admits it anyway, in the min_prefill_tokens a short pass leaves to long prompts).
     assert drive_with_short_stream(max_times_overtaken=10**9, passes=200) is None
 
 
 def run_two_on_a_small_pool(prompt_len: int, max_new_tokens: int, decode_reserve_tokens: int):
     """Two requests on a 160-token pool until both finish (or 2,000 passes): (scheduler, capacity, requests)."""
     capacity = CountingCapacity(160, 4)
-    config = SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=decode_reserve_tokens)
+    # The even split admits both at once, so the pool runs out mid-decode (short_first would run them in turn).
+    config = SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=decode_reserve_tokens, policy="fair")
     scheduler = Scheduler(config, capacity)
     requests = [SchedRequest(name, prompt_len=prompt_len, max_new_tokens=max_new_tokens) for name in ("a", "b")]
     for request in requests:

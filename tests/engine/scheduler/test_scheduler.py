@@ -25,7 +25,8 @@ def test_lone_request_gets_the_whole_budget():
 
 
 def test_budget_is_split_evenly_over_prefilling_and_waiting():
-    config = SchedulerConfig(chunked_prefill_size=1200, max_running_requests=10, cap_contended_chunks=False)
+    config = SchedulerConfig(chunked_prefill_size=1200, max_running_requests=10, cap_contended_chunks=False,
+                             policy="fair")
     scheduler, capacity = make(config)
     for name in ("a", "b", "c"):
         scheduler.add(SchedRequest(name, prompt_len=50_000, max_new_tokens=4))
@@ -36,7 +37,7 @@ def test_budget_is_split_evenly_over_prefilling_and_waiting():
 
 
 def test_contended_cap_is_derived_from_the_concurrency_limit():
-    config = SchedulerConfig(chunked_prefill_size=8192, max_running_requests=10)
+    config = SchedulerConfig(chunked_prefill_size=8192, max_running_requests=10, policy="fair")
     assert config.per_request_cap == 409
     scheduler, capacity = make(config)
     scheduler.add(SchedRequest("a", prompt_len=50_000, max_new_tokens=4))
@@ -45,7 +46,8 @@ def test_contended_cap_is_derived_from_the_concurrency_limit():
 
 
 def test_a_short_request_leaves_its_unused_share_to_the_long_one():
-    config = SchedulerConfig(chunked_prefill_size=4126, max_running_requests=8, cap_contended_chunks=False)
+    config = SchedulerConfig(chunked_prefill_size=4126, max_running_requests=8, cap_contended_chunks=False,
+                             policy="fair")
     scheduler, capacity = make(config)
     scheduler.add(SchedRequest("long", prompt_len=130_000, max_new_tokens=4))
     scheduler.add(SchedRequest("short", prompt_len=30, max_new_tokens=4))

@@ -1,0 +1,88 @@
+"""Issue 15's contention scenario against a running server, over HTTP (run by bench/gpu_contention.sh).
+
+    python3 bench/contention_client.py URL LABEL OUT.json
+
+Figures (seconds and tokens/s, wall clock on the client):
+- idle: a 30-token question's TTFT (median of 3) and 4 decoding streams' inter-token gaps alone;
+- contention: four 16,000-token prompts at t = 0, the question at t = 1 s: every TTFT, aggregate prefill
+  = 4 x 16,000 / the last long TTFT;
+- lone: one 16,000-token prompt's prefill rate (tokens / TTFT);
+- decode gaps: 4 streams decoding, two 16,000-token prompts sent at t = 1 s; the streams' gaps while
+  those prefill (p50 / p95) and the two prompts' prefill rate.
+Every prompt is its own session (no prefix-cache hit between scenarios or runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from headroom.client.http import OpenAIClient
+from headroom.client.prompts import from_id_range
+
+# CONTENTION_LONG_TOKENS shrinks the long prompts for a dry run on a CPU server.
+LONG, SHORT, EXTRA = int(os.environ.get("CONTENTION_LONG_TOKENS", "16000")), 30, {"ignore_eos": True}
+factory = from_id_range(32, 127)
+
+
+def prompt(label: str, name: str, tokens: int) -> list[int]:
+    return factory.make(tokens, session=f"{label}/{name}")
+
+
+async def idle(client: OpenAIClient, label: str) -> dict:
+    ttfts = [(await client.stream_completion(prompt(label, f"idle-q{k}", SHORT), 4, extra=EXTRA)).ttft_s for k in range(3)]
+    streams = await asyncio.gather(*(client.stream_completion(prompt(label, f"idle-s{k}", 200), 200, extra=EXTRA)
+                                     for k in range(4)))
+    gaps = [b - a for r in streams for a, b in zip(r.token_times[10:], r.token_times[11:], strict=False)]
+    return {"short_ttft_s": statistics.median(t for t in ttfts if t is not None), "itl_p50_s": statistics.median(gaps),
+            "itl_p95_s": statistics.quantiles(gaps, n=20)[18]}
+
+
+async def contention(client: OpenAIClient, label: str) -> dict:
+    start = time.perf_counter()
+    longs = [asyncio.create_task(client.stream_completion(prompt(label, f"c-long{k}", LONG), 8, extra=EXTRA))
+             for k in range(4)]
+    await asyncio.sleep(1.0)
+    question = await client.stream_completion(prompt(label, "c-q", SHORT), 4, extra=EXTRA)
+    results = await asyncio.gather(*longs)
+    ttfts = [r.ttft_s for r in results]
+    last = max(r.sent_at + (r.ttft_s or 0) for r in results) - start
+    return {"short_ttft_s": question.ttft_s, "long_ttfts_s": ttfts, "long_ttft_mean_s": statistics.fmean(ttfts),
+            "aggregate_prefill_tok_s": 4 * LONG / last, "errors": [r.error for r in [*results, question] if r.error]}
+
+
+async def lone(client: OpenAIClient, label: str) -> dict:
+    result = await client.stream_completion(prompt(label, "lone", LONG), 2, extra=EXTRA)
+    return {"prefill_tok_s": LONG / result.ttft_s if result.ttft_s else None, "error": result.error}
+
+
+async def decode_gaps(client: OpenAIClient, label: str) -> dict:
+    streams = [asyncio.create_task(client.stream_completion(prompt(label, f"g-s{k}", 200), 600, extra=EXTRA))
+               for k in range(4)]
+    await asyncio.sleep(1.0)
+    sent = time.perf_counter()
+    longs = await asyncio.gather(*(client.stream_completion(prompt(label, f"g-long{k}", LONG), 2, extra=EXTRA)
+                                   for k in range(2)))
+    end = max(r.sent_at + (r.ttft_s or 0) for r in longs)
+    results = await asyncio.gather(*streams)
+    gaps = [b - a for r in results for a, b in zip(r.token_times, r.token_times[1:], strict=False) if a >= sent and b <= end]
+    return {"itl_p50_s": statistics.median(gaps), "itl_p95_s": statistics.quantiles(gaps, n=20)[18],
+            "num_gaps": len(gaps), "window_s": end - sent, "prefill_tok_s": 2 * LONG / (end - sent)}
+
+
+async def main(url: str, label: str, out: Path) -> None:
+    async with OpenAIClient(url, timeout_s=300) as client:
+        await client.resolve_model()
+        figures = {"label": label, "idle": await idle(client, label), "contention": await contention(client, label),
+                   "lone": await lone(client, label), "decode_gaps": await decode_gaps(client, label)}
+    out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

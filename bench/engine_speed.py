@@ -1,0 +1,265 @@
+"""Engine speed on the H200 (issue 18): headroom through `headroom serve`'s HTTP API and through the LLM API,
+and warm transformers, on the same Qwen3.5-4B-shaped random bf16 weights, in one process run.
+
+Run on the H200 from the repo root (see bench/device_env.sh):
+    python3 bench/engine_speed.py OUTDIR [parts...]
+parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also logits_4b
+(the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes). `serve` goes first so
+that its start is a cold one (empty Triton caches on a fresh machine). Rows measured by several parts merge
+into one table; results also go to /tmp/engine_speed_state.json so a second command on the same machine can
+add the remaining parts. Writes OUTDIR/engine_speed.json (the issue's schema) and OUTDIR/engine_speed_detail.json.
+
+How each figure is taken:
+- prefill_*: one request of N tokens, 1 new token, wall time (HTTP for 8K/32K with the 24 GiB / 32K plan;
+  LLM API with a 270K-token pool for 128K and the int2 rows). N/seconds.
+- decode_bs*: HTTP, B concurrent 256-token prompts: (time for 65 new tokens - time for 1) / (64 B).
+- *_decode_*_32k: LLM API, B prompts of 32K tokens, 65 new tokens; the wall time of each decode-only pass
+  (start of one forward to the start of the next: forward, sampling and the loop), B / median pass time.
+- limits: decode = B / (bytes a step must move / measured copy bandwidth), bytes = weights + each request's
+  KV (pool format) + recurrent state read and written; prefill = measured bf16 matmul rate / (2 x params)
+  FLOP per token (attention FLOPs not counted, as in the issue).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine_speed_parts as parts  # noqa: E402
+import gpu_engine  # noqa: E402
+
+STATE = Path("/tmp/engine_speed_state.json")
+MODEL = gpu_engine.MODEL_4B
+PORT = 18080
+ROWS = ("decode_bs1", "decode_bs8", "decode_bs16", "prefill_8k", "prefill_32k", "int2_decode_bs1_32k",
+        "int2_decode_bs8_32k", "bf16_decode_bs1_32k", "bf16_decode_bs8_32k", "int2_prefill_32k", "int2_prefill_128k",
+        "bf16_prefill_128k", "cold_start_s")
+RNG = random.Random(18)
+
+
+def prompt(n: int) -> list[int]:
+    return [RNG.randrange(1000, 200000) for _ in range(n)]
+
+
+def http_prompt(n: int) -> list[int]:
+    """Token ids the server accepts: the random model has no tokenizer, so `headroom serve` falls back to its
+    byte tokenizer and refuses ids past its vocabulary (as bench/gpu_serve_bench.sh's --token-id-range 32 127)."""
+    return [RNG.randrange(32, 128) for _ in range(n)]
+
+
+def headroom_cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
+
+
+def part_serve(state: dict) -> dict:
+    """Cold start to /ready, then prefill and decode over HTTP (24 GiB plan, bf16 KV, 32K context, 16 running)."""
+    import httpx
+
+    args = ["serve", "--model", str(MODEL), "--device", "cuda", "--gpu-memory", "24GiB", "--context-length", "32768",
+            "--max-new-tokens", "512", "--max-running-requests", "16", "--port", str(PORT)]
+    log = open("/tmp/engine_speed_serve.log", "w")  # noqa: SIM115 - lives as long as the server
+    started = time.perf_counter()
+    server = subprocess.Popen(headroom_cli(*args), cwd="/tmp", stdout=log, stderr=subprocess.STDOUT)
+    out: dict = {"command": "headroom " + " ".join(args)}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError("headroom serve exited: " + Path("/tmp/engine_speed_serve.log").read_text()[-2000:])
+                try:
+                    if client.get("/ready").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.25)
+            out["cold_start_s"] = time.perf_counter() - started
+            state["rows"]["cold_start_s"]["tok_per_s"] = None
+            state["cold_start_s"] = out["cold_start_s"]
+
+            def complete(tokens: list[int], max_tokens: int) -> float:
+                t0 = time.perf_counter()
+                body = {"prompt": tokens, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+                response = client.post("/v1/completions", json=body)
+                response.raise_for_status()
+                got = response.json()["usage"]["completion_tokens"]
+                if got != max_tokens:
+                    raise RuntimeError(f"asked for {max_tokens} tokens, got {got}")
+                return time.perf_counter() - t0
+
+            def concurrent(batch: int, max_tokens: int) -> float:
+                prompts = [http_prompt(256) for _ in range(batch)]
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(batch) as pool:
+                    list(pool.map(lambda p: complete(p, max_tokens), prompts))
+                return time.perf_counter() - t0
+
+            complete(http_prompt(8192), 1)  # a full chunk: a shape class the warm-up may not have compiled
+            for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000)):
+                seconds = complete(http_prompt(n), 1)
+                out[name] = {"seconds": seconds, "tokens": n}
+                state["rows"][name]["tok_per_s"] = n / seconds
+            for batch in (1, 8, 16):
+                concurrent(batch, 3)
+                t1, t65 = concurrent(batch, 1), concurrent(batch, 65)
+                out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65}
+                state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
+            out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
+    finally:
+        server.terminate()
+        server.wait(60)
+    return out
+
+
+def part_llm(state: dict, kv: str) -> dict:
+    """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence."""
+    from headroom.engine.llm import LLM
+
+    llm = LLM(str(MODEL), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=270336, ssm_slots=40,
+              chunked_prefill_size=8192, context_length=140000, max_running_requests=16, enable_prefix_cache=False)
+    steps = parts.time_passes(llm.runner)
+    out: dict = {"capture": gpu_engine._capture_info(llm.graph_capture), "prefill": {}, "decode": {}}
+    llm.generate([prompt(8192 + 300)], max_new_tokens=2, ignore_eos=True)
+    llm.generate([prompt(64) for _ in range(8)], max_new_tokens=3, ignore_eos=True)
+
+    def prefill(n: int) -> None:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([prompt(n)], max_new_tokens=1, ignore_eos=True))
+        out["prefill"][n] = {"seconds": seconds, "tokens_per_s": n / seconds,
+                             "peak_above_static_bytes": torch.cuda.max_memory_allocated() - before}
+        row = f"{kv}_prefill_{n // 1024}k"
+        if row in state["rows"]:
+            state["rows"][row]["tok_per_s"] = n / seconds
+
+    def decode(batch: int, context: int) -> None:
+        steps.clear()
+        llm.generate([prompt(context) for _ in range(batch)], max_new_tokens=65, ignore_eos=True)
+        timed = [s for s in steps if s["decode"] and "seconds" in s]
+        median = statistics.median(s["seconds"] for s in timed)
+        out["decode"][f"bs{batch}_ctx{context}"] = {"passes": len(timed), "median_step_ms": median * 1000,
+                                                   "tokens_per_s": batch / median, "graphed": timed[0]["graphed"]}
+        row = f"{kv}_decode_bs{batch}_32k"
+        if context == 32768 and row in state["rows"]:
+            state["rows"][row]["tok_per_s"] = batch / median
+
+    prefill(8192)
+    prefill(32768)
+    if kv == "bf16":
+        # The same prefill with the naive elementwise path (before this issue's kernels).
+        from headroom.kernels import ops
+
+        ops.set_fused(False)
+        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([prompt(8192)], max_new_tokens=1, ignore_eos=True))
+        ops.set_fused(True)
+        out["prefill"]["8192_unfused"] = {"seconds": seconds, "tokens_per_s": 8192 / seconds}
+        for batch in (1, 8, 16):  # short context, as the HTTP rows (int2 decodes eagerly: only the 32K rows)
+            decode(batch, 256)
+    for batch in (1, 8):
+        decode(batch, 32768)
+    prefill(131072)
+    state.setdefault("kv_bytes_per_token", {})[kv] = parts.kv_bytes_per_token(llm.runner.kv_pool)
+    return out
+
+
+def part_hf(state: dict) -> dict:
+    """Warm transformers (sdpa + fla): same weights, prefill 8K/32K/128K, decode batch 1/8/16 and batch 1 at 32K."""
+    from transformers import Qwen3_5ForCausalLM
+
+    hf = Qwen3_5ForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16).to(gpu_engine.DEV).eval()
+    out: dict = {}
+
+    def run(ids, new=None):
+        with torch.no_grad():
+            if new is None:
+                return gpu_engine.sync_time(lambda: hf(ids, logits_to_keep=1, use_cache=False))[0]
+            return gpu_engine.sync_time(lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False))[0]
+
+    dev = gpu_engine.DEV
+    run(torch.tensor([prompt(8192)], device=dev))
+    run(torch.tensor([prompt(64) for _ in range(8)], device=dev), 3)
+    for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000), ("bf16_prefill_128k", 131072)):
+        try:
+            out[name] = n / run(torch.tensor([prompt(n)], device=dev))
+        except torch.OutOfMemoryError as exc:
+            out[name] = f"OOM: {exc}"[:200]
+        torch.cuda.empty_cache()
+    for name, batch, context in (("decode_bs1", 1, 256), ("decode_bs8", 8, 256), ("decode_bs16", 16, 256),
+                                 ("bf16_decode_bs1_32k", 1, 32768)):
+        ids = torch.tensor([prompt(context) for _ in range(batch)], device=dev)
+        out[name] = batch * 64 / (run(ids, 65) - run(ids, 1))
+    for name, value in out.items():
+        if isinstance(value, float):
+            state["rows"][name]["transformers_tok_per_s"] = value
+    return out
+
+
+def _stop(signum, frame) -> None:
+    raise RuntimeError("stopped by SIGTERM (the command's time limit): the part's figures so far are kept")
+
+
+def main() -> None:
+    target = Path(sys.argv[1])
+    target.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _stop)
+    names = sys.argv[2:] or ["serve", "llm_bf16", "hf", "llm_int2", "kernels", "logits", "profile", "tiles"]
+    # A second command on the same machine continues the first's state; on another machine, pass the first's
+    # engine_speed_detail.json as ENGINE_SPEED_INIT.
+    init = Path(os.environ.get("ENGINE_SPEED_INIT", STATE))
+    state = json.loads(init.read_text()) if init.exists() else {"rows": {name: {} for name in ROWS}, "detail": {}}
+    gpu_engine._build_4b()
+    if "roofline" not in state:
+        state["roofline"] = gpu_engine.section_roofline()
+        state["env"] = gpu_engine.section_env()
+        torch.cuda.empty_cache()
+    todo = {"serve": part_serve, "llm_bf16": lambda s: part_llm(s, "bf16"), "hf": part_hf,
+            "llm_int2": lambda s: part_llm(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
+            "logits": lambda s: parts.logit_check(("tiny",)),
+            "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
+            "tiles": lambda s: parts.attention_tile_sweep()}
+    command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
+    # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),
+    # so that one device command ends inside its limit with every file written.
+    deadline = float(os.environ.get("ENGINE_SPEED_DEADLINE_S", "inf"))
+    run_started = time.perf_counter()
+    for name in names:
+        started = time.perf_counter()
+        if started - run_started > deadline:
+            state["detail"][name] = {"skipped": f"started after {started - run_started:.0f} s > {deadline} s"}
+            continue
+        try:
+            state["detail"][name] = todo[name](state)
+        except Exception:  # noqa: BLE001 - one failing part must not lose the others
+            state["detail"][name] = {"error": traceback.format_exc()[-3000:]}
+        state["detail"][name + "_seconds"] = time.perf_counter() - started
+        gc.collect()  # the part's engine (its runner's forward wrapper is a cycle) and its pools
+        torch.cuda.empty_cache()
+        state.setdefault("commands", [])
+        if command not in state["commands"]:
+            state["commands"].append(command)
+        STATE.write_text(json.dumps(state, indent=1, default=str))
+        table = parts.table(state, MODEL, command)
+        (target / "engine_speed.json").write_text(json.dumps(table, indent=1))
+        (target / "engine_speed_detail.json").write_text(json.dumps(state, indent=1, default=str))
+        print(name, "done in", round(time.perf_counter() - started, 1), "s", flush=True)
+    for row in parts.table(state, MODEL, command)["rows"]:
+        print(f"{row['name']:22} {row['tok_per_s']!s:>10.10} limit {row['limit_tok_per_s']!s:>10.10} "
+              f"share {row['share_of_limit']!s:>6.6} hf {row['transformers_tok_per_s']!s:>10.10} "
+              f"ratio {row['ratio_to_transformers']!s:>6.6}")
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""Helpers of bench/engine_speed.py: pass timing through the LLM API, the roofline table, the GPU checks of
+this issue's fused kernels against their naive_* references at the 4B model's sizes, and the engine's bf16
+logits (prefill and graphed decode) against an fp32 transformers reference."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+DEV = torch.device("cuda")
+
+
+def time_passes(runner) -> list[dict]:
+    """Wrap runner.forward; returns the list it appends one record per pass to: decode-only or not, batch,
+    graphed, and seconds from the pass's start to the next pass's start (forward, sampling, the loop).
+    The last pass of a run has no next and no seconds."""
+    steps: list[dict] = []
+    inner = runner.forward
+    last: dict = {}
+
+    def forward(items, all_positions=False):
+        now = time.perf_counter()
+        if "record" in last:
+            last["record"]["seconds"] = now - last["start"]
+        graphed = runner.decode_graphs is not None and runner.decode_graphs.can_run(items)
+        record = {"decode": all(len(i.token_ids) == 1 for i in items), "batch": len(items), "graphed": graphed}
+        last.update(record=record, start=now)
+        steps.append(record)
+        return inner(items, all_positions)
+
+    runner.forward = forward
+    return steps
+
+
+def kv_bytes_per_token(pool) -> float:
+    """Pool bytes per token slot (scales amortised; the residual window of KIVI is not counted)."""
+    return pool.nbytes() / pool.num_tokens
+
+
+def table(state: dict, model: Path, command: str) -> dict:
+    """The issue's engine_speed.json: rows with their limits, shares and ratios."""
+    from headroom.engine.plan import load_geometry
+    from headroom.engine.plan.kv_format import kv_bytes_per_token as planned_kv
+    from headroom.engine.plan.kv_format import ssm_slot_bytes
+
+    geometry = load_geometry(model)
+    weights = geometry.total_weight_bytes()
+    params = weights // 2
+    roof = state.get("roofline", {})
+    bandwidth, flops = roof.get("hbm_bytes_per_s"), roof.get("bf16_matmul_flops")
+    state_rw = 2 * ssm_slot_bytes(geometry)
+
+    def decode_limit(batch: int, context: int, kv: str) -> float | None:
+        if not bandwidth:
+            return None
+        kv_token = state.get("kv_bytes_per_token", {}).get(kv) or planned_kv(geometry, kv)
+        step = weights + batch * (context * kv_token + state_rw)
+        return batch * bandwidth / step
+
+    limits = {"decode_bs1": decode_limit(1, 288, "bf16"), "decode_bs8": decode_limit(8, 288, "bf16"),
+              "decode_bs16": decode_limit(16, 288, "bf16")}
+    for kv in ("int2", "bf16"):
+        for batch in (1, 8):
+            limits[f"{kv}_decode_bs{batch}_32k"] = decode_limit(batch, 32768 + 32, kv)
+    for name in ("prefill_8k", "prefill_32k", "int2_prefill_32k", "int2_prefill_128k", "bf16_prefill_128k"):
+        limits[name] = flops / (2 * params) if flops else None
+    rows = []
+    for name, got in state["rows"].items():
+        ours, hf, limit = got.get("tok_per_s"), got.get("transformers_tok_per_s"), limits.get(name)
+        row = {"name": name, "tok_per_s": ours, "limit_tok_per_s": limit,
+               "share_of_limit": ours / limit if ours and limit else None, "transformers_tok_per_s": hf,
+               "ratio_to_transformers": ours / hf if ours and hf else None}
+        if name == "cold_start_s":
+            row["seconds"] = state.get("cold_start_s")
+        rows.append(row)
+    env = state.get("env", {})
+    versions = {"torch": env.get("torch"), "triton": env.get("triton")}
+    for package in ("transformers", "fla"):
+        try:
+            versions[package] = __import__(package).__version__
+        except Exception:  # noqa: BLE001 - a missing package is recorded as such
+            versions[package] = None
+    return {"command": " ; ".join(state.get("commands", [command])), "gpu": env.get("gpu"), "versions": versions,
+            "rows": rows}
+
+
+def _diff(got: torch.Tensor, want: torch.Tensor) -> dict:
+    got, want = got.float(), want.float()
+    return {"max_abs": float((got - want).abs().max()), "frac_differing": float((got != want).float().mean()),
+            "scale": float(want.abs().max()), "finite": bool(got.isfinite().all())}
+
+
+def _bench(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+def kernel_checks() -> dict:
+    """Each fused kernel against its naive_* reference in bf16 at the 4B model's sizes (prefill of 8,192
+    tokens, decode of 16 sequences): differences, and ms of both."""
+    from headroom.kernels import (
+        gates,
+        gates_triton,
+        norm,
+        norm_triton,
+        rotary,
+        rotary_triton,
+    )
+
+    torch.manual_seed(18)
+    bf = torch.bfloat16
+    out: dict = {}
+    n, hidden = 8192, 2560
+    x, d = torch.randn(n, hidden, device=DEV, dtype=bf), torch.randn(n, hidden, device=DEV, dtype=bf)
+    w = torch.randn(hidden, device=DEV, dtype=bf) * 0.1
+    got, summed = norm_triton.rms_norm(x, w, 1e-6, True, delta=d)
+    want, want_sum = norm.naive_add_rms_norm(d, x, w, 1e-6, True)
+    out["add_rms_norm"] = {"out": _diff(got, want), "sum": _diff(summed, want_sum),
+                           "ms": _bench(lambda: norm_triton.rms_norm(x, w, 1e-6, True, delta=d)),
+                           "naive_ms": _bench(lambda: norm.naive_add_rms_norm(d, x, w, 1e-6, True))}
+    got, _ = norm_triton.rms_norm(x, w, 1e-6, False)
+    out["rms_norm_plain"] = {"out": _diff(got, norm.naive_rms_norm(x, w, 1e-6, False))}
+    wide = torch.randn(n, 16, 512, device=DEV, dtype=bf)
+    q = wide.chunk(2, dim=-1)[0]
+    wq = torch.randn(256, device=DEV, dtype=bf) * 0.1
+    pos = torch.randint(0, 200000, (n,), device=DEV)
+    inv = rotary.rotary_inv_freq(64, 1e7).to(DEV)
+    out["rms_norm_rotary"] = {
+        "out": _diff(rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv), rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
+        "ms": _bench(lambda: rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
+        "naive_ms": _bench(lambda: rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv))}
+    core, z = torch.randn(n, 32, 128, device=DEV, dtype=bf), torch.randn(n, 32, 128, device=DEV, dtype=bf)
+    wg = torch.randn(128, device=DEV, dtype=bf)
+    out["gated_rms_norm"] = {"out": _diff(norm_triton.gated_rms_norm(core, z, wg, 1e-6), norm.naive_gated_rms_norm(core, z, wg, 1e-6)),
+                             "ms": _bench(lambda: norm_triton.gated_rms_norm(core, z, wg, 1e-6)),
+                             "naive_ms": _bench(lambda: norm.naive_gated_rms_norm(core, z, wg, 1e-6))}
+    g, u = torch.randn(n, 9216, device=DEV, dtype=bf), torch.randn(n, 9216, device=DEV, dtype=bf)
+    out["silu_mul"] = {"out": _diff(gates_triton.silu_mul(g, u), gates.naive_silu_mul(g, u)),
+                       "ms": _bench(lambda: gates_triton.silu_mul(g, u)), "naive_ms": _bench(lambda: gates.naive_silu_mul(g, u))}
+    attn, gate = torch.randn(n, 4096, device=DEV, dtype=bf), wide.chunk(2, dim=-1)[1]
+    out["sigmoid_mul"] = {"out": _diff(gates_triton.sigmoid_mul(attn, gate), gates.naive_sigmoid_mul(attn, gate)),
+                          "ms": _bench(lambda: gates_triton.sigmoid_mul(attn, gate)),
+                          "naive_ms": _bench(lambda: gates.naive_sigmoid_mul(attn, gate))}
+    b, a = torch.randn(n, 32, device=DEV, dtype=bf) * 4, torch.randn(n, 32, device=DEV, dtype=bf) * 8
+    neg_a, dt = -torch.rand(32, device=DEV) * 8, torch.randn(32, device=DEV, dtype=bf)
+    got_b, got_g = gates_triton.gdn_gates(b, a, neg_a, dt)
+    want_b, want_g = gates.naive_gdn_gates(b, a, neg_a, dt)
+    out["gdn_gates"] = {"beta": _diff(got_b, want_b), "g": _diff(got_g, want_g),
+                        "ms": _bench(lambda: gates_triton.gdn_gates(b, a, neg_a, dt)),
+                        "naive_ms": _bench(lambda: gates.naive_gdn_gates(b, a, neg_a, dt))}
+    for batch in (1, 16):
+        out[f"gdn_decode_b{batch}"] = _gdn_decode_check(batch)
+    out["merge_splits"] = _merge_check()
+    return out
+
+
+def _gdn_decode_check(batch: int) -> dict:
+    """Fused GDN decode step (4B sizes) against the naive recurrence, and fla's kernel with the gather/scatter it needs."""
+    from headroom.kernels import gated_delta, gdn_decode
+    from headroom.kernels.gdn_fla import gated_delta_rule_varlen
+
+    bf = torch.bfloat16
+    conv = torch.randn(batch, 2 * 16 * 128 + 32 * 128, device=DEV, dtype=bf)
+    qd, kd, vd = torch.split(conv, [2048, 2048, 4096], dim=-1)
+    qd, kd, vd = qd.reshape(batch, 16, 128), kd.reshape(batch, 16, 128), vd.reshape(batch, 32, 128)
+    gd, bd = -torch.rand(batch, 32, device=DEV), torch.rand(batch, 32, device=DEV, dtype=bf)
+    states = torch.randn(40, 32, 128, 128, device=DEV) * 0.1
+    slots = torch.randperm(40, device=DEV)[:batch]
+    ref_states, fla_states = states.clone(), states[slots].clone()
+    got = gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots)
+    want = gated_delta.naive_gated_delta_decode(qd, kd, vd, gd, bd, ref_states, slots)
+    bounds = torch.arange(batch + 1, device=DEV)
+    fla_out, fla_final = gated_delta_rule_varlen(qd, kd, vd, gd, bd, fla_states, bounds)
+    return {
+        "out_vs_naive": _diff(got, want), "states_vs_naive": _diff(states, ref_states),
+        "fla_out_vs_naive": _diff(fla_out, want), "fla_states_vs_naive": _diff(fla_final, ref_states[slots]),
+        "ms": _bench(lambda: gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots)),
+        "fla_with_gather_scatter_ms": _bench(lambda: states.index_copy_(
+            0, slots, gated_delta_rule_varlen(qd, kd, vd, gd, bd, states[slots], bounds)[1]))}
+
+
+def _merge_check() -> dict:
+    """Split-K merge of a batch-16 decode (32 splits, 16 heads, 256 dims) against merge_attention_states."""
+    from headroom.kernels.attention_merge import merge_attention_states
+    from headroom.kernels.attention_merge_triton import merge_splits_into
+
+    parts = torch.randn(32, 16, 16, 256, device=DEV)
+    lses = torch.randn(32, 16, 16, device=DEV) * 4
+    lses[5:, 0] = float("-inf")  # a short sequence: most splits saw no key
+    out = torch.full((16, 16, 256), float("nan"), device=DEV, dtype=torch.bfloat16)
+    out_lse = torch.full((16, 16), float("nan"), device=DEV)
+    merge_splits_into(parts, lses, out, out_lse)
+    want, want_lse = merge_attention_states(parts, lses, torch.bfloat16)
+    return {"out": _diff(out, want), "lse": _diff(out_lse, want_lse),
+            "ms": _bench(lambda: merge_splits_into(parts, lses, out, out_lse)),
+            "naive_ms": _bench(lambda: merge_attention_states(parts, lses, torch.bfloat16))}
+
+
+def _sequence(runner, name: str, tokens: list[int]):
+    from headroom.engine.sequence import Sequence
+
+    seq = Sequence(name, list(tokens))
+    seq.kv_slots = runner.kv_allocator.alloc(len(tokens)) or []
+    seq.ssm_slot = runner.ssm_pool.alloc() if runner.ssm_pool else None
+    return seq
+
+
+def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
+    """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: prompt prefilled but its last
+    decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the prefill's
+    last, against transformers fp32; transformers bf16's own distance is the bound."""
+    import gpu_engine
+    from headroom.engine.config import EngineConfig
+    from headroom.engine.runtime.forward_batch import BatchItem
+    from headroom.engine.runtime.model_runner import ModelRunner
+    from headroom.kernels import ops
+    from transformers import Qwen3_5ForCausalLM
+
+    tiny = Path("/tmp/headroom-tiny-0")
+    if not (tiny / "config.json").exists():
+        gpu_engine._save_random(gpu_engine._tiny_config(0), tiny, 0)
+    out: dict = {}
+    cases = {"tiny": (tiny, 777, 1000), "4b": (gpu_engine.MODEL_4B, 1500, 200000)}
+    for label in models:
+        path, length, vocab = cases[label]
+        tokens = [random.Random(3).randrange(vocab) for _ in range(length)]
+        ids = torch.tensor([tokens], device=DEV)
+        positions = slice(length - decode_tokens - 1, length)
+        case: dict = {}
+        refs = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=dtype).to(DEV).eval()
+            with torch.no_grad():
+                refs[dtype] = model(ids).logits[0, positions].float()
+            del model
+            torch.cuda.empty_cache()
+        truth = refs[torch.float32]
+        case["transformers_bf16_vs_fp32_max_abs"] = float((refs[torch.bfloat16] - truth).abs().max())
+        case["logit_scale"] = float(truth.abs().max())
+        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager: KIVI is not graphed).
+        for fused, kv in ((True, "bf16"), (False, "bf16"), (True, "int2")):
+            ops.set_fused(fused)
+            runner = ModelRunner(EngineConfig(
+                model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=4096,
+                ssm_slots=8, context_length=4096, max_running_requests=4,
+                cuda_graph_max_batch=4 if fused and kv == "bf16" else 0))
+            runner.capture_decode_graphs()
+            seq = _sequence(runner, "check", tokens)
+            rows = [runner.forward([BatchItem(seq, tokens[: length - decode_tokens])])[0]]
+            for p in range(length - decode_tokens, length):
+                rows.append(runner.forward([BatchItem(seq, [tokens[p]])])[0])
+            got = torch.stack(rows).float()
+            key = {"bf16": "headroom_bf16_fused_graphs" if fused else "headroom_bf16_naive_eager",
+                   "int2": "headroom_int2_fused_eager"}[kv]
+            case[key + "_vs_fp32_max_abs"] = float((got - truth).abs().max())
+            case[key + "_decode_only_vs_fp32_max_abs"] = float((got[1:] - truth[1:]).abs().max())
+            del runner
+            torch.cuda.empty_cache()
+        ops.set_fused(True)
+        case["transformers_bf16_decode_positions_vs_fp32_max_abs"] = float((refs[torch.bfloat16][1:] - truth[1:]).abs().max())
+        out[label] = case
+    return out
+
+
+def attention_tile_sweep() -> dict:
+    """Extend (prefill) tile configs of the paged attention: an 8,192-query chunk at the end of 32K keys
+    (bf16 and int2), ms and TFLOP/s per config; the first config is the current default."""
+    import gpu_kernels
+    from headroom.kernels import paged_attention as pa
+
+    configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_m": 128}, {"block_m": 128, "block_n": 64},
+               {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4}]
+    out: dict = {}
+    context, chunk = 32768, 8192
+    flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
+    for kind in ("bf16", "int2"):
+        kv, table = gpu_kernels.filled_pool(kind, [context])
+        args = gpu_kernels.attention_args(kv, table, [context], [chunk])
+        reference = None
+        for config in configs:
+            key = f"{kind}_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
+            pa.EXTEND_TUNING.clear()
+            pa.EXTEND_TUNING.update(config)
+            try:
+                result = pa.paged_attention(*args, max_q_len=chunk)
+                if reference is None:
+                    reference = result[0].float()
+                ms = _bench(lambda args=args: pa.paged_attention(*args, max_q_len=chunk))
+                out[key] = {"ms": ms, "TFLOPs": flops / ms / 1e9,
+                            "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
+                out[key] = {"error": str(exc)[:200]}
+    pa.EXTEND_TUNING.clear()
+    decode_configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_n": 128, "num_warps": 4},
+                      {"num_warps": 4, "num_stages": 3}]
+    for kind in ("bf16", "int2"):
+        lens = [32768] * 8
+        kv, table = gpu_kernels.filled_pool(kind, lens)
+        args = gpu_kernels.attention_args(kv, table, lens, [1] * 8)
+        for config in decode_configs:
+            key = f"{kind}_decode_b8_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
+            pa.DECODE_TUNING.clear()
+            pa.DECODE_TUNING.update(config)
+            try:
+                out[key] = {"ms": _bench(lambda args=args: pa.paged_attention(*args, max_q_len=1))}
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
+                out[key] = {"error": str(exc)[:200]}
+    pa.DECODE_TUNING.clear()
+    return out

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 15's contention scenario on the H200 through `headroom serve`, three schedulers in one run:
+# fair (the old default), --strict-fcfs, short_first (the new default). The 4B-shaped random bf16 model
+# (built by bench/gpu_engine.py's build section), a 24 GiB plan, chunk 8192, 16 running, as in the issue.
+# From the repo root on the GPU machine:
+#   source bench/device_env.sh && bash bench/gpu_contention.sh "$OUT"
+# Writes $OUT/contention_{fair,fcfs,short_first}.json, each server's log, and $OUT/contention.json (all three).
+set -u
+out=$1; mkdir -p "$out"
+repo=$PWD
+headroom() { (cd /tmp && python3 -c 'import sys; from headroom.main import main; sys.exit(main())' "$@"); }
+[ -f /tmp/headroom-q35-4b/config.json ] || python3 bench/gpu_engine.py "$out/build.json" build > "$out/build.log" 2>&1
+base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
+base="$base --max-running-requests 16 --chunked-prefill-size 8192 --port 18081"
+for run in "fair:--scheduler-policy fair" "fcfs:--strict-fcfs" "short_first:"; do
+  label=${run%%:*}; flags=${run#*:}
+  # shellcheck disable=SC2086
+  headroom serve $base $flags > "$out/serve_$label.log" 2>&1 &
+  server=$!
+  for _ in $(seq 240); do
+    curl -sf localhost:18081/ready >/dev/null && break
+    kill -0 $server 2>/dev/null || { echo "serve ($label) exited"; tail -20 "$out/serve_$label.log"; break; }
+    sleep 0.5
+  done
+  (cd /tmp && python3 "$repo/bench/contention_client.py" http://localhost:18081 "$label" "$out/contention_$label.json") \
+    > "$out/client_$label.log" 2>&1 || tail -5 "$out/client_$label.log"
+  kill $server; wait $server 2>/dev/null
+done
+python3 - "$out" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+runs = {p.stem.split("_", 1)[1]: json.loads(p.read_text()) for p in sorted(out.glob("contention_*.json"))}
+(out / "contention.json").write_text(json.dumps({"command": "bash bench/gpu_contention.sh OUT", "runs": runs}, indent=2))
+for label, r in runs.items():
+    c, g = r["contention"], r["decode_gaps"]
+    print(label, "short", round(c["short_ttft_s"], 3), "idle", round(r["idle"]["short_ttft_s"], 3),
+          "long", [round(t, 2) for t in c["long_ttfts_s"]], "agg", round(c["aggregate_prefill_tok_s"]),
+          "lone", round(r["lone"]["prefill_tok_s"] or 0), "gaps p50/p95", round(g["itl_p50_s"], 4), round(g["itl_p95_s"], 4),
+          "idle itl", round(r["idle"]["itl_p50_s"], 4), "prefill w/ decodes", round(g["prefill_tok_s"]))
+PY

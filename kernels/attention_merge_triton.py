@@ -1,0 +1,52 @@
+"""The log-sum-exp merge of split-K decode partials in one launch (reference: attention_merge.py's
+merge_attention_states, about fifteen torch kernels per attention layer and step). One program per
+(token, head) row reads its S partial outputs and lses and writes the merged row and lse in place."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def merge_splits_fwd_kernel(
+    parts, lses, out, out_lse, num_splits, num_heads, head_dim,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    i_r = tl.program_id(0).to(tl.int64)
+    i_t, i_h = i_r // num_heads, i_r % num_heads
+    o_s = tl.arange(0, BLOCK_S)
+    o_d = tl.arange(0, BLOCK_D)
+    m_s, m_d = o_s < num_splits, o_d < head_dim
+    b_lse = tl.load(lses + o_s * stride_ls + i_t * stride_lt + i_h, mask=m_s, other=float("-inf"))
+    top = tl.max(b_lse, 0)
+    # A row with no key in any split: shift by 0 so that every weight is exp(-inf) = 0, not NaN.
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    b_w = tl.exp(b_lse - shift)
+    total = tl.sum(b_w, 0)
+    p_parts = parts + o_s[:, None] * stride_ps + i_t * stride_pt + i_h * stride_ph + o_d[None, :]
+    b_parts = tl.load(p_parts, mask=m_s[:, None] & m_d[None, :], other=0)
+    merged = tl.sum(b_parts * b_w[:, None], 0) / tl.maximum(total, 1e-30)
+    tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, merged.to(out.dtype.element_ty), mask=m_d)
+    tl.store(out_lse + i_t * stride_olt + i_h, tl.where(total > 0, shift + tl.log(tl.maximum(total, 1e-30)), float("-inf")))
+
+
+def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor) -> None:
+    """parts [S, N, H, D] fp32 (each normalised over its own keys), lses [S, N, H] fp32 (natural log, -inf: no
+    key) -> writes out [N, H, D] (its dtype) and out_lse [N, H] fp32 as merge_attention_states returns them."""
+    num_splits, tokens, heads, dim = parts.shape
+    if lses.shape != parts.shape[:3] or out.shape != parts.shape[1:] or out_lse.shape != parts.shape[1:3]:
+        raise ValueError(f"merge: parts {tuple(parts.shape)}, lses {tuple(lses.shape)}, out {tuple(out.shape)}, "
+                         f"out_lse {tuple(out_lse.shape)}")
+    if any(t.stride(-1) != 1 for t in (parts, lses, out, out_lse)):
+        raise ValueError("merge: every last dimension must be contiguous")
+    if tokens * heads == 0:
+        return
+    merge_splits_fwd_kernel[(tokens * heads,)](
+        parts, lses, out, out_lse, num_splits, heads, dim,
+        parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
+        out.stride(0), out.stride(1), out_lse.stride(0),
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(dim),
+    )

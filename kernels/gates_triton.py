@@ -1,0 +1,91 @@
+"""Fused gates (references in kernels/gates.py): silu(gate) * up, x * sigmoid(gate), and Gated DeltaNet's
+beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias). One launch each instead of two to six."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _round(x, like):
+    """x rounded to like's element type, back in fp32 (each unfused bf16 op rounds its result)."""
+    return x.to(like.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def silu_mul_fwd_kernel(gate, up, out, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    b_g = tl.load(gate + offs, mask=mask, other=0).to(tl.float32)
+    b_u = tl.load(up + offs, mask=mask, other=0).to(tl.float32)
+    b_s = _round(b_g / (1.0 + tl.exp(-b_g)), out)
+    tl.store(out + offs, (b_s * b_u).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, BLOCK: tl.constexpr):
+    i_t = tl.program_id(0).to(tl.int64)
+    o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = o_c < cols
+    b_x = tl.load(x + i_t * cols + o_c, mask=mask, other=0).to(tl.float32)
+    p_g = gate + i_t * stride_gt + (o_c // head_dim) * stride_gh + o_c % head_dim
+    b_g = tl.load(p_g, mask=mask, other=0).to(tl.float32)
+    b_s = _round(1.0 / (1.0 + tl.exp(-b_g)), out)
+    tl.store(out + i_t * cols + o_c, (b_x * b_s).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gdn_gates_fwd_kernel(b, a, neg_a, dt_bias, beta, g, heads, stride_b, stride_a, BLOCK: tl.constexpr):
+    i_t = tl.program_id(0).to(tl.int64)
+    o_h = tl.arange(0, BLOCK)
+    mask = o_h < heads
+    b_b = tl.load(b + i_t * stride_b + o_h, mask=mask, other=0).to(tl.float32)
+    tl.store(beta + i_t * heads + o_h, (1.0 / (1.0 + tl.exp(-b_b))).to(beta.dtype.element_ty), mask=mask)
+    b_a = tl.load(a + i_t * stride_a + o_h, mask=mask, other=0).to(tl.float32)
+    x = b_a + tl.load(dt_bias + o_h, mask=mask, other=0).to(tl.float32)
+    # softplus with torch's threshold 20; log1p(e) as log(u) - ((u - 1) - e) / u keeps small e exact.
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) - ((u - 1.0) - e) / u)
+    softplus = tl.where(x > 20.0, x, log1p)
+    tl.store(g + i_t * heads + o_h, tl.load(neg_a + o_h, mask=mask, other=0) * softplus, mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [N, I] contiguous, same dtype -> silu(gate) * up [N, I]."""
+    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same contiguous shape")
+    out = torch.empty_like(gate)
+    if gate.numel():
+        silu_mul_fwd_kernel[(triton.cdiv(gate.numel(), _BLOCK),)](gate, up, out, gate.numel(), BLOCK=_BLOCK)
+    return out
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [N, C] contiguous, gate [N, H, D] (H * D = C, strided rows allowed) -> x * sigmoid(gate) [N, C]."""
+    if x.dim() != 2 or not x.is_contiguous() or gate.dim() != 3 or gate.shape[0] != x.shape[0] \
+            or gate.shape[1] * gate.shape[2] != x.shape[1] or gate.stride(-1) != 1:
+        raise ValueError(f"sigmoid_mul: x {tuple(x.shape)} must be contiguous [N, C], gate {tuple(gate.shape)} [N, H, D]")
+    out = torch.empty_like(x)
+    if x.numel():
+        grid = (x.shape[0], triton.cdiv(x.shape[1], _BLOCK))
+        sigmoid_mul_fwd_kernel[grid](x, gate, out, x.shape[1], gate.shape[2], gate.stride(0), gate.stride(1), BLOCK=_BLOCK)
+    return out
+
+
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """b, a [N, Hv] (rows may be strided); neg_a, dt_bias [Hv] -> (beta [N, Hv] in b's dtype, g [N, Hv] fp32)."""
+    tokens, heads = b.shape
+    if a.shape != b.shape or neg_a.shape != (heads,) or dt_bias.shape != (heads,) or b.stride(-1) != 1 or a.stride(-1) != 1:
+        raise ValueError(f"gdn_gates: b {tuple(b.shape)}, a {tuple(a.shape)} [N, Hv]; neg_a {tuple(neg_a.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)} [Hv]")
+    beta = torch.empty((tokens, heads), dtype=b.dtype, device=b.device)
+    g = torch.empty((tokens, heads), dtype=torch.float32, device=b.device)
+    if tokens:
+        gdn_gates_fwd_kernel[(tokens,)](b, a, neg_a.float(), dt_bias, beta, g, heads, b.stride(0), a.stride(0),
+                                        BLOCK=triton.next_power_of_2(heads))
+    return beta, g

@@ -1,0 +1,70 @@
+"""q/k per-head RMSNorm and (partial, neox half-rotation) rotary in one pass: one program per (token, head)
+row. Replaces about a dozen elementwise kernels per call of the unfused naive_rms_norm + naive_apply_rotary
+and rounds where they round (every bf16 op rounds its result), so it matches naive_rms_norm_rotary."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _normed(x, weight, offs, mask, rstd, UNIT_OFFSET: tl.constexpr):
+    """Load x at offs (fp32) and return its rms_norm, rounded to x's dtype, as fp32."""
+    b_x = tl.load(x + offs, mask=mask, other=0).to(tl.float32)
+    b_w = tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
+    if UNIT_OFFSET:
+        return (b_x * rstd * (1.0 + b_w)).to(x.dtype.element_ty).to(tl.float32)
+    return ((b_x * rstd).to(x.dtype.element_ty).to(tl.float32) * b_w).to(x.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def rms_norm_rotary_fwd_kernel(
+    x, weight, positions, inv_freq, out, stride_xt, stride_xh, num_heads, dim, rotary_dim, eps,
+    BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+):
+    i_r = tl.program_id(0).to(tl.int64)
+    i_t, i_h = i_r // num_heads, i_r % num_heads
+    row = x + i_t * stride_xt + i_h * stride_xh
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < dim
+    b_x = tl.load(row + o_d, mask=m_d, other=0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, 0) / dim + eps)
+    b_y = _normed(row, weight, o_d, m_d, rstd, UNIT_OFFSET)
+    half = rotary_dim // 2
+    is_rot = o_d < rotary_dim
+    first = o_d < half
+    partner = tl.where(first, o_d + half, o_d - half)
+    # Channel d < R/2 pairs with d + R/2 (and back): the partner's normed value, same row statistics.
+    b_p = _normed(row, weight, partner, m_d & is_rot, rstd, UNIT_OFFSET)
+    pos = tl.load(positions + i_t).to(tl.float32)
+    freq = pos * tl.load(inv_freq + tl.where(first, o_d, o_d - half), mask=is_rot, other=0)
+    b_cos = tl.cos(freq).to(x.dtype.element_ty).to(tl.float32)
+    b_sin = tl.sin(freq).to(x.dtype.element_ty).to(tl.float32)
+    rotated = tl.where(first, -b_p, b_p)
+    a = (b_y * b_cos).to(x.dtype.element_ty).to(tl.float32)
+    b = (rotated * b_sin).to(x.dtype.element_ty).to(tl.float32)
+    b_out = tl.where(is_rot, a + b, b_y)
+    tl.store(out + i_r * dim + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
+
+
+def rms_norm_rotary(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, positions: torch.Tensor, inv_freq: torch.Tensor,
+) -> torch.Tensor:
+    """x [T, H, D] (rows may be strided, last dim contiguous), weight [D], positions [T] int, inv_freq [R/2] fp32
+    -> [T, H, D] contiguous in x's dtype: rotary of the first R channels of rms_norm(x)."""
+    if x.dim() != 3 or x.stride(-1) != 1:
+        raise ValueError(f"rms_norm_rotary x {tuple(x.shape)} must be [T, H, D] with a contiguous last dimension")
+    tokens, heads, dim = x.shape
+    rotary_dim = 2 * inv_freq.shape[0]
+    if weight.shape != (dim,) or positions.shape != (tokens,) or rotary_dim > dim:
+        raise ValueError(f"rms_norm_rotary: weight {tuple(weight.shape)} must be [{dim}], positions "
+                         f"{tuple(positions.shape)} [{tokens}], rotary dim {rotary_dim} <= {dim}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if tokens * heads:
+        rms_norm_rotary_fwd_kernel[(tokens * heads,)](
+            x, weight, positions, inv_freq.float(), out, x.stride(0), x.stride(1), heads, dim, rotary_dim, eps,
+            BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset,
+        )
+    return out

@@ -1,0 +1,61 @@
+"""The planner prices quantized weights: from the checkpoint's safetensors headers (codes and scales as stored)
+or, from a config.json alone, from shapes at the format's bytes; the plan reports the format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from headroom.engine.plan import PlanRequest, Targets, geometry_from_config, load_geometry, make_plan
+from headroom.engine.plan.geometry import GeometryError, safetensors_weight_bytes
+from headroom.engine.plan.presets import preset_config
+from headroom.engine.plan.report import render_plan
+from headroom.engine.runtime.quant_checkpoint import fp8_block_config, int4_pack_config
+
+from tests.engine.quant_checkpoints import build_dense, write_fp8, write_int4
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    dense = build_dense("qwen3_5", root / "dense")
+    return {"dense": dense, "fp8": write_fp8(dense, root / "fp8", (16, 32)),
+            "int4-sym": write_int4(dense, root / "int4s", symmetric=True),
+            "int4-asym": write_int4(dense, root / "int4a", symmetric=False)}
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8", "int4-sym", "int4-asym"])
+def test_shape_estimate_equals_the_headers(checkpoints, fmt):
+    """The config.json-only estimate (what a ConfigMap plans with) is exact on a dense-MLP hybrid."""
+    model_dir = checkpoints[fmt]
+    measured = load_geometry(model_dir)
+    estimated = geometry_from_config(json.loads((model_dir / "config.json").read_text()))
+    assert measured.weight_bytes == safetensors_weight_bytes(model_dir)
+    assert estimated.weight_bytes is None
+    assert estimated.total_weight_bytes() == measured.weight_bytes
+
+
+def test_quantized_checkpoints_are_smaller_and_the_plan_says_the_format(checkpoints):
+    sizes = {fmt: load_geometry(path).total_weight_bytes() for fmt, path in checkpoints.items()}
+    assert sizes["int4-sym"] < sizes["int4-asym"] < sizes["fp8"] < sizes["dense"]
+    plan = make_plan(PlanRequest(geometry=load_geometry(checkpoints["int4-asym"]), gpu_memory_bytes=2 * 1024**3,
+                                 targets=Targets(context_length=4096, max_running_requests=2)))
+    assert plan.weight_format == "int4 W4A16, group 16, asymmetric"
+    assert plan.ledger["weights"] == sizes["int4-asym"]
+    assert "weights               int4 W4A16, group 16, asymmetric" in render_plan(plan)
+
+
+@pytest.mark.parametrize(("quant", "ratio"), [(fp8_block_config(), (0.50, 0.62)), (int4_pack_config(), (0.27, 0.40))])
+def test_27b_quantized_estimate_against_bf16(quant, ratio):
+    """Qwen3.5-27B: the embeddings and output head stay bf16, the linears shrink to about 1/2 and 1/4."""
+    config, _ = preset_config("qwen3.5-27b")
+    dense = geometry_from_config(config).total_weight_bytes()
+    quantized = geometry_from_config({**config, "quantization_config": quant})
+    assert ratio[0] < quantized.total_weight_bytes() / dense < ratio[1]
+    assert quantized.weight_format in ("fp8 e4m3, 128x128 blocks", "int4 W4A16, group 128, symmetric")
+
+
+def test_unsupported_quantization_config_is_a_geometry_error():
+    config, _ = preset_config("qwen3.5-4b")
+    with pytest.raises(GeometryError, match="quant_method 'awq' is not supported"):
+        geometry_from_config({**config, "quantization_config": {"quant_method": "awq"}})

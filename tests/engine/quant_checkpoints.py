@@ -1,0 +1,132 @@
+"""Quantized tiny checkpoints and their fp32 references.
+
+INT4 is written by compressed-tensors itself (its min-max qparams and its pack-quantized compressor, module by
+module of the saved checkpoint); FP8 blocks by the project's helper from the published definition. The
+reference is transformers on the dequantized weights in fp32, dequantized by the library (INT4) or by the
+definition written out here (FP8), never by the engine's own code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+# Sizes whose input widths (48, 80, 32) divide the group of 16: compressed-tensors refuses uneven groups.
+# A vocabulary past the byte tokenizer's 259 ids: the server's warm-up prompts are bytes.
+QWEN3_5 = dict(vocab_size=301, hidden_size=48, intermediate_size=80, num_hidden_layers=4, num_attention_heads=3,
+               num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=4)
+QWEN3_NEXT = dict(QWEN3_5, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32, mlp_only_layers=[1])
+GROUP = 16
+IGNORE = ("lm_head", "re:.*in_proj_(a|b|ba)$", "re:.*mlp\\.gate$", "re:.*shared_expert_gate$")
+
+
+def build_dense(kind: str, out: Path, seed: int = 0) -> Path:
+    """A random fp32 Qwen3.5 or Qwen3-Next (every parameter perturbed) saved to out."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    if kind == "qwen3_5":
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**QWEN3_5, rope_parameters=rope))
+    else:
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**QWEN3_NEXT, rope_parameters=rope))
+    generator = torch.Generator().manual_seed(100 + seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
+            elif name.endswith("mlp.gate.weight"):
+                param.copy_(torch.randn(param.shape, generator=generator))
+            else:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    model.float().save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    return {k: v for path in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(str(path)).items()}
+
+
+def _int4_scheme(symmetric: bool):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=GROUP)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def write_int4(dense: Path, out: Path, symmetric: bool) -> Path:
+    """compressed-tensors pack-quantized W4A16 (group 16) of every linear the ignore list leaves."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+    from compressed_tensors.utils.match import match_name
+
+    scheme = _int4_scheme(symmetric)
+    tensors, result = _tensors(dense), {}
+    for name, tensor in tensors.items():
+        module = name.removesuffix(".weight")
+        linear = name.endswith(".weight") and tensor.dim() == 2 and "embed_tokens" not in name
+        if not linear or any(match_name(module, entry) for entry in IGNORE):
+            result[name] = tensor
+            continue
+        groups = tensor.view(tensor.shape[0], -1, GROUP)
+        scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights)
+        state = {"weight": tensor, "weight_scale": scale, "weight_zero_point": zero.to(torch.int8)}
+        result.update({f"{module}.{k}": v for k, v in PackedQuantizationCompressor.compress(state, scheme).items()})
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in result.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text((dense / "config.json").read_text())
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(IGNORE), format="pack-quantized",
+                                quantization_status=QuantizationStatus.COMPRESSED)
+    ModelCompressor(quantization_config=config).update_config(str(out))
+    return out
+
+
+def write_fp8(dense: Path, out: Path, block: tuple[int, int]) -> Path:
+    from headroom.engine.runtime.quant_checkpoint import fp8_block_config, write_quantized_checkpoint
+
+    return write_quantized_checkpoint(dense, out, fp8_block_config(block, IGNORE))
+
+
+def _dequantized(model_dir: Path) -> dict[str, torch.Tensor]:
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+
+    quant = json.loads((model_dir / "config.json").read_text())["quantization_config"]
+    tensors, dense = _tensors(model_dir), {}
+    for name, tensor in tensors.items():
+        if name.endswith(".weight_packed"):
+            module = name.removesuffix(".weight_packed")
+            state = {k: tensors[f"{module}.{k}"] for k in ("weight_packed", "weight_scale", "weight_shape",
+                                                            "weight_zero_point") if f"{module}.{k}" in tensors}
+            scheme = _int4_scheme(quant["config_groups"]["group_0"]["weights"]["symmetric"])
+            dense[module + ".weight"] = PackedQuantizationCompressor.decompress(state, scheme)["weight"].float()
+        elif name.endswith(".weight_scale_inv"):
+            module = name.removesuffix(".weight_scale_inv")
+            weight, (bn, bk) = tensors[module + ".weight"], quant["weight_block_size"]
+            # Published definition: each bn x bk block of the fp8 weight times its scale_inv entry.
+            rows = torch.arange(weight.shape[0])[:, None] // bn
+            cols = torch.arange(weight.shape[1])[None, :] // bk
+            dense[module + ".weight"] = weight.float() * tensor.float()[rows, cols]
+        elif not name.endswith((".weight_scale", ".weight_shape", ".weight_zero_point")) and name not in dense:
+            dense[name] = tensor.float()
+    return dense
+
+
+def reference_model(model_dir: Path, out: Path):
+    """transformers in fp32 on model_dir's dequantized weights (eval)."""
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("quantization_config")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(_dequantized(model_dir), str(out / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    return model

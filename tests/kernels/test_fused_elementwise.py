@@ -1,0 +1,97 @@
+"""Fused norm, rotary and gate kernels (Triton interpreter on CPU) against their naive_* references, at small
+odd shapes. fp32 inputs: the interpreter's fp32 -> bf16 cast truncates, so bf16 rounding is checked on the GPU
+(bench/engine_speed.py's kernel section)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
+from headroom.kernels.gates_triton import gdn_gates, sigmoid_mul, silu_mul
+from headroom.kernels.norm import naive_add_rms_norm, naive_gated_rms_norm, naive_rms_norm
+from headroom.kernels.norm_triton import gated_rms_norm, rms_norm
+from headroom.kernels.rotary import naive_rms_norm_rotary, rotary_inv_freq
+from headroom.kernels.rotary_triton import rms_norm_rotary
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+@pytest.mark.parametrize("tokens,dim", [(3, 37), (5, 160), (1, 8)])
+def test_rms_norm_and_residual_step(tokens, dim, unit_offset):
+    gen = _gen(dim)
+    x, delta, w = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen), torch.randn(dim, generator=gen)
+    out, summed = rms_norm(x, w, 1e-6, unit_offset)
+    assert summed is None
+    torch.testing.assert_close(out, naive_rms_norm(x, w, 1e-6, unit_offset), **TOL)
+    out, summed = rms_norm(x, w, 1e-6, unit_offset, delta=delta)
+    want, want_sum = naive_add_rms_norm(delta, x, w, 1e-6, unit_offset)
+    torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(summed, want_sum, **TOL)
+
+
+def test_rms_norm_reads_strided_heads():
+    """q heads cut out of a wider projection ([T, H, 2D] chunked): rows strided, output contiguous."""
+    gen = _gen(1)
+    wide = torch.randn(4, 3, 2 * 24, generator=gen)
+    q = wide.chunk(2, dim=-1)[0]
+    w = torch.randn(24, generator=gen)
+    out, _ = rms_norm(q, w, 1e-6, True)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, naive_rms_norm(q, w, 1e-6, True), **TOL)
+
+
+@pytest.mark.parametrize("rotary_dim,dim", [(8, 24), (24, 24), (16, 40)])
+@pytest.mark.parametrize("unit_offset", [True, False])
+def test_rms_norm_rotary(rotary_dim, dim, unit_offset):
+    gen = _gen(rotary_dim + dim)
+    wide = torch.randn(5, 3, 2 * dim, generator=gen)
+    x = wide.chunk(2, dim=-1)[1]
+    w = torch.randn(dim, generator=gen)
+    positions = torch.tensor([0, 7, 300, 4097, 65539])
+    inv_freq = rotary_inv_freq(rotary_dim, 1e6)
+    got = rms_norm_rotary(x, w, 1e-6, unit_offset, positions, inv_freq)
+    torch.testing.assert_close(got, naive_rms_norm_rotary(x, w, 1e-6, unit_offset, positions, inv_freq), atol=1e-4, rtol=1e-4)
+
+
+def test_gated_rms_norm():
+    gen = _gen(2)
+    x, gate, w = torch.randn(7, 3, 20, generator=gen), torch.randn(7, 3, 20, generator=gen), torch.randn(20, generator=gen)
+    torch.testing.assert_close(gated_rms_norm(x, gate, w, 1e-6), naive_gated_rms_norm(x, gate, w, 1e-6), **TOL)
+
+
+def test_gates():
+    gen = _gen(3)
+    g, u = torch.randn(5, 1500, generator=gen), torch.randn(5, 1500, generator=gen)
+    torch.testing.assert_close(silu_mul(g, u), naive_silu_mul(g, u), **TOL)
+    x = torch.randn(6, 3 * 20, generator=gen)
+    gate = torch.randn(6, 3, 40, generator=gen).chunk(2, dim=-1)[1]
+    torch.testing.assert_close(sigmoid_mul(x, gate), naive_sigmoid_mul(x, gate), **TOL)
+
+
+def test_gdn_gates_cover_softplus_range():
+    """a + dt_bias from -30 (log1p of a tiny exp) through 0 to past softplus's threshold of 20."""
+    heads = 5
+    a = torch.linspace(-30, 30, 7 * heads).reshape(7, heads)
+    b = torch.randn(7, heads, generator=_gen(4)) * 8
+    neg_a, dt_bias = -torch.rand(heads, generator=_gen(5)) * 3, torch.randn(heads, generator=_gen(6))
+    beta, g = gdn_gates(b, a, neg_a, dt_bias)
+    want_beta, want_g = naive_gdn_gates(b, a, neg_a, dt_bias)
+    assert g.dtype == torch.float32
+    torch.testing.assert_close(beta, want_beta, **TOL)
+    torch.testing.assert_close(g, want_g, atol=1e-6, rtol=1e-5)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-6, True)
+    with pytest.raises(ValueError, match="delta"):
+        rms_norm(torch.zeros(2, 8), torch.zeros(8), 1e-6, True, delta=torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="positions"):
+        rms_norm_rotary(torch.zeros(2, 1, 8), torch.zeros(8), 1e-6, True, torch.zeros(3, dtype=torch.long), torch.zeros(2))
+    with pytest.raises(ValueError, match="silu_mul"):
+        silu_mul(torch.zeros(2, 8), torch.zeros(2, 9))

@@ -1,0 +1,54 @@
+"""Quantized-weight GEMM (Triton, in the interpreter on CPU) against the dequantize-then-matmul reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.quant_matmul import quant_matmul
+from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
+from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize, naive_quant_linear
+
+# (M, N, K): decode rows and a prefill-sized M, odd N, K not a multiple of the block or group.
+# (2, 24, 352): K splits so that the last split's second tile starts past K.
+SHAPES = [(1, 40, 96), (3, 37, 200), (17, 130, 64), (70, 72, 48), (2, 24, 352)]
+FORMATS = [("fp8_block", (128, 128), True), ("fp8_block", (16, 32), True),
+           ("int4_group", (1, 32), True), ("int4_group", (1, 16), False), ("int4_group", (1, 128), False)]
+
+
+def make_weight(method: str, block: tuple[int, int], symmetric: bool, n: int, k: int, seed: int) -> QuantizedWeight:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    if method == "fp8_block":
+        data, scale = quantize_fp8_block(w, block)
+        return QuantizedWeight(method, data, scale, None, n, k, block)
+    packed, scale, zero = quantize_int4_group(w, block[1], symmetric)
+    return QuantizedWeight(method, packed, scale, zero, n, k, block)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1][0]}x{f[1][1]}-{'sym' if f[2] else 'asym'}")
+def test_matches_naive(shape, fmt):
+    m, n, k = shape
+    weight = make_weight(*fmt, n, k, seed=m * n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
+    bias = torch.randn(n)
+    out = quant_matmul(x, weight, bias)
+    assert out.shape == (m, n) and not out.isnan().any()
+    torch.testing.assert_close(out, naive_quant_linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+def test_quantization_error_is_small():
+    """The references are not vacuous: the dequantized weights approximate the dense ones."""
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
+    data, scale = quantize_fp8_block(w, (16, 32))
+    fp8 = QuantizedWeight("fp8_block", data, scale, None, 64, 96, (16, 32))
+    packed, s4, zero = quantize_int4_group(w, 32, symmetric=False)
+    int4 = QuantizedWeight("int4_group", packed, s4, zero, 64, 96, (1, 32))
+    assert (naive_dequantize(fp8) - w).abs().max() < 0.07 * w.abs().max()
+    assert (naive_dequantize(int4) - w).abs().max() < 0.1 * w.abs().max()
+    assert (naive_dequantize(int4) - w).abs().max() > 1e-3
+
+
+def test_wrong_input_width_is_named():
+    weight = make_weight("int4_group", (1, 32), True, 8, 64, seed=0)
+    with pytest.raises(ValueError, match="x has 48 input features but the weight expects 64"):
+        quant_matmul(torch.zeros(2, 48), weight)
