@@ -134,7 +134,8 @@ def test_builtin_deployment_args_parse_with_headroom_serve() -> None:
 @pytest.mark.parametrize("kind, variable", [("builtin", "HEADROOM_API_KEY"), ("vllm", "VLLM_API_KEY"),
                                             ("sglang", "HEADROOM_API_KEY")])
 def test_the_api_key_reaches_each_engine_from_the_secret_never_inline(kind: str, variable: str) -> None:
-    engine = {"kind": kind} if kind == "builtin" else {"kind": kind, "image": f"{kind}:1"}
+    images = {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": "lmsysorg/sglang:v0.5.23"}
+    engine = {"kind": kind} if kind == "builtin" else {"kind": kind, "image": images[kind]}
     p = planned(engine=engine, auth={"apiKeySecret": {"name": "engine-key"}})
     container = deployment_of(p)["spec"]["template"]["spec"]["containers"][0]
     assert {"name": variable, "valueFrom": {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}} in container["env"]
