@@ -8,7 +8,9 @@
 set -u
 out=$1; mkdir -p "$out"
 repo=$PWD
-headroom() { (cd /tmp && python3 -c 'import sys; from headroom.main import main; sys.exit(main())' "$@"); }
+# exec: the subshell becomes the server, so $! below is the server's pid and `kill` stops it (without exec the
+# first server kept the port and the next two runs measured it again: seen in the first H200 run).
+headroom() { (cd /tmp && exec python3 -c 'import sys; from headroom.main import main; sys.exit(main())' "$@"); }
 [ -f /tmp/headroom-q35-4b/config.json ] || python3 bench/gpu_engine.py "$out/build.json" build > "$out/build.log" 2>&1
 base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
 base="$base --max-running-requests 16 --chunked-prefill-size 8192 --port 18081"
@@ -25,6 +27,8 @@ for run in "fair:--scheduler-policy fair" "fcfs:--strict-fcfs" "short_first:"; d
   (cd /tmp && python3 "$repo/bench/contention_client.py" http://localhost:18081 "$label" "$out/contention_$label.json") \
     > "$out/client_$label.log" 2>&1 || tail -5 "$out/client_$label.log"
   kill $server; wait $server 2>/dev/null
+  # The next server must not find this one's port still answering.
+  for _ in $(seq 60); do curl -s localhost:18081/health >/dev/null || break; sleep 0.5; done
 done
 python3 - "$out" <<'PY'
 import json, sys, pathlib
