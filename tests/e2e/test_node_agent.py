@@ -58,9 +58,9 @@ def deployment(colour: str) -> dict[str, Any]:
         "name": "app", "command": [Path(sys.executable).name, str(FAKE)],
         "args": ["--host", "0.0.0.0", "--port", "9000", "--data", "/etc/fake/greeting"],
         "ports": [{"name": "http", "containerPort": 9000}],
-        "env": [{"name": "FAKE_COLOUR", "value": colour}, {"name": "HOME", "value": "/tmp"}],
+        "env": [{"name": "FAKE_COLOUR", "value": colour}, {"name": "HOME", "value": "/scratch"}],
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
-        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/fake"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/fake"}, {"name": "tmp", "mountPath": "/scratch"}],
     }
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "fake", "namespace": NS},
             "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {"app": "fake"}},
