@@ -103,10 +103,11 @@ class Scheduler:
         return free_kv
 
     def _prefill_budget(self, num_decodes: int) -> int:
-        """The chunk budget, shrunk while decodes run so the pass stays within the ITL target."""
+        """The chunk budget, shrunk so the pass stays within max_pass_s and, while decodes run, the ITL target."""
         budget = self.config.chunked_prefill_size
-        if self.config.itl_target_s is not None and num_decodes > 0:
-            bound = self.config.cost_model.prefill_tokens_within(self.config.itl_target_s, num_decodes)
+        targets = [self.config.max_pass_s] + ([self.config.itl_target_s] if num_decodes > 0 else [])
+        for seconds in (s for s in targets if s is not None):
+            bound = self.config.cost_model.prefill_tokens_within(seconds, num_decodes)
             budget = min(budget, max(self.config.min_prefill_tokens, bound))
         return budget
 

@@ -60,6 +60,9 @@ class SchedulerConfig:
     max_times_overtaken: a waiting request overtaken this often becomes a barrier nobody may pass (aging).
     itl_target_s: with decodes running, bound a pass's prefill tokens so the pass (= one decode
         inter-token gap) stays within this target under `cost_model`; None leaves passes unbounded.
+    max_pass_s: bound every pass carrying prefill to about this long under `cost_model`, decodes or not: a
+        request that arrives during a pass waits for it (a pass cannot be interrupted), so this bounds a
+        short question's wait behind a long prompt. None leaves passes unbounded (the chunk alone).
     min_prefill_tokens: prefill progress per pass that the ITL bound never goes below.
     decode_reserve_tokens: KV tokens kept free per running decode when admitting a new request.
     log_rejections: log every admission rejection with its reason and budgets (logger headroom.scheduler).
@@ -81,6 +84,7 @@ class SchedulerConfig:
     judge_whole_prompt: bool = False
     max_times_overtaken: int = 64
     itl_target_s: float | None = None
+    max_pass_s: float | None = None
     min_prefill_tokens: int = 64
     decode_reserve_tokens: int = 16
     cost_model: PassCostModel = field(default_factory=PassCostModel)
@@ -103,6 +107,8 @@ class SchedulerConfig:
             raise ValueError(f"scheduler contended_chunk_cap={self.contended_chunk_cap} must be >= 1")
         if self.itl_target_s is not None and self.itl_target_s <= 0:
             raise ValueError(f"scheduler itl_target_s={self.itl_target_s} must be > 0")
+        if self.max_pass_s is not None and self.max_pass_s <= 0:
+            raise ValueError(f"scheduler max_pass_s={self.max_pass_s} must be > 0")
 
     @property
     def short_limit(self) -> int:

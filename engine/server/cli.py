@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help="requests decoding at once")
     scheduling.add_argument("--max-waiting-requests", type=int, default=256, help="beyond this, 429 with Retry-After")
     scheduling.add_argument("--itl-target-ms", type=float, help="bound prefill per pass so decode gaps stay under this")
+    scheduling.add_argument("--max-pass-ms", type=float, default=1000.0,
+                            help="size every prefill pass to about this long (fitted at warm-up), so a request "
+                                 "arriving during a long prompt waits at most about one pass; 0: the chunk alone")
     scheduling.add_argument("--skip-ahead-limit", type=int, default=16, help="misfit requests admission scans past")
     scheduling.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
     scheduling.add_argument("--scheduler-policy", choices=("short_first", "fair"), default="short_first",
@@ -97,7 +100,7 @@ def options_from_args(args: argparse.Namespace):
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         chunked_prefill_size=args.chunked_prefill_size, context_length=args.context_length,
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
-        max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms,
+        max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms, max_pass_ms=args.max_pass_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
         policy=args.scheduler_policy,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,

@@ -48,6 +48,9 @@ class ServeOptions:
     max_new_tokens: int = 1024
     max_waiting_requests: int = 256
     itl_target_ms: float | None = None
+    # Every pass carrying prefill is sized to about this long (the warm-up's fitted cost model), so a request
+    # arriving during a long prompt waits at most about one such pass; 0 or None: the chunk alone.
+    max_pass_ms: float | None = 1000.0
     skip_ahead_limit: int = 16
     strict_fcfs: bool = False
     policy: str = "short_first"
@@ -100,9 +103,11 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
                                              plan.chunked_prefill_size)
         return replace(config, log_rejections=options.log_rejections)
     itl = options.itl_target_ms / 1000.0 if options.itl_target_ms else None
+    max_pass = options.max_pass_ms / 1000.0 if options.max_pass_ms else None
     return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
                            max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
-                           itl_target_s=itl, log_rejections=options.log_rejections, policy=options.policy)
+                           itl_target_s=itl, max_pass_s=max_pass, log_rejections=options.log_rejections,
+                           policy=options.policy)
 
 
 def build_state(options: ServeOptions) -> ServerState:
@@ -138,6 +143,10 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop = state.loop
     chunk = loop.scheduler.config.chunked_prefill_size
     length = min(num_tokens or 2 * chunk + 1, state.context_length - 2)
+    # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
+    # bound needs the cost model this warm-up fits, so it applies from the first served pass on.
+    max_pass_s = loop.scheduler.config.max_pass_s
+    loop.scheduler.config = replace(loop.scheduler.config, max_pass_s=None)
     vocab = state.tokenizer.vocab_size
     timings: list[StepStats] = []
     failures: list[str] = []
@@ -172,7 +181,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         state.warmup_error = "warm-up failed: " + "; ".join(failures)
         logger.error("%s", state.warmup_error)
         return
-    loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings))
+    loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings), max_pass_s=max_pass_s)
     loop.start()
     state.ready.set()
 

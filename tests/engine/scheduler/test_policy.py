@@ -54,3 +54,26 @@ def test_a_lone_long_prompt_gets_the_whole_budget():
     scheduler.add(SchedRequest("long", prompt_len=100_000, max_new_tokens=4))
     for _ in range(3):
         assert chunks(run_counted_pass(scheduler, capacity)) == {"long": 2048}
+
+
+def test_max_pass_s_bounds_every_prefill_pass_even_without_decodes():
+    """A pass cannot be interrupted: bounding its length bounds a later short question's wait."""
+    from headroom.engine.scheduler.types import PassCostModel
+
+    cost = PassCostModel(fixed_s=0.02, prefill_tokens_per_s=1000.0, decode_s=0.0)
+    config = SchedulerConfig(chunked_prefill_size=8192, max_running_requests=16, max_pass_s=1.0, cost_model=cost)
+    scheduler, capacity = make(config)
+    scheduler.add(SchedRequest("long", prompt_len=20_000, max_new_tokens=2))
+    # (1.0 s - 0.02 s fixed) x 1,000 tok/s = 980 tokens, with nothing decoding.
+    assert chunks(run_counted_pass(scheduler, capacity)) == {"long": 980}
+    assert cost.pass_seconds(980, 0) <= 1.0
+    unbounded, capacity = make(SchedulerConfig(chunked_prefill_size=8192, max_running_requests=16, cost_model=cost))
+    unbounded.add(SchedRequest("long", prompt_len=20_000, max_new_tokens=2))
+    assert chunks(run_counted_pass(unbounded, capacity)) == {"long": 8192}
+
+
+def test_max_pass_s_must_be_positive():
+    import pytest
+
+    with pytest.raises(ValueError, match="max_pass_s=0"):
+        SchedulerConfig(chunked_prefill_size=8192, max_running_requests=16, max_pass_s=0.0)
