@@ -158,3 +158,14 @@ def dense_prefix_bytes(geometry: ModelGeometry, prefix_tokens: int, tp: int) -> 
 def req_to_token_table_bytes(running: int, context_length: int) -> int:
     """int32 map from (request, position) to KV slot that paged attention reads."""
     return running * context_length * 4
+
+
+def planned_memory_flags(values: dict[str, int | float | str]) -> list[str]:
+    """The five jointly planned flags in SGLang's spelling, which `headroom serve` shares."""
+    return [
+        "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
+        "--max-total-tokens", str(values["max_total_tokens"]),
+        "--chunked-prefill-size", str(values["chunked_prefill_size"]),
+        "--context-length", str(values["context_length"]),
+        "--max-running-requests", str(values["max_running_requests"]),
+    ]

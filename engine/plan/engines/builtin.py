@@ -14,6 +14,7 @@ from headroom.engine.plan.engines.base import (
     MiB,
     activation_bytes,
     dense_prefix_bytes,
+    planned_memory_flags,
     req_to_token_table_bytes,
 )
 from headroom.engine.plan.geometry import ModelGeometry
@@ -149,11 +150,7 @@ class BuiltinEngine(EngineModel):
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
         flags = [
-            "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
-            "--max-total-tokens", str(values["max_total_tokens"]),
-            "--chunked-prefill-size", str(values["chunked_prefill_size"]),
-            "--context-length", str(values["context_length"]),
-            "--max-running-requests", str(values["max_running_requests"]),
+            *planned_memory_flags(values),
             "--kv-cache-dtype", str(values["kv_dtype"]),
             "--ssm-slots", str(values["ssm_slots"]),
             # `headroom serve` re-plans from these flags: without the plan's reserve it would assume its default.

@@ -23,6 +23,7 @@ from headroom.engine.plan.engines.base import (
     MiB,
     activation_bytes,
     dense_prefix_bytes,
+    planned_memory_flags,
     req_to_token_table_bytes,
     session_checkpoints,
 )
@@ -84,11 +85,7 @@ class SGLangIntKVEngine(EngineModel):
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
         args = [
-            "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
-            "--max-total-tokens", str(values["max_total_tokens"]),
-            "--chunked-prefill-size", str(values["chunked_prefill_size"]),
-            "--context-length", str(values["context_length"]),
-            "--max-running-requests", str(values["max_running_requests"]),
+            *planned_memory_flags(values),
             "--kv-cache-dtype", _KV_FLAG[str(values["kv_dtype"])],
             "--tp-size", str(values["tp"]),
         ]
