@@ -106,11 +106,22 @@ def part_serve(state: dict) -> dict:
                     list(pool.map(lambda p: complete(p, max_tokens), prompts))
                 return time.perf_counter() - t0
 
+            def server_seconds() -> dict[str, float]:
+                """The server's own pass-time and TTFT sums (where a request's wall time goes)."""
+                keys = ("headroom_pass_seconds_sum", "headroom_pass_seconds_count",
+                        "headroom_time_to_first_token_seconds_sum")
+                lines = client.get("/metrics").text.splitlines()
+                return {key: float(line.split()[-1]) for line in lines for key in keys if line.startswith(key + " ")}
+
             complete(http_prompt(8192), 1)  # a full chunk: a shape class the warm-up may not have compiled
-            for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000)):
+            for name, n in (("prompt_30", 30), ("prompt_256", 256), ("prefill_8k", 8192), ("prefill_32k", 32000)):
+                before = server_seconds()
                 seconds = complete(http_prompt(n), 1)
-                out[name] = {"seconds": seconds, "tokens": n}
-                state["rows"][name]["tok_per_s"] = n / seconds
+                after = server_seconds()
+                out[name] = {"seconds": seconds, "tokens": n,
+                             "server": {key: after[key] - before.get(key, 0.0) for key in after}}
+                if name in state["rows"]:
+                    state["rows"][name]["tok_per_s"] = n / seconds
             for batch in (1, 8, 16):
                 concurrent(batch, 3)
                 t1, t65 = concurrent(batch, 1), concurrent(batch, 65)
@@ -228,6 +239,7 @@ def main() -> None:
             "llm_int2": lambda s: part_llm(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
             "logits": lambda s: parts.logit_check(("tiny",)),
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
+            "profile_passes": lambda s: parts.profile_passes(MODEL),
             "tiles": lambda s: parts.attention_tile_sweep()}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),

@@ -22,6 +22,8 @@ import torch
 from gpu_engine import MODEL_4B, _build_4b, section_env, section_roofline, sync_time
 
 FORMATS = ("bf16", "fp8", "int4")
+# The quantized checkpoints dequantized back to dense bf16 (bench only): the engine on these against the engine
+# on the quantized ones isolates the kernels' error from the quantization's own.
 PLAN_GIB, PLAN_CONTEXT, PLAN_RUNNING = 24, 32768, 4
 # Past this, the remaining plan probes are skipped (the device call allows 10 minutes).
 BUDGET_S = 420.0
@@ -41,7 +43,47 @@ def build_checkpoints() -> dict[str, Path]:
         if not (path / "config.json").exists():
             write_quantized_checkpoint(MODEL_4B, path, config, device="cuda")
         dirs[fmt] = path
+        dirs[fmt + "_dequantized"] = write_dequantized(path, Path(f"{path}-dequantized"))
     return dirs
+
+
+def write_dequantized(src: Path, dst: Path) -> Path:
+    """A dense bf16 checkpoint holding the quantized checkpoint's weights as its dequantize reference reads them."""
+    from headroom.engine.plan.quant_format import weight_quant_from_config
+    from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize
+    from safetensors.torch import load_file, save_file
+
+    if (dst / "config.json").exists():
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    quant = weight_quant_from_config(config)
+    assert quant is not None
+    for path in sorted(src.glob("*.safetensors")):
+        tensors = load_file(str(path), device="cuda")
+        out = {}
+        for name, tensor in tensors.items():
+            if name.endswith(".weight_scale_inv"):
+                module = name[: -len(".weight_scale_inv")]
+                data = tensors[module + ".weight"]
+                weight = QuantizedWeight("fp8_block", data, tensor, None, *data.shape, quant.block)
+            elif name.endswith(".weight_packed"):
+                module = name[: -len(".weight_packed")]
+                n, k = (int(v) for v in tensors[module + ".weight_shape"].tolist())
+                weight = QuantizedWeight("int4_group", tensor, tensors[module + ".weight_scale"],
+                                         tensors.get(module + ".weight_zero_point"), n, k, quant.block)
+            else:
+                continue
+            out[module + ".weight"] = naive_dequantize(weight, torch.bfloat16)
+        quantized_parts = (".weight_scale_inv", ".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape")
+        for name, tensor in tensors.items():
+            module = name.rsplit(".", 1)[0]
+            if name not in out and not name.endswith(quantized_parts) and module + ".weight_scale_inv" not in tensors:
+                out[name] = tensor
+        save_file({k: v.contiguous().cpu() for k, v in out.items()}, str(dst / path.name))
+    del config["quantization_config"]
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
 
 
 def measure(path: Path, hbm: float, base: dict | None) -> dict:
@@ -119,6 +161,18 @@ def main() -> None:
     for fmt in FORMATS:
         measured = measure(dirs[fmt], results["roofline"]["hbm_bytes_per_s"], base)
         base = base or measured
+        if fmt != "bf16":
+            # The same weights dense: what the quantized kernels should reproduce up to bf16 rounding.
+            dense = measure(dirs[fmt + "_dequantized"], results["roofline"]["hbm_bytes_per_s"], base)
+            logits = measured["logits"]
+            measured["result"]["vs_dequantized_dense"] = {
+                "max_abs_logit_diff": float((logits - dense["logits"]).abs().max()),
+                "top1_equal": bool(logits.argmax() == dense["logits"].argmax()),
+                "greedy_agreement": sum(a == b for a, b in zip(measured["tokens"], dense["tokens"], strict=True)) / 24,
+                "dense_max_abs_logit_diff_vs_bf16": dense["result"].get("max_abs_logit_diff_vs_bf16"),
+                "dense_greedy_agreement_vs_bf16": dense["result"].get("greedy_agreement_vs_bf16"),
+            }
+            del dense
         # The engine of this format went out of scope with measure(): give its memory back before the next.
         gc.collect()
         torch.cuda.empty_cache()

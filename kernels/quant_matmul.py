@@ -1,64 +1,131 @@
 """Triton GEMMs that read quantized weights directly: y [M, N] = x [M, K] @ w.T, w in the checkpoint's layout
 (kernels/quant_weight.py). Each K tile lies inside one scale block / group, so the scale multiplies the tile's
-partial product once per output column. Decode (small M) splits K across programs so that enough of them
-stream the weight at once; the fp32 partials are summed afterwards."""
+partial product once per output column.
+
+Decode (small M) is bandwidth-bound: K is split across programs so that enough of them stream the weight at
+once, and the splits of one output tile are summed in the kernel by the last one to finish (a per-tile arrival
+counter), so a linear is one launch, not a GEMM plus a reduction plus a cast. Prefill (M >= DENSE_MIN_ROWS) is
+compute-bound: the weight is dequantized into a transient bf16 copy and multiplied by cuBLAS, whose GEMM this
+kernel does not beat; the copy is one layer's weight at a time (the planner prices the largest as
+weight_dequant_transient)."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from headroom.kernels.quant_weight import INT4_SYMMETRIC_ZERO, QuantizedWeight
 
 # Programs to keep in flight per SM before splitting K (decode is bandwidth-bound: fill the machine).
 _PROGRAMS_PER_SM = 2
+# From this many rows on, dequantize-then-cuBLAS: the dequantization reads the weight once and writes it
+# once (3 bytes per fp8 weight), a cost that M rows of GEMM hide. Measured on the H200 (bench/quant_kernels.py).
+DENSE_MIN_ROWS = 1024
+# Arrival counters of split-K output tiles; every tile's counter is back at zero when its kernel ends.
+_COUNTER_SLOTS = 1 << 16
+
+
+@triton.jit
+def _tile_product(
+    x, w, s, z, o_m, o_n, m_m, m_n, k0, K, stride_xm, stride_wn, stride_sn, stride_zn,
+    IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x[o_m, k0:k0+BLOCK_K] @ w[o_n, same].T, scaled: [BLOCK_M, BLOCK_N] fp32."""
+    o_k = k0 + tl.arange(0, BLOCK_K)
+    m_k = o_k < K
+    b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+    # A split's last tiles may start past K: their scale and zero columns do not exist.
+    m_g = m_n & (o_n * 0 + k0 < K)
+    if IS_INT4:
+        # One load per word: [BLOCK_K / 8, BLOCK_N] words, unpacked to [BLOCK_K, BLOCK_N] codes, code k of
+        # row n in word k // 8 at bits 4 * (k % 8).
+        o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        m_kw = o_kw < tl.cdiv(K, 8)
+        b_p = tl.load(w + o_n[None, :] * stride_wn + o_kw[:, None], mask=m_kw[:, None] & m_n[None, :], other=0)
+        b_q = (b_p[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+        b_q = tl.reshape(b_q, [BLOCK_K, b_p.shape[1]])
+        if HAS_ZERO:
+            b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
+            b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
+        else:
+            b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
+        # Codes minus zero points lie in [-15, 15]: exact in bf16. Columns past K meet zeros in x.
+        b_w = (b_q - b_zero[None, :]).to(b_x.dtype)
+        b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+    else:
+        m_w = m_k[:, None] & m_n[None, :]
+        b_w = tl.load(w + o_n[None, :] * stride_wn + o_k[:, None], mask=m_w, other=0.0).to(b_x.dtype)
+        b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+    return tl.dot(b_x, b_w, out_dtype=tl.float32) * b_s[None, :]
 
 
 @triton.jit
 def quant_matmul_fwd_kernel(
-    x, w, s, z, o, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, k_per_split,
-    IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
+    num_splits, IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     i_m, i_n, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
+    m_o = m_m[:, None] & m_n[None, :]
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = i_s * k_per_split
     for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
-        k0 = k_start + i_k * BLOCK_K
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < K
-        p_x = x + o_m[:, None] * stride_xm + o_k[None, :]
-        b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        # A split's last tiles may start past K: their scale and zero columns do not exist.
-        m_g = m_n & (o_n * 0 + k0 < K)
-        if IS_INT4:
-            # One load per word: [BLOCK_K / 8, BLOCK_N] words, unpacked to [BLOCK_K, BLOCK_N] codes, code k of
-            # row n in word k // 8 at bits 4 * (k % 8).
-            o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            m_kw = o_kw < tl.cdiv(K, 8)
-            b_p = tl.load(w + o_n[None, :] * stride_wn + o_kw[:, None], mask=m_kw[:, None] & m_n[None, :], other=0)
-            b_q = (b_p[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
-            b_q = tl.reshape(b_q, [BLOCK_K, BLOCK_N])
-            if HAS_ZERO:
-                b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
-                b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
-            else:
-                b_zero = tl.full([BLOCK_N], ZERO, dtype=tl.int32)
-            # Codes minus zero points lie in [-15, 15]: exact in bf16. Columns past K meet zeros in x.
-            b_w = (b_q - b_zero[None, :]).to(b_x.dtype)
-            b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+        b_acc += _tile_product(x, w, s, z, o_m, o_n, m_m, m_n, k_start + i_k * BLOCK_K, K, stride_xm, stride_wn,
+                               stride_sn, stride_zn, IS_INT4, HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
+    p_o = o + o_m[:, None] * stride_om + o_n[None, :]
+    if SPLIT:
+        # Park this split's partial; the tile's last split to arrive sums all of them and resets the counter.
+        p_ws = ws + i_s * M * N + o_m[:, None] * N + o_n[None, :]
+        tl.store(p_ws, b_acc, mask=m_o)
+        tl.debug_barrier()
+        tile = i_m * tl.num_programs(1) + i_n
+        arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel")
+        if arrived == num_splits - 1:
+            b_sum = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for j in range(0, num_splits):
+                b_sum += tl.load(ws + j * M * N + o_m[:, None] * N + o_n[None, :], mask=m_o, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(p_o, b_sum.to(o.dtype.element_ty), mask=m_o)
+            tl.atomic_xchg(counters + tile, 0)
+    else:
+        tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_o)
+
+
+@triton.jit
+def dequantize_fwd_kernel(
+    w, s, z, o, N, K, stride_wn, stride_sn, stride_zn, stride_on,
+    IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """o [N, K] (x's dtype) = the dequantized weight, one [BLOCK_N, BLOCK_K] tile per program."""
+    i_n, i_k = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    m_n, m_k = o_n < N, o_k < K
+    m = m_n[:, None] & m_k[None, :]
+    if IS_INT4:
+        word = tl.load(w + o_n[:, None] * stride_wn + (o_k // 8)[None, :], mask=m, other=0)
+        code = (word >> ((o_k % 8) * 4)[None, :]) & 0xF
+        if HAS_ZERO:
+            zp = tl.load(z + (o_n // 8)[:, None] * stride_zn + (o_k // SCALE_BK)[None, :], mask=m, other=0)
+            zero = (zp >> ((o_n % 8) * 4)[:, None]) & 0xF
         else:
-            m_w = m_k[:, None] & m_n[None, :]
-            b_w = tl.load(w + o_n[None, :] * stride_wn + o_k[:, None], mask=m_w, other=0.0).to(b_x.dtype)
-            b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-        b_acc += tl.dot(b_x, b_w, out_dtype=tl.float32) * b_s[None, :]
-    p_o = o + i_s * stride_os + o_m[:, None] * stride_om + o_n[None, :]
-    tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+            zero = ZERO
+        scale = tl.load(s + o_n[:, None] * stride_sn + (o_k // SCALE_BK)[None, :], mask=m, other=0.0)
+        value = (code - zero).to(tl.float32) * scale.to(tl.float32)
+    else:
+        data = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        scale = tl.load(s + (o_n // SCALE_BN)[:, None] * stride_sn + (o_k // SCALE_BK)[None, :], mask=m, other=0.0)
+        value = data * scale.to(tl.float32)
+    tl.store(o + o_n[:, None] * stride_on + o_k[None, :], value.to(o.dtype.element_ty), mask=m)
 
 
 def _tile_k(scale_bk: int) -> int:
@@ -76,37 +143,76 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's split-K arrival counters (zeroed once; every kernel leaves them at zero). Made on the
+    first, eager call: the warm-up runs every shape class before decode graphs are captured."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def _launch_args(weight: QuantizedWeight) -> dict:
+    zero = weight.zero if weight.zero is not None else weight.scale
+    return {"z": zero, "stride_zn": zero.stride(0), "IS_INT4": weight.method == "int4_group",
+            "HAS_ZERO": weight.zero is not None, "ZERO": INT4_SYMMETRIC_ZERO, "SCALE_BN": weight.block[0],
+            "SCALE_BK": weight.block[1]}
+
+
+def dequantize_fwd(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The dense [N, K] weight in dtype (the reference is naive_dequantize)."""
+    n, k = weight.shape
+    out = torch.empty((n, k), device=weight.device, dtype=dtype)
+    block_n, block_k = 32, 128
+    dequantize_fwd_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        weight.data, weight.scale, o=out, N=n, K=k, stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
+        stride_on=out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, **_launch_args(weight),
+    )
+    return out
+
+
 def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype."""
+    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch."""
     m, k = x.shape
     n = weight.out_features
-    scale_bn, scale_bk = weight.block
-    block_k = _tile_k(scale_bk)
+    block_k = _tile_k(weight.block[1])
     block_m = 16 if m <= 16 else 64
     block_n = 64 if m <= 64 else 128
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     split = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _num_sms(x.device), tiles), triton.cdiv(k, block_k)))
+    if tiles > _COUNTER_SLOTS:
+        split = 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
-    out = torch.empty((split, m, n), device=x.device, dtype=torch.float32 if split > 1 else x.dtype)
-    zero = weight.zero if weight.zero is not None else weight.scale
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    workspace = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else out
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     quant_matmul_fwd_kernel[grid](
-        x, weight.data, weight.scale, zero, out, m, n, k, x.stride(0), weight.data.stride(0),
-        weight.scale.stride(0), zero.stride(0), out.stride(0), out.stride(1), k_per_split,
-        IS_INT4=weight.method == "int4_group", HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO,
-        SCALE_BN=scale_bn, SCALE_BK=scale_bk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=2 if weight.method == "int4_group" else 3,
+        x, weight.data, weight.scale, o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
+        stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
+        stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=2 if weight.method == "int4_group" else 3,
+        **_launch_args(weight),
     )
-    return out.sum(0).to(x.dtype) if split > 1 else out[0]
+    return out
 
 
-def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ dequantized weight.T (+ bias) -> [..., N]; the launcher validates shapes."""
+def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                 dense_min_rows: int | None = None) -> torch.Tensor:
+    """x [..., K] @ dequantized weight.T (+ bias) -> [..., N]; the launcher validates shapes.
+    dense_min_rows: rows from which to dequantize and use cuBLAS (default DENSE_MIN_ROWS; the CPU tests and
+    the bench set it to test either path)."""
     if x.shape[-1] != weight.in_features:
         raise ValueError(f"x has {x.shape[-1]} input features but the weight expects {weight.in_features}")
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    out = quant_matmul_fwd(flat, weight).view(*x.shape[:-1], weight.out_features)
+    threshold = DENSE_MIN_ROWS if dense_min_rows is None else dense_min_rows
+    if flat.shape[0] >= threshold:
+        out = F.linear(flat, dequantize_fwd(weight, flat.dtype))
+    else:
+        out = quant_matmul_fwd(flat, weight)
+    out = out.view(*x.shape[:-1], weight.out_features)
     return out + bias if bias is not None else out

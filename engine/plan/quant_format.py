@@ -30,6 +30,11 @@ _CT_WEIGHT_KEYS = {
 _NESTED_TEXT_PREFIX = "model.language_model."
 
 
+# From this many rows in a pass, the engine's quantized linears dequantize one weight into a transient dense
+# copy and multiply with cuBLAS (kernels/quant_matmul.py's DENSE_MIN_ROWS: a test keeps the two equal).
+WEIGHT_DEQUANT_MIN_ROWS = 1024
+
+
 class QuantConfigError(ValueError):
     """A quantization_config the engine cannot load; the message names the key and its value."""
 

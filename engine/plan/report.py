@@ -7,7 +7,7 @@ from headroom.engine.plan.units import format_bytes
 
 # Ledger entries that live outside the static budget (every engine model names them so).
 OUTSIDE_STATIC = (
-    "cuda_context", "activations", "dequant_transient", "graph_reserve", "fragmentation", "backend_metadata",
+    "cuda_context", "activations", "dequant_transient", "weight_dequant_transient", "graph_reserve", "fragmentation", "backend_metadata",
     "req_to_token_outside", "startup_in_use", "tp_communicator",
 )
 _TOTAL_KEYS = ("static_total", "non_static_total", "unused")

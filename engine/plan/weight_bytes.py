@@ -79,3 +79,10 @@ def estimated_weight_bytes(g: ModelGeometry, quant: WeightQuant | None) -> int:
             linear_params += n * k * count
             quantized += quantized_linear_bytes(quant, n, k, g.dtype_bytes) * count
     return (total_params - linear_params) * g.dtype_bytes + quantized
+
+
+def largest_quantized_linear_params(g: ModelGeometry, quant: WeightQuant | None) -> int:
+    """Weights of the widest quantized linear (0 if none): what one dequantized-for-prefill copy holds."""
+    if quant is None:
+        return 0
+    return max((n * k for name, n, k, _ in linear_modules(g) if quant.is_quantized(name)), default=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.quant_matmul import quant_matmul
+from headroom.kernels.quant_matmul import _COUNTERS, dequantize_fwd, quant_matmul
 from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
 from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize, naive_quant_linear
 
@@ -26,14 +26,33 @@ def make_weight(method: str, block: tuple[int, int], symmetric: bool, n: int, k:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1][0]}x{f[1][1]}-{'sym' if f[2] else 'asym'}")
-def test_matches_naive(shape, fmt):
+@pytest.mark.parametrize("path", ["gemm", "dequantize_then_matmul"])
+def test_matches_naive(shape, fmt, path):
     m, n, k = shape
     weight = make_weight(*fmt, n, k, seed=m * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
     bias = torch.randn(n)
-    out = quant_matmul(x, weight, bias)
+    out = quant_matmul(x, weight, bias, dense_min_rows=1 if path == "dequantize_then_matmul" else 1 << 30)
     assert out.shape == (m, n) and not out.isnan().any()
     torch.testing.assert_close(out, naive_quant_linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+    # Split-K's arrival counters are left at zero for the next launch (and for captured decode graphs).
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1][0]}x{f[1][1]}-{'sym' if f[2] else 'asym'}")
+def test_dequantize_matches_naive(fmt):
+    weight = make_weight(*fmt, 37, 200, seed=5)
+    torch.testing.assert_close(dequantize_fwd(weight, torch.float32), naive_dequantize(weight), atol=0, rtol=0)
+
+
+def test_split_k_sums_every_split_once():
+    """A long K over few output tiles: many splits, each counted and summed once by the last to arrive;
+    a second call on the same counters gives the same result."""
+    weight = make_weight("int4_group", (1, 16), True, 8, 1024, seed=11)
+    x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(2))
+    first = quant_matmul(x, weight)
+    torch.testing.assert_close(first, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(quant_matmul(x, weight), first, atol=0, rtol=0)
 
 
 def test_quantization_error_is_small():

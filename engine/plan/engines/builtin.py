@@ -19,6 +19,8 @@ from headroom.engine.plan.engines.base import (
 )
 from headroom.engine.plan.geometry import ModelGeometry
 from headroom.engine.plan.kv_format import KV_DTYPES, kv_format, kv_heads_per_gpu
+from headroom.engine.plan.quant_format import WEIGHT_DEQUANT_MIN_ROWS
+from headroom.engine.plan.weight_bytes import largest_quantized_linear_params
 
 # Tokens of the cached prefix one attention program dequantizes at a time.
 _DEQUANT_BLOCK_TOKENS = 256
@@ -134,6 +136,11 @@ class BuiltinEngine(EngineModel):
     def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
         quantized = kv_format(layout.kv_dtype).bits < 16
         workspace = dense_prefix_bytes(geometry, _DEQUANT_BLOCK_TOKENS, layout.tp) if quantized else 0
+        # Prefill-sized passes dequantize one quantized weight at a time (its rank's shard) for cuBLAS.
+        weight_copy = 0
+        if layout.chunk + layout.running >= WEIGHT_DEQUANT_MIN_ROWS:
+            widest = largest_quantized_linear_params(geometry, geometry.weight_quant)
+            weight_copy = -(-widest // layout.tp) * geometry.dtype_bytes
         scale = _FRAGMENTATION_SCALE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SCALE
         activations = int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp))
         graphs = decode_graph_count(geometry, layout)
@@ -141,6 +148,7 @@ class BuiltinEngine(EngineModel):
             "cuda_context": _CUDA_CONTEXT_BYTES,
             "activations": activations,
             "dequant_transient": workspace,
+            "weight_dequant_transient": weight_copy,
             "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
             "fragmentation": int(scale * activations),
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from headroom.engine.plan import PlanRequest, Targets, geometry_from_config, load_geometry, make_plan
+from headroom.engine.plan import Pinned, PlanRequest, Targets, geometry_from_config, load_geometry, make_plan
 from headroom.engine.plan.geometry import GeometryError, safetensors_weight_bytes
 from headroom.engine.plan.presets import preset_config
 from headroom.engine.plan.report import render_plan
@@ -59,3 +59,29 @@ def test_unsupported_quantization_config_is_a_geometry_error():
     config, _ = preset_config("qwen3.5-4b")
     with pytest.raises(GeometryError, match="quant_method 'awq' is not supported"):
         geometry_from_config({**config, "quantization_config": {"quant_method": "awq"}})
+
+
+def test_prefill_passes_price_one_dequantized_weight():
+    """Passes of WEIGHT_DEQUANT_MIN_ROWS rows or more dequantize the widest quantized linear (Qwen3.5-4B: the
+    MLP's 9,216 x 2,560 up/gate projection, bf16) outside the static budget, a TP rank its shard; the kernel's
+    threshold is the planner's."""
+    from headroom.engine.plan.quant_format import WEIGHT_DEQUANT_MIN_ROWS
+    from headroom.kernels.quant_matmul import DENSE_MIN_ROWS
+
+    assert DENSE_MIN_ROWS == WEIGHT_DEQUANT_MIN_ROWS
+    config, _ = preset_config("qwen3.5-4b")
+    geometry = geometry_from_config({**config, "quantization_config": int4_pack_config()})
+    widest = config["intermediate_size"] * config["hidden_size"]
+
+    def line(chunk: int, tp: int = 1) -> int:
+        plan = make_plan(PlanRequest(geometry=geometry, gpu_memory_bytes=24 * 1024**3, tp=tp,
+                                     targets=Targets(context_length=16384, max_running_requests=4),
+                                     pinned=Pinned(chunked_prefill_size=chunk)))
+        return plan.ledger["weight_dequant_transient"]
+
+    assert line(8192) == 2 * widest
+    assert line(8192, tp=2) == widest
+    assert line(512) == 0
+    dense = make_plan(PlanRequest(geometry=geometry_from_config(config), gpu_memory_bytes=24 * 1024**3,
+                                  targets=Targets(context_length=16384, max_running_requests=4)))
+    assert dense.ledger["weight_dequant_transient"] == 0
