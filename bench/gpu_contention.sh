@@ -8,27 +8,31 @@
 set -u
 out=$1; mkdir -p "$out"
 repo=$PWD
-# exec: the subshell becomes the server, so $! below is the server's pid and `kill` stops it (without exec the
-# first server kept the port and the next two runs measured it again: seen in the first H200 run).
-headroom() { (cd /tmp && exec python3 -c 'import sys; from headroom.main import main; sys.exit(main())' "$@"); }
+# Each run gets its own port, and its server is started inline as `( ... exec python3 ...) &`, so that $! is the
+# server itself: twice a shell function wrapped it in a second subshell, `kill` stopped only that, and the
+# later runs measured the first server again (H200, sessions 2 and 3).
+serve_cmd='import sys; from headroom.main import main; sys.exit(main())'
 [ -f /tmp/headroom-q35-4b/config.json ] || python3 bench/gpu_engine.py "$out/build.json" build > "$out/build.log" 2>&1
 base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
-base="$base --max-running-requests 16 --chunked-prefill-size 8192 --port 18081"
+base="$base --max-running-requests 16 --chunked-prefill-size 8192"
+port=18080
 for run in "fair:--scheduler-policy fair" "fcfs:--strict-fcfs" "short_first:"; do
-  label=${run%%:*}; flags=${run#*:}
+  label=${run%%:*}; flags=${run#*:}; port=$((port + 1))
   # shellcheck disable=SC2086
-  headroom serve $base $flags > "$out/serve_$label.log" 2>&1 &
+  (cd /tmp && exec python3 -c "$serve_cmd" serve $base --port $port $flags) > "$out/serve_$label.log" 2>&1 &
   server=$!
   for _ in $(seq 240); do
-    curl -sf localhost:18081/ready >/dev/null && break
+    curl -sf localhost:$port/ready >/dev/null && break
     kill -0 $server 2>/dev/null || { echo "serve ($label) exited"; tail -20 "$out/serve_$label.log"; break; }
     sleep 0.5
   done
-  (cd /tmp && python3 "$repo/bench/contention_client.py" http://localhost:18081 "$label" "$out/contention_$label.json") \
-    > "$out/client_$label.log" 2>&1 || tail -5 "$out/client_$label.log"
+  (cd /tmp && python3 "$repo/bench/contention_client.py" "http://localhost:$port" "$label" "$out/contention_$label.json") \
+    > "$out/client_$label.log" 2>&1 || tail -n 5 "$out/client_$label.log"
+  # The server logs its scheduler and fitted cost model: proof of which one answered.
+  grep -m1 "scheduler" "$out/serve_$label.log" || echo "no scheduler line in serve_$label.log"
   kill $server; wait $server 2>/dev/null
-  # The next server must not find this one's port still answering.
-  for _ in $(seq 60); do curl -s localhost:18081/health >/dev/null || break; sleep 0.5; done
+  # Its GPU memory must be free before the next server plans the same 24 GiB.
+  for _ in $(seq 60); do curl -s "localhost:$port/health" >/dev/null || break; sleep 0.5; done
 done
 python3 - "$out" <<'PY'
 import json, sys, pathlib

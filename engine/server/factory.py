@@ -181,20 +181,30 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         state.warmup_error = "warm-up failed: " + "; ".join(failures)
         logger.error("%s", state.warmup_error)
         return
-    loop.scheduler.config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings), max_pass_s=max_pass_s)
+    config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings), max_pass_s=max_pass_s)
+    loop.scheduler.config = config
+    cost = config.cost_model
+    logger.info("scheduler: policy %s%s, chunk %d, max pass %s, ITL target %s; pass cost fitted by the warm-up: "
+                "%.1f ms + %.0f prefill tokens/s", config.policy, " (strict FCFS)" if config.judge_whole_prompt else "",
+                config.chunked_prefill_size, f"{max_pass_s * 1000:.0f} ms" if max_pass_s else "none",
+                f"{config.itl_target_s * 1000:.0f} ms" if config.itl_target_s else "none", cost.fixed_s * 1000,
+                cost.prefill_tokens_per_s)
     loop.start()
     state.ready.set()
 
 
 def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
-    """Fixed cost from the quickest decode-only pass; prefill rate from the biggest prefill pass."""
+    """Fixed cost from the quickest decode-only pass; prefill rate from the fastest of the big prefill passes
+    (at least half the biggest's tokens). The first full chunk compiles the kernels (seconds on a cold GPU):
+    fitted on it, the rate came out several times too low and the pass bound cut the H200's chunks."""
     decode_only = [t.seconds for t in timings if t.num_prefill_tokens == 0 and t.num_decodes > 0]
     prefills = [t for t in timings if t.num_prefill_tokens > 0]
     if not decode_only or not prefills:
         return PassCostModel()
     fixed = min(decode_only)
-    biggest = max(prefills, key=lambda t: t.num_prefill_tokens)
-    rate = biggest.num_prefill_tokens / max(biggest.seconds - fixed, 1e-6)
+    biggest = max(t.num_prefill_tokens for t in prefills)
+    rate = max(t.num_prefill_tokens / max(t.seconds - fixed, 1e-6) for t in prefills
+               if 2 * t.num_prefill_tokens >= biggest)
     return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=rate, decode_s=0.0)
 
 
