@@ -28,3 +28,18 @@ def naive_causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: to
         out[b : b + 1], new_state = naive_causal_conv1d(x[b : b + 1], weight, states[slot])
         states[slot] = new_state
     return out
+
+
+def naive_causal_conv1d_varlen(
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, lengths: list[int]
+) -> torch.Tensor:
+    """Reference for kernels/conv_varlen.py: naive_causal_conv1d per sequence (sequence b: the next lengths[b]
+    rows of x), its state read from and written back to states[slots[b]]."""
+    out = torch.empty_like(x)
+    start = 0
+    for slot, length in zip(slots.tolist(), lengths, strict=True):
+        rows = slice(start, start + length)
+        out[rows], new_state = naive_causal_conv1d(x[rows], weight, states[slot])
+        states[slot] = new_state
+        start += length
+    return out

@@ -35,23 +35,29 @@ def _check(q, k, v, g, beta, states, cu_seqlens) -> None:
 def gated_delta_rule_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, is_decode: bool | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B sequences flattened: q, k [N, Hk, Dk]; v [N, Hv, Dv]; g (log decay), beta [N, Hv]; states [B, Hv, Dk, Dv]
     (initial, any float dtype); cu_seqlens [B+1] int64, sequence b owning rows cu_seqlens[b]..cu_seqlens[b+1]-1.
 
     Returns (out [N, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv] fp32). is_decode (every sequence one
     token) picks fla's fused recurrent kernel; otherwise the chunked one. None: read from cu_seqlens.
+    cu_seqlens_cpu: the same bounds on the host, so that fla's chunked path builds its chunk index without a
+    device-to-host sync.
     """
     _check(q, k, v, g, beta, states, cu_seqlens)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
     if is_decode is None:
         is_decode = q.shape[0] == cu_seqlens.shape[0] - 1
-    run = fused_recurrent_gated_delta_rule if is_decode else chunk_gated_delta_rule
-    out, final = run(
-        q[None], k[None], v[None], g=g[None].float(), beta=beta[None].to(q.dtype), initial_state=states.float(),
-        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens.long(),
-    )
+    args = {"g": g[None].float(), "beta": beta[None].to(q.dtype), "initial_state": states.float(),
+            "output_final_state": True, "use_qk_l2norm_in_kernel": True, "cu_seqlens": cu_seqlens.long()}
+    if is_decode:
+        out, final = fused_recurrent_gated_delta_rule(q[None], k[None], v[None], **args)
+    else:
+        if cu_seqlens_cpu is not None:
+            args["cu_seqlens_cpu"] = cu_seqlens_cpu.long()
+        out, final = chunk_gated_delta_rule(q[None], k[None], v[None], **args)
     return out[0].to(v.dtype), final.float()
 
 

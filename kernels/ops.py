@@ -39,7 +39,7 @@ kivi_quantize_values = naive_kivi_quantize_values
 kivi_dequantize_values = naive_kivi_dequantize_values
 
 __all__ = [
-    "add_rms_norm", "apply_rotary", "causal_conv1d", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
+    "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "merge_two", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
     "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
@@ -164,15 +164,29 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     return naive_quant_linear(x, weight, bias)
 
 
-def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens):
+def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=None):
     """Many sequences in one call: fla-core on CUDA when installed, the reference elsewhere."""
     from headroom.kernels.gdn_fla import fla_available
 
     if q.is_cuda and fla_available():
         from headroom.kernels.gdn_fla import gated_delta_rule_varlen as run
-    else:
-        from headroom.kernels.gdn_fla import naive_gated_delta_rule_varlen as run
-    return run(q, k, v, g, beta, states, cu_seqlens)
+
+        return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    from headroom.kernels.gdn_fla import naive_gated_delta_rule_varlen
+
+    return naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens)
+
+
+def causal_conv1d_varlen(x, weight, states, slots, cu_seqlens, lengths: list[int]):
+    """Prefill conv of every sequence of a pass, states updated in their pool slots: one Triton launch on
+    CUDA, the reference per sequence elsewhere."""
+    if x.is_cuda and _FUSED["on"]:
+        from headroom.kernels.conv_varlen import causal_conv1d_varlen as run
+
+        return run(x, weight, states, slots, cu_seqlens, max(lengths, default=0))
+    from headroom.kernels.conv import naive_causal_conv1d_varlen
+
+    return naive_causal_conv1d_varlen(x, weight, states, slots, lengths)
 
 
 def causal_conv1d_update(x, weight, states, slots):

@@ -23,9 +23,92 @@ from headroom.kernels.quant_weight import INT4_SYMMETRIC_ZERO, QuantizedWeight
 _PROGRAMS_PER_SM = 2
 # From this many rows on, dequantize-then-cuBLAS: the dequantization reads the weight once and writes it
 # once (3 bytes per fp8 weight), a cost that M rows of GEMM hide. Measured on the H200 (bench/quant_kernels.py).
-DENSE_MIN_ROWS = 1024
+DENSE_MIN_ROWS = 128
+# Rows up to which the swap-AB decode kernel runs (the M-major GEMM above it, then cuBLAS from DENSE_MIN_ROWS).
+GEMV_MAX_ROWS = 16
 # Arrival counters of split-K output tiles; every tile's counter is back at zero when its kernel ends.
 _COUNTER_SLOTS = 1 << 16
+
+
+@triton.jit
+def _weight_tile(
+    w, s, z, o_n, m_n, k0, K, stride_wn, stride_sn, stride_zn, dtype: tl.constexpr,
+    IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Weights w[o_n, k0:k0+BLOCK_K] as [BLOCK_N, BLOCK_K] in dtype, unscaled (codes minus zero points for int4,
+    exact in bf16), and their scale [BLOCK_N] fp32: the tile lies inside one scale block / group."""
+    o_k = k0 + tl.arange(0, BLOCK_K)
+    # A split's last tiles may start past K: their scale and zero columns do not exist.
+    m_g = m_n & (o_n * 0 + k0 < K)
+    if IS_INT4:
+        # [BLOCK_N, BLOCK_K / 8] contiguous words, unpacked along a trailing axis of 8 (code k in word k // 8,
+        # bits 4 * (k % 8)), so that the reshape keeps k in order.
+        o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        m_kw = o_kw < tl.cdiv(K, 8)
+        b_p = tl.load(w + o_n[:, None] * stride_wn + o_kw[None, :], mask=m_n[:, None] & m_kw[None, :], other=0)
+        b_q = (b_p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+        b_q = tl.reshape(b_q, [b_p.shape[0], BLOCK_K])
+        if HAS_ZERO:
+            b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
+            b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
+        else:
+            b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
+        # Columns past K meet zeros in x (or are masked at the store).
+        b_w = (b_q - b_zero[:, None]).to(dtype)
+        b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+    else:
+        m_w = m_n[:, None] & (o_k < K)[None, :]
+        b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_w, other=0.0).to(dtype)
+        b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+    return b_w, b_s
+
+
+@triton.jit
+def _finish_split(
+    b_acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT: tl.constexpr,
+):
+    """Store b_acc at p_o, or (split K) park it in the workspace; the tile's last split to arrive sums all of
+    them into p_o and resets the tile's counter. offsets: the elements' offsets inside one split's [M, N]."""
+    if SPLIT:
+        tl.store(ws + i_s * split_numel + offsets, b_acc, mask=mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel")
+        if arrived == num_splits - 1:
+            b_sum = tl.zeros(b_acc.shape, dtype=tl.float32)
+            for j in range(0, num_splits):
+                b_sum += tl.load(ws + j * split_numel + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(p_o, b_sum.to(p_o.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(counters + tile, 0)
+    else:
+        tl.store(p_o, b_acc.to(p_o.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def quant_gemv_fwd_kernel(
+    x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
+    num_splits, IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Decode rows (M <= BLOCK_M): out.T = W @ x.T, so the weight tile is the MMA's wide A operand, loaded as
+    stored (K contiguous), and the few rows of x its narrow B operand ("swap AB")."""
+    i_n, i_s = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = tl.arange(0, BLOCK_M)
+    m_n, m_m = o_n < N, o_m < M
+    b_acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = i_s * k_per_split
+    for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
+        k0 = k_start + i_k * BLOCK_K
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_xt = tl.load(x + o_m[None, :] * stride_xm + o_k[:, None], mask=m_m[None, :] & (o_k < K)[:, None], other=0.0)
+        b_w, b_s = _weight_tile(w, s, z, o_n, m_n, k0, K, stride_wn, stride_sn, stride_zn, b_xt.dtype, IS_INT4,
+                                HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
+        b_acc += tl.dot(b_w, b_xt, out_dtype=tl.float32) * b_s[:, None]
+    offsets = o_m[None, :] * N + o_n[:, None]
+    _finish_split(b_acc, o + o_m[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
+                  m_n[:, None] & m_m[None, :], num_splits, i_s, M * N, SPLIT)
 
 
 @triton.jit
@@ -36,31 +119,10 @@ def _tile_product(
 ):
     """x[o_m, k0:k0+BLOCK_K] @ w[o_n, same].T, scaled: [BLOCK_M, BLOCK_N] fp32."""
     o_k = k0 + tl.arange(0, BLOCK_K)
-    m_k = o_k < K
-    b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-    # A split's last tiles may start past K: their scale and zero columns do not exist.
-    m_g = m_n & (o_n * 0 + k0 < K)
-    if IS_INT4:
-        # One load per word: [BLOCK_K / 8, BLOCK_N] words, unpacked to [BLOCK_K, BLOCK_N] codes, code k of
-        # row n in word k // 8 at bits 4 * (k % 8).
-        o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        m_kw = o_kw < tl.cdiv(K, 8)
-        b_p = tl.load(w + o_n[None, :] * stride_wn + o_kw[:, None], mask=m_kw[:, None] & m_n[None, :], other=0)
-        b_q = (b_p[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
-        b_q = tl.reshape(b_q, [BLOCK_K, b_p.shape[1]])
-        if HAS_ZERO:
-            b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
-            b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
-        else:
-            b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
-        # Codes minus zero points lie in [-15, 15]: exact in bf16. Columns past K meet zeros in x.
-        b_w = (b_q - b_zero[None, :]).to(b_x.dtype)
-        b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-    else:
-        m_w = m_k[:, None] & m_n[None, :]
-        b_w = tl.load(w + o_n[None, :] * stride_wn + o_k[:, None], mask=m_w, other=0.0).to(b_x.dtype)
-        b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-    return tl.dot(b_x, b_w, out_dtype=tl.float32) * b_s[None, :]
+    b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0)
+    b_w, b_s = _weight_tile(w, s, z, o_n, m_n, k0, K, stride_wn, stride_sn, stride_zn, b_x.dtype, IS_INT4, HAS_ZERO,
+                            ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
+    return tl.dot(b_x, tl.trans(b_w), out_dtype=tl.float32) * b_s[None, :]
 
 
 @triton.jit
@@ -80,23 +142,8 @@ def quant_matmul_fwd_kernel(
     for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
         b_acc += _tile_product(x, w, s, z, o_m, o_n, m_m, m_n, k_start + i_k * BLOCK_K, K, stride_xm, stride_wn,
                                stride_sn, stride_zn, IS_INT4, HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
-    p_o = o + o_m[:, None] * stride_om + o_n[None, :]
-    if SPLIT:
-        # Park this split's partial; the tile's last split to arrive sums all of them and resets the counter.
-        p_ws = ws + i_s * M * N + o_m[:, None] * N + o_n[None, :]
-        tl.store(p_ws, b_acc, mask=m_o)
-        tl.debug_barrier()
-        tile = i_m * tl.num_programs(1) + i_n
-        arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            b_sum = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for j in range(0, num_splits):
-                b_sum += tl.load(ws + j * M * N + o_m[:, None] * N + o_n[None, :], mask=m_o, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(p_o, b_sum.to(o.dtype.element_ty), mask=m_o)
-            tl.atomic_xchg(counters + tile, 0)
-    else:
-        tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_o)
+    _finish_split(b_acc, o + o_m[:, None] * stride_om + o_n[None, :], ws, counters, i_m * tl.num_programs(1) + i_n,
+                  o_m[:, None] * N + o_n[None, :], m_o, num_splits, i_s, M * N, SPLIT)
 
 
 @triton.jit
@@ -105,27 +152,16 @@ def dequantize_fwd_kernel(
     IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """o [N, K] (x's dtype) = the dequantized weight, one [BLOCK_N, BLOCK_K] tile per program."""
+    """o [N, K] (x's dtype) = the dequantized weight, one [BLOCK_N, BLOCK_K] tile (inside one scale block) a program."""
     i_n, i_k = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    m_n, m_k = o_n < N, o_k < K
-    m = m_n[:, None] & m_k[None, :]
-    if IS_INT4:
-        word = tl.load(w + o_n[:, None] * stride_wn + (o_k // 8)[None, :], mask=m, other=0)
-        code = (word >> ((o_k % 8) * 4)[None, :]) & 0xF
-        if HAS_ZERO:
-            zp = tl.load(z + (o_n // 8)[:, None] * stride_zn + (o_k // SCALE_BK)[None, :], mask=m, other=0)
-            zero = (zp >> ((o_n % 8) * 4)[:, None]) & 0xF
-        else:
-            zero = ZERO
-        scale = tl.load(s + o_n[:, None] * stride_sn + (o_k // SCALE_BK)[None, :], mask=m, other=0.0)
-        value = (code - zero).to(tl.float32) * scale.to(tl.float32)
-    else:
-        data = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        scale = tl.load(s + (o_n // SCALE_BN)[:, None] * stride_sn + (o_k // SCALE_BK)[None, :], mask=m, other=0.0)
-        value = data * scale.to(tl.float32)
-    tl.store(o + o_n[:, None] * stride_on + o_k[None, :], value.to(o.dtype.element_ty), mask=m)
+    m_n = o_n < N
+    b_w, b_s = _weight_tile(w, s, z, o_n, m_n, i_k * BLOCK_K, K, stride_wn, stride_sn, stride_zn, tl.float32,
+                            IS_INT4, HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
+    value = b_w * b_s[:, None]
+    tl.store(o + o_n[:, None] * stride_on + o_k[None, :], value.to(o.dtype.element_ty),
+             mask=m_n[:, None] & (o_k < K)[None, :])
 
 
 def _tile_k(scale_bk: int) -> int:
@@ -165,7 +201,7 @@ def dequantize_fwd(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """The dense [N, K] weight in dtype (the reference is naive_dequantize)."""
     n, k = weight.shape
     out = torch.empty((n, k), device=weight.device, dtype=dtype)
-    block_n, block_k = 32, 128
+    block_n, block_k = 32, _tile_k(weight.block[1])
     dequantize_fwd_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
         weight.data, weight.scale, o=out, N=n, K=k, stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
         stride_on=out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, **_launch_args(weight),
@@ -173,28 +209,41 @@ def dequantize_fwd(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch."""
-    m, k = x.shape
-    n = weight.out_features
-    block_k = _tile_k(weight.block[1])
-    block_m = 16 if m <= 16 else 64
-    block_n = 64 if m <= 64 else 128
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    split = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _num_sms(x.device), tiles), triton.cdiv(k, block_k)))
+def _splits(tiles: int, k: int, block_k: int, device: torch.device) -> tuple[int, int]:
+    """(splits, K per split) so that about _PROGRAMS_PER_SM programs per SM stream the weight."""
+    split = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), tiles), triton.cdiv(k, block_k)))
     if tiles > _COUNTER_SLOTS:
         split = 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
+def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, swap_ab: bool | None = None) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. swap_ab: the decode
+    kernel (default for M <= GEMV_MAX_ROWS)."""
+    m, k = x.shape
+    n = weight.out_features
+    block_k = _tile_k(weight.block[1])
+    swap_ab = m <= GEMV_MAX_ROWS if swap_ab is None else swap_ab
+    if swap_ab:
+        block_m, block_n = max(16, triton.next_power_of_2(m)), 128
+        tiles = triton.cdiv(n, block_n)
+        grid_mn: tuple[int, ...] = (tiles,)
+        kernel = quant_gemv_fwd_kernel
+    else:
+        block_m = 16 if m <= 16 else 64
+        block_n = 64 if m <= 64 else 128
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+        grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+        kernel = quant_matmul_fwd_kernel
+    split, k_per_split = _splits(tiles, k, block_k, x.device)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     workspace = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else out
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
-    quant_matmul_fwd_kernel[grid](
+    kernel[(*grid_mn, split)](
         x, weight.data, weight.scale, o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
         stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
         stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=2 if weight.method == "int4_group" else 3,
-        **_launch_args(weight),
+        BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=3, **_launch_args(weight),
     )
     return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.linear import linear, linear_weight
+from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
@@ -15,31 +15,27 @@ class FullAttention:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
         self.config = config
         self.pool_layer = pool_layer
-        self.q_proj = linear_weight(config, weights, prefix + "q_proj")
-        self.k_proj = linear_weight(config, weights, prefix + "k_proj")
-        self.v_proj = linear_weight(config, weights, prefix + "v_proj")
+        biases = [weights.get(prefix + name + ".bias") for name in ("q_proj", "k_proj", "v_proj")]
+        self.qkv = MergedLinear(config, weights, [prefix + "q_proj", prefix + "k_proj", prefix + "v_proj"], biases)
         self.o_proj = linear_weight(config, weights, prefix + "o_proj")
-        self.q_bias = weights.get(prefix + "q_proj.bias")
-        self.k_bias = weights.get(prefix + "k_proj.bias")
-        self.v_bias = weights.get(prefix + "v_proj.bias")
         self.o_bias = weights.get(prefix + "o_proj.bias")
         self.q_norm = weights[prefix + "q_norm.weight"]
         self.k_norm = weights[prefix + "k_norm.weight"]
-        self.inv_freq = ops.rotary_inv_freq(config.rotary_dim, config.rope_theta).to(self.q_proj.device)
+        self.inv_freq = ops.rotary_inv_freq(config.rotary_dim, config.rope_theta).to(self.qkv.device)
         self.scale = config.head_dim**-0.5
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]; writes this layer's K/V of every item into the pool first."""
         cfg = self.config
         n = x.shape[0]
-        q = linear(x, self.q_proj, self.q_bias)
+        q, k, v = self.qkv(x)
         gate = None
         if cfg.attention_gate:
             # Strided [N, H, D] views; the fused norm/rotary and gate kernels read them without a copy.
             q, gate = q.view(n, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
         q = q.reshape(n, cfg.num_heads, cfg.head_dim)
-        k = linear(x, self.k_proj, self.k_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = linear(x, self.v_proj, self.v_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
         k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
         if kv_pool.is_kivi:

@@ -4,7 +4,7 @@ head-grouped in_proj_qkvz/ba. Both yield the same tensors, so GatedDeltaNet is l
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.linear import linear, linear_weight
+from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
 from headroom.engine.models.config import ModelConfig
 
 # (mixed_qkv [N, 2*Hk*Dk + Hv*Dv] in conv-channel order q|k|v, z [N, Hv, Dv], b [N, Hv], a [N, Hv])
@@ -12,20 +12,20 @@ Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class SplitProjection:
-    """Qwen3.5: four matrices, already in conv-channel order."""
+    """Qwen3.5: four matrices, already in conv-channel order; qkv|z and b|a each one GEMM where their formats
+    stack (a quantized checkpoint keeps b and a dense, so they cannot join qkv|z)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
         self.config = config
-        self.in_proj_qkv = linear_weight(config, weights, prefix + "in_proj_qkv")
-        self.in_proj_z = linear_weight(config, weights, prefix + "in_proj_z")
-        self.in_proj_b = linear_weight(config, weights, prefix + "in_proj_b")
-        self.in_proj_a = linear_weight(config, weights, prefix + "in_proj_a")
+        self.qkvz = MergedLinear(config, weights, [prefix + "in_proj_qkv", prefix + "in_proj_z"])
+        self.ba = MergedLinear(config, weights, [prefix + "in_proj_b", prefix + "in_proj_a"])
 
     def __call__(self, x: torch.Tensor) -> Projected:
         """x [N, hidden] -> Projected."""
         cfg = self.config
-        z = linear(x, self.in_proj_z).view(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim)
-        return linear(x, self.in_proj_qkv), z, linear(x, self.in_proj_b), linear(x, self.in_proj_a)
+        mixed, z = self.qkvz(x)
+        b, a = self.ba(x)
+        return mixed, z.view(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim), b, a
 
 
 class FusedGroupedProjection:

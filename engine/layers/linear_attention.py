@@ -39,12 +39,8 @@ class GatedDeltaNet:
             # One token per sequence: one batched conv step over the pool's states, in place.
             conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
         else:
-            conv_out = torch.empty_like(mixed)
-            for span in batch.spans:
-                rows = slice(span.offset, span.offset + span.length)
-                conv_state = conv_states[span.seq.ssm_slot]
-                conv_out[rows], new_conv = ops.causal_conv1d(mixed[rows], self.conv_weight, conv_state)
-                conv_state.copy_(new_conv)
+            conv_out = ops.causal_conv1d_varlen(mixed, self.conv_weight, conv_states, slots, _bounds(batch, x.device),
+                                                [span.length for span in batch.spans])
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
@@ -60,10 +56,8 @@ class GatedDeltaNet:
         n, hv, dv = v.shape
         if q.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
-            bounds = batch.cached(GDN_BOUNDS, lambda: torch.tensor(
-                [0] + [s.offset + s.length for s in batch.spans], device=q.device
-            ))
-            core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], bounds)
+            core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], _bounds(batch, q.device),
+                                                      _bounds(batch, torch.device("cpu")))
             recurrent[slots] = final.to(recurrent.dtype)
         else:
             core = torch.empty((n, hv, dv), dtype=v.dtype, device=q.device)
@@ -74,6 +68,16 @@ class GatedDeltaNet:
                 recurrent[slot].copy_(new_state)
                 core[rows] = out
         return core
+
+
+def _bounds(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
+    """Row bounds of the spans, int64 [num_spans + 1], once per pass and device (the CPU copy spares fla a
+    device-to-host sync in every layer)."""
+    # Decode graphs fill GDN_BOUNDS with their static tensor; the host copy has a key of its own.
+    key = GDN_BOUNDS if device.type != "cpu" else GDN_BOUNDS + ".host"
+    return batch.cached(key, lambda: torch.tensor(
+        [0] + [s.offset + s.length for s in batch.spans], device=device
+    ))
 
 
 def _slot_index(batch: ForwardBatch, device: torch.device) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.linear import linear, linear_weight
+from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
 from headroom.engine.models.config import ModelConfig
 from headroom.kernels import ops
 
@@ -12,10 +12,10 @@ __all__ = ["SwiGLU", "linear"]
 
 class SwiGLU:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
-        self.gate = linear_weight(config, weights, prefix + "gate_proj")
-        self.up = linear_weight(config, weights, prefix + "up_proj")
+        self.gate_up = MergedLinear(config, weights, [prefix + "gate_proj", prefix + "up_proj"])
         self.down = linear_weight(config, weights, prefix + "down_proj")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]."""
-        return linear(ops.silu_mul(linear(x, self.gate), linear(x, self.up)), self.down)
+        gate, up = self.gate_up(x)
+        return linear(ops.silu_mul(gate, up), self.down)

@@ -77,10 +77,14 @@ class CausalLM:
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else linear_weight(config, weights, "lm_head")
         full, linear_layers = config.full_attention_layers, config.linear_attention_layers
-        self.layers = [
-            DecoderLayer(config, weights, i, linear_layers.index(i) if i in linear_layers else full.index(i), tp)
-            for i in range(config.num_layers)
-        ]
+        self.layers = []
+        for i in range(config.num_layers):
+            self.layers.append(
+                DecoderLayer(config, weights, i, linear_layers.index(i) if i in linear_layers else full.index(i), tp))
+            if self.embed.is_cuda:
+                # The layer merged its projections (layers/linear.py's MergedLinear): hand the parts' memory
+                # back now, or the cached blocks would add up to most of the weights again before the pools.
+                torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def __call__(

@@ -32,7 +32,7 @@ _NESTED_TEXT_PREFIX = "model.language_model."
 
 # From this many rows in a pass, the engine's quantized linears dequantize one weight into a transient dense
 # copy and multiply with cuBLAS (kernels/quant_matmul.py's DENSE_MIN_ROWS: a test keeps the two equal).
-WEIGHT_DEQUANT_MIN_ROWS = 1024
+WEIGHT_DEQUANT_MIN_ROWS = 128
 
 
 class QuantConfigError(ValueError):

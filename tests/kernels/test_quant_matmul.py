@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.quant_matmul import _COUNTERS, dequantize_fwd, quant_matmul
+from headroom.kernels.quant_matmul import _COUNTERS, dequantize_fwd, quant_matmul, quant_matmul_fwd
 from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
 from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize, naive_quant_linear
 
@@ -26,13 +26,16 @@ def make_weight(method: str, block: tuple[int, int], symmetric: bool, n: int, k:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1][0]}x{f[1][1]}-{'sym' if f[2] else 'asym'}")
-@pytest.mark.parametrize("path", ["gemm", "dequantize_then_matmul"])
+@pytest.mark.parametrize("path", ["swap_ab", "m_major", "dequantize_then_matmul"])
 def test_matches_naive(shape, fmt, path):
     m, n, k = shape
     weight = make_weight(*fmt, n, k, seed=m * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
     bias = torch.randn(n)
-    out = quant_matmul(x, weight, bias, dense_min_rows=1 if path == "dequantize_then_matmul" else 1 << 30)
+    if path == "dequantize_then_matmul":
+        out = quant_matmul(x, weight, bias, dense_min_rows=1)
+    else:
+        out = quant_matmul_fwd(x, weight, swap_ab=path == "swap_ab") + bias
     assert out.shape == (m, n) and not out.isnan().any()
     torch.testing.assert_close(out, naive_quant_linear(x, weight, bias), atol=1e-4, rtol=1e-4)
     # Split-K's arrival counters are left at zero for the next launch (and for captured decode graphs).

@@ -81,7 +81,7 @@ def test_prefill_passes_price_one_dequantized_weight():
 
     assert line(8192) == 2 * widest
     assert line(8192, tp=2) == widest
-    assert line(512) == 0
+    assert line(100) == 0
     dense = make_plan(PlanRequest(geometry=geometry_from_config(config), gpu_memory_bytes=24 * 1024**3,
                                   targets=Targets(context_length=16384, max_running_requests=4)))
     assert dense.ledger["weight_dequant_transient"] == 0

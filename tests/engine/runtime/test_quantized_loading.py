@@ -46,10 +46,11 @@ def _edited_copy(src, dst, edit_tensors=None, edit_quant=None):
 def test_quantized_linears_follow_the_ignore_list(checkpoints, fmt):
     runner = _runner(checkpoints[fmt])
     config, layer = runner.model_config, runner.model.layers[0]
-    mlp_up = layer.mlp.up
-    assert isinstance(mlp_up, QuantizedWeight) and mlp_up.shape == (config.intermediate_size, config.hidden_size)
+    # gate|up merged into one quantized weight (layers/linear.py's MergedLinear).
+    (mlp_up,) = layer.mlp.gate_up.weights
+    assert isinstance(mlp_up, QuantizedWeight) and mlp_up.shape == (2 * config.intermediate_size, config.hidden_size)
     # The GDN gate/decay projections and the output head stay dense, as the checkpoint's ignore list says.
-    assert isinstance(layer.mixer.project.in_proj_a, torch.Tensor)
+    assert all(isinstance(w, torch.Tensor) for w in layer.mixer.project.ba.weights)
     assert isinstance(runner.model.lm_head, torch.Tensor)
     # The plan's weight bytes are the checkpoint's: codes and scales, not dense bf16.
     dense_linear = mlp_up.out_features * mlp_up.in_features * 4
