@@ -15,6 +15,7 @@ from headroom.kernels.attention_merge import merge_two as naive_merge_two
 from headroom.kernels.conv import naive_causal_conv1d
 from headroom.kernels.gated_delta import naive_gated_delta_rule
 from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
+from headroom.kernels.host_copy import to_device
 from headroom.kernels.kv_quant import (
     naive_fp8_dequantize,
     naive_fp8_quantize,
@@ -214,6 +215,6 @@ def kivi_quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slo
     from headroom.kernels.kv_quant_triton import kivi_quantize_pages
     from headroom.kernels.paged_kv import PagedKV
 
-    pages = torch.tensor(slots[::page_tokens], dtype=torch.int32, device=k.device) // page_tokens
+    pages = to_device(slots[::page_tokens], torch.int32, k.device) // page_tokens
     kivi_quantize_pages(k, v, pages, PagedKV.from_store(store, kv_dtype, bits, page_tokens, value_group))
     return True

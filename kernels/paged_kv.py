@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from headroom.kernels.attention_merge import naive_attention_with_lse
+from headroom.kernels.host_copy import upload
 from headroom.kernels.kv_quant import (
     FP8_MAX,
     naive_fp8_dequantize,
@@ -129,7 +130,7 @@ def page_table(slot_lists: list[list[int]], page_tokens: int, device: torch.devi
     table = torch.zeros((len(rows), max([len(r) for r in rows] + [1])), dtype=torch.int32)
     for b, firsts in enumerate(rows):
         table[b, : len(firsts)] = torch.tensor([s // page_tokens for s in firsts], dtype=torch.int32)
-    return table.to(device)
+    return upload(table, device)
 
 
 def naive_fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:

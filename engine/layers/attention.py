@@ -9,6 +9,7 @@ from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
+from headroom.kernels.host_copy import to_device
 
 
 class FullAttention:
@@ -45,9 +46,8 @@ class FullAttention:
                 rows = slice(span.offset, span.offset + span.length)
                 kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
         else:
-            index = batch.cached(KV_WRITE_ROWS, lambda: torch.tensor(
-                [slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], dtype=torch.long,
-                device=x.device,
+            index = batch.cached(KV_WRITE_ROWS, lambda: to_device(
+                [slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], torch.long, x.device
             ))
             kv_pool.write_rows(self.pool_layer, index, k, v)
         if q.is_cuda or batch.is_static:

@@ -10,6 +10,7 @@ from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
+from headroom.kernels.host_copy import to_device
 
 
 class GatedDeltaNet:
@@ -75,9 +76,7 @@ def _bounds(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
     device-to-host sync in every layer)."""
     # Decode graphs fill GDN_BOUNDS with their static tensor; the host copy has a key of its own.
     key = GDN_BOUNDS if device.type != "cpu" else GDN_BOUNDS + ".host"
-    return batch.cached(key, lambda: torch.tensor(
-        [0] + [s.offset + s.length for s in batch.spans], device=device
-    ))
+    return batch.cached(key, lambda: to_device([0] + [s.offset + s.length for s in batch.spans], torch.long, device))
 
 
 def _slot_index(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
@@ -85,4 +84,4 @@ def _slot_index(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
     missing = [span.seq.request_id for span in batch.spans if span.seq.ssm_slot is None]
     if missing:
         raise ValueError(f"requests {missing} have no SSM slot but the model is hybrid")
-    return torch.tensor([span.seq.ssm_slot for span in batch.spans], dtype=torch.long, device=device)
+    return to_device([span.seq.ssm_slot for span in batch.spans], torch.long, device)

@@ -11,11 +11,12 @@ import torch
 from headroom.engine.runtime.forward_batch import POOL_INDEX, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
+from headroom.kernels.host_copy import to_device
 from headroom.kernels.paged_kv import PagedKV, page_table
 
 
 def _int32(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    return to_device(values, torch.int32, device)
 
 
 def paged_attention_over_pool(

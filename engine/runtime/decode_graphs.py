@@ -39,6 +39,7 @@ from headroom.engine.runtime.forward_batch import (
     ItemSpan,
 )
 from headroom.engine.sequence import Sequence
+from headroom.kernels.host_copy import copy_into
 
 if TYPE_CHECKING:
     from headroom.engine.runtime.model_runner import ModelRunner
@@ -135,7 +136,7 @@ class DecodeGraphs:
             columns[_SSM_SLOT][i] = seq.ssm_slot if seq.ssm_slot is not None else 0
             columns[_TABLE_ROW][i] = entry.row
             entry.uploaded = position + 1
-        self._index[:, :size].copy_(torch.tensor(columns, dtype=torch.long))
+        copy_into(self._index[:, :size], torch.tensor(columns, dtype=torch.long))
         if not self.capture_graphs:
             self._pass(size)
         else:
@@ -151,7 +152,7 @@ class DecodeGraphs:
             # Behind: eager passes decoded since; ahead (cannot happen while release() is called): redo all.
             start = entry.uploaded if entry.uploaded < position else 0
             slots = torch.tensor(seq.kv_slots[start:position], dtype=torch.int32)
-            self.table[entry.row, start:position].copy_(slots)
+            copy_into(self.table[entry.row, start:position], slots)
         return entry
 
     def _pass(self, size: int) -> None:

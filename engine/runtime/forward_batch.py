@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from headroom.engine.sequence import Sequence
+from headroom.kernels.host_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,13 @@ class ForwardBatch:
             tokens.extend(item.token_ids)
             positions.extend(range(start, start + len(item.token_ids)))
         return cls(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            token_ids=to_device(tokens, torch.long, device),
+            positions=to_device(positions, torch.long, device),
             spans=spans,
         )
 
     @property
     def last_rows(self) -> torch.Tensor:
-        return self.cached(LAST_ROWS, lambda: torch.tensor(
-            [s.offset + s.length - 1 for s in self.spans], device=self.token_ids.device
+        return self.cached(LAST_ROWS, lambda: to_device(
+            [s.offset + s.length - 1 for s in self.spans], torch.long, self.token_ids.device
         ))

@@ -12,6 +12,7 @@ import torch
 from headroom.engine.plan.kv_format import kv_format
 from headroom.engine.sequence import Sequence
 from headroom.kernels import ops
+from headroom.kernels.host_copy import to_device
 
 
 class KVPool:
@@ -66,7 +67,7 @@ class KVPool:
         """Quantize-on-write k, v [T, H, D] into slots (KIVI: whole pages, page-aligned, in order)."""
         store = self.layers[layer]
         if not self.is_kivi:
-            self.write_rows(layer, torch.tensor(slots, dtype=torch.long, device=k.device), k, v)
+            self.write_rows(layer, to_device(slots, torch.long, k.device), k, v)
             return
         if any(slots[i] % self.page_tokens for i in range(0, len(slots), self.page_tokens)):
             raise ValueError(f"KIVI writes take whole pages of {self.page_tokens} slots, page-aligned")
