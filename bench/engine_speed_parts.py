@@ -75,6 +75,8 @@ def table(state: dict, model: Path, command: str) -> dict:
                "ratio_to_transformers": ours / hf if ours and hf else None}
         if name == "cold_start_s":
             row["seconds"] = state.get("cold_start_s")
+            # A second first start in the same run: empty Triton cache, the shipped fla configs.
+            row["seconds_with_shipped_fla_configs"] = state.get("cold_start_tuned_s")
         rows.append(row)
     env = state.get("env", {})
     versions = {"torch": env.get("torch"), "triton": env.get("triton")}
@@ -155,6 +157,65 @@ def kernel_checks() -> dict:
     for batch in (1, 16):
         out[f"gdn_decode_b{batch}"] = _gdn_decode_check(batch)
     out["merge_splits"] = _merge_check()
+    out["conv_varlen"] = _conv_varlen_check()
+    return out
+
+
+def _conv_varlen_check() -> dict:
+    """The prefill conv of three sequences (8,000 + 190 + 2 tokens, 4B channels) against the per-sequence reference."""
+    from headroom.kernels.conv import naive_causal_conv1d_varlen
+    from headroom.kernels.conv_varlen import causal_conv1d_varlen
+
+    bf = torch.bfloat16
+    lengths, channels = [8000, 190, 2], 8192
+    x = torch.randn(sum(lengths), channels, device=DEV, dtype=bf)
+    w = torch.randn(channels, 4, device=DEV, dtype=bf) * 0.5
+    states = torch.randn(8, channels, 3, device=DEV, dtype=bf)
+    slots = torch.tensor([6, 1, 3], device=DEV)
+    cu = torch.tensor([0, 8000, 8190, 8192], device=DEV)
+    ref_states = states.clone()
+    want = naive_causal_conv1d_varlen(x, w, ref_states, slots, lengths)
+    got = causal_conv1d_varlen(x, w, states, slots, cu, max(lengths))
+    return {"out": _diff(got, want), "states": _diff(states, ref_states),
+            "ms": _bench(lambda: causal_conv1d_varlen(x, w, states.clone(), slots, cu, max(lengths))),
+            "naive_ms": _bench(lambda: naive_causal_conv1d_varlen(x, w, states.clone(), slots, lengths))}
+
+
+def capture_check(model: Path) -> dict:
+    """In-pass checkpoints on the GPU (bf16, the 4B-shaped model): a 3,000-token chunk with captures at
+    64, 1,472 and 2,999 against runs that stopped there: max |difference| of every GDN layer's conv and
+    recurrent state, beside their scale, and of the chunk's logits against a pass without captures."""
+    from headroom.engine.config import EngineConfig
+    from headroom.engine.runtime.forward_batch import BatchItem
+    from headroom.engine.runtime.model_runner import ModelRunner
+    from headroom.engine.sequence import Sequence
+
+    runner = ModelRunner(EngineConfig(model_path=str(model), device="cuda", dtype="bfloat16", kv_dtype="bf16",
+                                      max_total_tokens=16384, ssm_slots=12, context_length=4096,
+                                      max_running_requests=4, cuda_graph_max_batch=0))
+    ids = [random.Random(9).randrange(1000, 200000) for _ in range(3000)]
+
+    def sequence(name: str) -> Sequence:
+        seq = Sequence(name, list(ids))
+        seq.kv_slots = runner.kv_allocator.alloc(len(ids)) or []
+        seq.ssm_slot = runner.ssm_pool.alloc()
+        return seq
+
+    def state(slot: int) -> list[torch.Tensor]:
+        return [t[slot].float() for layers in (runner.ssm_pool.conv, runner.ssm_pool.recurrent) for t in layers]
+
+    at = (64, 1472, 2999)
+    captured = sequence("captured")
+    slots = [runner.ssm_pool.alloc() for _ in at]
+    logits = runner.forward([BatchItem(captured, ids, tuple(zip(at, slots, strict=True)))]).float()
+    out: dict = {"logits_vs_no_captures": _diff(logits, runner.forward([BatchItem(sequence("plain"), ids)]).float())}
+    for position, slot in zip(at, slots, strict=True):
+        stopped = sequence(f"stopped-{position}")
+        runner.forward([BatchItem(stopped, ids[:position])])
+        pairs = list(zip(state(slot), state(stopped.ssm_slot), strict=True))
+        out[f"state_at_{position}"] = {"max_abs_diff": max(float((g - w).abs().max()) for g, w in pairs),
+                                      "max_abs": max(float(w.abs().max()) for _, w in pairs)}
+        runner.release(stopped)
     return out
 
 
@@ -350,3 +411,19 @@ def profile_passes(model: Path) -> dict:
         cpu = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:15]
         out[name]["cpu_top"] = [{"name": e.key[:80], "count": e.count, "cpu_ms": e.cpu_time_total / 1000} for e in cpu]
     return out
+
+
+def save_fla_configs(outdir: Path) -> dict:
+    """The configs fla's autotuners picked in this process -> OUTDIR/fla_tuned_configs.json (merged into what
+    kernels/fla_tuned_configs.json holds for other GPUs)."""
+    import json
+
+    from headroom.kernels.gdn_fla import TUNED_CONFIGS, harvest_fla_configs
+
+    harvested = harvest_fla_configs()
+    shipped = json.loads(TUNED_CONFIGS.read_text()) if TUNED_CONFIGS.exists() else {}
+    text = json.dumps({**shipped, **harvested}, indent=1, sort_keys=True)
+    (outdir / "fla_tuned_configs.json").write_text(text)
+    TUNED_CONFIGS.write_text(text)
+    return {gpu: {kernel: len(c["autotune_entries"]) for kernel, c in v["kernels"].items()}
+            for gpu, v in harvested.items()}

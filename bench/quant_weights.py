@@ -86,8 +86,9 @@ def write_dequantized(src: Path, dst: Path) -> Path:
     return dst
 
 
-def measure(path: Path, hbm: float, base: dict | None) -> dict:
-    """Speed and accuracy of one checkpoint; base holds bf16's logits and tokens once measured."""
+def measure(path: Path, hbm: float, base: dict | None, timed: bool = True) -> dict:
+    """Speed and accuracy of one checkpoint; base holds bf16's logits and tokens once measured. timed=False:
+    logits and greedy tokens only."""
     from headroom.engine.llm import LLM
 
     rng = random.Random(7)
@@ -108,6 +109,8 @@ def measure(path: Path, hbm: float, base: dict | None) -> dict:
         out["logit_scale_bf16"] = float(base["logits"].abs().max())
         out["top1_equal_vs_bf16"] = bool(logits.argmax() == base["logits"].argmax())
         out["greedy_agreement_vs_bf16"] = sum(a == b for a, b in zip(gen.token_ids, base["tokens"], strict=True)) / 24
+    if not timed:
+        return {"result": out, "logits": logits, "tokens": gen.token_ids}
     # Warm-up at the measured sizes: Triton compiles per shape class.
     llm.generate([prompt(8192 + 100)], max_new_tokens=2, ignore_eos=True)
     llm.generate([prompt(64) for _ in range(8)], max_new_tokens=3, ignore_eos=True)
@@ -163,7 +166,7 @@ def main() -> None:
         base = base or measured
         if fmt != "bf16":
             # The same weights dense: what the quantized kernels should reproduce up to bf16 rounding.
-            dense = measure(dirs[fmt + "_dequantized"], results["roofline"]["hbm_bytes_per_s"], base)
+            dense = measure(dirs[fmt + "_dequantized"], results["roofline"]["hbm_bytes_per_s"], base, timed=False)
             logits = measured["logits"]
             measured["result"]["vs_dequantized_dense"] = {
                 "max_abs_logit_diff": float((logits - dense["logits"]).abs().max()),

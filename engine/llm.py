@@ -83,22 +83,30 @@ class LLM:
             seq.status = SequenceStatus.RUNNING
         active = [s for s in seqs if s.sampling.max_new_tokens > 0]
         while active:
-            items = []
+            items, captures = [], []
             for seq in active:
                 start = seq.num_computed_tokens
                 length = min(chunk, seq.num_prompt_tokens - start) if seq.is_prefilling else 1
-                # A hybrid prefill ends its chunk where the cache wants an SSM checkpoint.
-                length = self.cache.stop_before(seq, start, start + length) - start
                 if not self.cache.reserve(seq, start + length):
                     raise CapacityError(
                         f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
                         f"{seq.request_id!r} at {start + length} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
                     )
-                items.append(BatchItem(seq, seq.tokens_between(start, start + length)))
-            logits = self.runner.forward(items)
+                # A hybrid prefill runs through its checkpoint stops; the pass leaves each stop's state in a slot.
+                taken = self.cache.take_captures(seq, start, start + length) if seq.is_prefilling else []
+                captures.append(taken)
+                items.append(BatchItem(seq, seq.tokens_between(start, start + length),
+                                       tuple((stop - start, slot) for stop, slot in taken)))
+            try:
+                logits = self.runner.forward(items)
+            except Exception:
+                for taken in captures:
+                    self.cache.drop_captures(taken)
+                raise
             decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
             tokens = dict(zip(decoding, sample(logits[decoding], [active[i] for i in decoding]), strict=True))
             for index, (seq, row) in enumerate(zip(active, logits, strict=True)):
+                self.cache.publish_captures(seq, captures[index])
                 if seq.num_computed_tokens <= seq.num_prompt_tokens:
                     self.cache.checkpoint(seq)
                 if seq.is_prefilling:

@@ -8,10 +8,67 @@ when fla imports; everything else runs the reference.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from headroom.kernels.gated_delta import naive_gated_delta_rule
+
+# fla's kernels autotune on first use: several configs compiled and timed per kernel and shape class, a large
+# part of a cold start. This file holds the configs they picked on a GPU (bench/engine_speed.py's fla_configs
+# part), per GPU and for the fla and Triton versions that picked them; fla reads them through its own config
+# cache (FLA_CACHE_MODE=fuzzy), and any kernel or key it does not find still autotunes.
+TUNED_CONFIGS = Path(__file__).with_name("fla_tuned_configs.json")
+
+
+def use_tuned_fla_configs(device: torch.device) -> str | None:
+    """Before fla's first import: point fla at the shipped configs for this GPU, unless the user set
+    FLA_CACHE_MODE or the versions differ. Returns the directory used, or None."""
+    if device.type != "cuda" or "FLA_CACHE_MODE" in os.environ or "fla.ops.utils.cache" in sys.modules:
+        return None
+    if not TUNED_CONFIGS.exists():
+        return None
+    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
+    tuned = json.loads(TUNED_CONFIGS.read_text()).get(gpu)
+    if not tuned or tuned.get("versions") != _versions():
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="headroom-fla-configs-"))
+    for kernel, content in tuned["kernels"].items():
+        (folder / f"{kernel}.json").write_text(json.dumps(content))
+    os.environ["FLA_CACHE_MODE"] = "fuzzy"
+    os.environ["FLA_CONFIG_DIR"] = str(folder)
+    return str(folder)
+
+
+def _versions() -> dict[str, str]:
+    return {name: importlib.metadata.version(dist) for name, dist in (("fla", "fla-core"), ("triton", "triton"))}
+
+
+def harvest_fla_configs() -> dict:
+    """The configs fla's autotuners hold in this process, as TUNED_CONFIGS stores them for this GPU (run after
+    the shapes serving uses have run)."""
+    from fla.ops.utils.cache import AutotuneKey, CachedAutotuner
+
+    kernels: dict = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for tuner in vars(module).values():
+            if not isinstance(tuner, CachedAutotuner) or not tuner.cache:
+                continue
+            entries = {AutotuneKey.key_hash(key): {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": {
+                "kwargs": dict(cfg.kwargs), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                "num_ctas": cfg.num_ctas, "maxnreg": cfg.maxnreg}} for key, cfg in tuner.cache.items()}
+            kernels.setdefault(tuner.kernel_name, {"kernel_name": tuner.kernel_name, "autotune_entries": {}})
+            kernels[tuner.kernel_name]["autotune_entries"].update(entries)
+    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name()).strip("_")
+    return {gpu: {"versions": _versions(), "kernels": kernels}}
 
 
 def fla_available() -> bool:

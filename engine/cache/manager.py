@@ -2,7 +2,8 @@
 
 admit: take the longest usable cached prefix (lock it, fork its SSM checkpoint copy-on-write) or a fresh
 SSM slot; for a hybrid model, choose where its prefill stops to checkpoint (checkpoint_policy).
-stop_before: where a prefill chunk must end so that such a stop is not stepped over.
+take_captures: the stops inside a prefill chunk, each with an SSM slot the pass fills (the chunk runs
+through them in one pass; publish_captures publishes them after it, drop_captures frees them if it failed).
 reserve: KV slots for the next tokens, evicting unlocked cache entries when short.
 checkpoint: after a pass, publish the prefix (and, at a stop, a copy of the SSM state) to the cache, never
 taking the SSM slots kept for requests that may still be admitted (working_slots).
@@ -99,9 +100,34 @@ class CacheManager:
                 seq.num_prompt_tokens, hit, match.num_matched_tokens, self.page, self.checkpoint_interval
             )
 
-    def stop_before(self, seq: Sequence, start: int, end: int) -> int:
-        """The end of a chunk [start, end) of seq's prefill, pulled back to its first checkpoint stop inside."""
-        return next((stop for stop in seq.checkpoint_stops if start < stop < end), end)
+    def take_captures(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        """(position, SSM slot) for each of seq's checkpoint stops strictly inside the chunk [start, end),
+        ascending, each slot fresh for the pass to write the state at that position into. A stop that finds
+        no slot is skipped, as checkpoint() skips it."""
+        if self.ssm_allocator is None or self.radix is None:
+            return []
+        captures = []
+        for stop in seq.checkpoint_stops:
+            if start < stop < end and stop > seq.num_shared_slots:
+                slot = self._checkpoint_slot()
+                if slot is None:
+                    break
+                captures.append((stop, slot))
+        return captures
+
+    def publish_captures(self, seq: Sequence, captures: list[tuple[int, int]]) -> None:
+        """After the pass that filled them: publish seq's prefix up to each capture with its SSM state."""
+        assert self.ssm_allocator is not None or not captures
+        for stop, slot in captures:
+            if stop > seq.num_shared_slots and self._publish(seq, stop, slot):
+                self.stats.checkpoints_taken += 1
+            else:
+                self.ssm_allocator.free(slot)  # type: ignore[union-attr]
+
+    def drop_captures(self, captures: list[tuple[int, int]]) -> None:
+        """A failed pass's captures hold no usable state: free their slots."""
+        for _, slot in captures:
+            self.ssm_allocator.free(slot)  # type: ignore[union-attr]
 
     def reserve(self, seq: Sequence, new_len: int) -> bool:
         """Make seq hold kv slots for positions < new_len; False (nothing taken) if they cannot be had."""

@@ -40,6 +40,8 @@ class GatedDeltaNet:
             # One token per sequence: one batched conv step over the pool's states, in place.
             conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
         else:
+            if batch.has_captures:
+                _capture_conv_states(mixed, conv_states, batch)
             conv_out = ops.causal_conv1d_varlen(mixed, self.conv_weight, conv_states, slots, _bounds(batch, x.device),
                                                 [span.length for span in batch.spans])
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
@@ -55,6 +57,8 @@ class GatedDeltaNet:
     def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
         """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence."""
         n, hv, dv = v.shape
+        if batch.has_captures:
+            return _segmented(q, k, v, g, beta, recurrent, slots, batch)
         if q.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
             core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], _bounds(batch, q.device),
@@ -69,6 +73,48 @@ class GatedDeltaNet:
                 recurrent[slot].copy_(new_state)
                 core[rows] = out
         return core
+
+
+def _capture_conv_states(mixed: torch.Tensor, conv_states: torch.Tensor, batch: ForwardBatch) -> None:
+    """Each capture's conv state - the K-1 inputs before it, some from the sequence's carried state when the
+    capture is that close to the chunk's start - into its slot; before the conv overwrites the carried one."""
+    width = conv_states.shape[-1]
+    for span in batch.spans:
+        old = conv_states[span.seq.ssm_slot] if span.captures else None
+        for at, slot in span.captures:
+            rows = mixed[span.offset + max(0, at - width) : span.offset + at].transpose(0, 1)
+            window = rows if at >= width else torch.cat((old[:, at:], rows), dim=1)  # type: ignore[index]
+            conv_states[slot].copy_(window)
+
+
+def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
+    """The delta rule with in-pass checkpoints: each span cut at its captures, round r running every span's
+    r-th piece in one varlen call from the state round r-1 left; a piece that ends at a capture leaves its
+    state in the capture's slot. A prefill chunk so runs as one pass instead of one pass per stop (three to
+    four extra passes of 30-50 ms each a prompt on the H200)."""
+    spans, device = batch.spans, q.device
+    cuts = [[0] + [at for at, _ in span.captures] + [span.length] for span in spans]
+    state = recurrent[slots].float()
+    core = torch.empty_like(v)
+    for r in range(max(len(c) for c in cuts) - 1):
+        active = [b for b, c in enumerate(cuts) if r < len(c) - 1]
+        pieces = [(spans[b].offset + cuts[b][r], spans[b].offset + cuts[b][r + 1]) for b in active]
+        contiguous = all(pieces[i][1] == pieces[i + 1][0] for i in range(len(pieces) - 1))
+        rows: slice | torch.Tensor = slice(pieces[0][0], pieces[-1][1]) if contiguous else to_device(
+            [row for lo, hi in pieces for row in range(lo, hi)], torch.long, device)
+        bounds = [0]
+        for lo, hi in pieces:
+            bounds.append(bounds[-1] + hi - lo)
+        which = to_device(active, torch.long, device)
+        out, final = ops.gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], state[which],
+                                                 to_device(bounds, torch.long, device), torch.tensor(bounds))
+        core[rows] = out
+        state[which] = final
+        for i, b in enumerate(active):
+            if r < len(cuts[b]) - 2:
+                recurrent[spans[b].captures[r][1]] = final[i].to(recurrent.dtype)
+    recurrent[slots] = state.to(recurrent.dtype)
+    return core
 
 
 def _bounds(batch: ForwardBatch, device: torch.device) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.loop.capacity import CacheCapacity
@@ -94,7 +93,7 @@ class StepRunner:
             self._release(self.sequences[request.request_id])
         for request in list(plan.admitted):
             self._admit(plan, request)
-        items = [item for item in map(partial(self._stop_at_checkpoint, plan), plan.items) if self._reserve(plan, item)]
+        items = [item for item in plan.items if self._reserve(plan, item)]
         stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
                           admitted=[r.request_id for r in plan.admitted])
         if items:
@@ -120,17 +119,6 @@ class StepRunner:
             request.num_computed = request.num_cached = seq.num_computed_tokens
             plan.add_item(request, min(item.num_tokens, request.num_uncomputed))
 
-    def _stop_at_checkpoint(self, plan: ScheduledPass, item: PassItem) -> PassItem:
-        """End a prefill chunk at the cache's next checkpoint stop inside it (hybrid models keep an SSM
-        state only where a pass ends); the rest follows next pass."""
-        seq = self.sequences[item.request.request_id]
-        end = self.cache.stop_before(seq, item.start, item.start + item.num_tokens)
-        if end == item.start + item.num_tokens:
-            return item
-        plan.remove_item(item.request)
-        plan.add_item(item.request, end - item.start)
-        return plan.prefills[-1]
-
     def _reserve(self, plan: ScheduledPass, item: PassItem) -> bool:
         seq = self.sequences[item.request.request_id]
         if self.cache.reserve(seq, item.start + item.num_tokens):
@@ -140,22 +128,30 @@ class StepRunner:
         return False
 
     def _run(self, plan: ScheduledPass, items: list[PassItem]) -> None:
-        batch = []
+        batch, captures = [], []
         for item in items:
             seq = self.sequences[item.request.request_id]
-            batch.append(BatchItem(seq, seq.tokens_between(item.start, item.start + item.num_tokens)))
+            end = item.start + item.num_tokens
+            # A hybrid prefill runs through its checkpoint stops; the pass leaves each stop's state in a slot.
+            taken = self.cache.take_captures(seq, item.start, end) if seq.num_computed_tokens < seq.num_prompt_tokens else []
+            captures.append(taken)
+            batch.append(BatchItem(seq, seq.tokens_between(item.start, end),
+                                   tuple((stop - item.start, slot) for stop, slot in taken)))
         sampling = [i for i, item in enumerate(items) if item.samples]
         try:
             logits = self.runner.forward(batch)
             tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
                                                                   for i in sampling]), strict=True)) if sampling else {}
         except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server
+            for taken in captures:
+                self.cache.drop_captures(taken)
             for item in items:
                 self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
             return
         finished: set[str] = set()
         for index, item in enumerate(items):
             seq = self.sequences[item.request.request_id]
+            self.cache.publish_captures(seq, captures[index])
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 # Publish the prefix; at a checkpoint stop with a copy of the SSM state (hybrid models can
                 # only reuse a prefix up to a node that holds one).

@@ -10,13 +10,19 @@ import torch
 from headroom.engine.sequence import Sequence
 from headroom.kernels.host_copy import to_device
 
+# (tokens into the item, SSM slot): after that many of the item's tokens, copy the sequence's SSM state
+# (conv and recurrent, every layer) into that slot - a prefix checkpoint taken inside the pass.
+Capture = tuple[int, int]
+
 
 @dataclass(frozen=True)
 class BatchItem:
-    """token_ids are seq's next uncomputed tokens: a prefill chunk, or the one token of a decode step."""
+    """token_ids are seq's next uncomputed tokens: a prefill chunk, or the one token of a decode step.
+    captures: checkpoints inside the chunk, ascending, each strictly between its first and last token."""
 
     seq: Sequence
     token_ids: list[int]
+    captures: tuple[Capture, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class ItemSpan:
     offset: int
     length: int
     start: int
+    captures: tuple[Capture, ...] = ()
 
     @property
     def end(self) -> int:
@@ -63,6 +70,10 @@ class ForwardBatch:
     def is_decode_only(self) -> bool:
         return all(span.length == 1 for span in self.spans)
 
+    @property
+    def has_captures(self) -> bool:
+        return any(span.captures for span in self.spans)
+
     @classmethod
     def build(cls, items: list[BatchItem], device: torch.device) -> ForwardBatch:
         if not items:
@@ -79,7 +90,11 @@ class ForwardBatch:
             if not item.token_ids:
                 raise ValueError(f"request {seq.request_id!r}: batch item has no tokens")
             start = seq.num_computed_tokens
-            spans.append(ItemSpan(seq, len(tokens), len(item.token_ids), start))
+            if any(not 0 < at < len(item.token_ids) for at, _ in item.captures) or \
+                    [at for at, _ in item.captures] != sorted({at for at, _ in item.captures}):
+                raise ValueError(f"request {seq.request_id!r}: captures {item.captures} must be ascending and inside "
+                                 f"its {len(item.token_ids)} tokens")
+            spans.append(ItemSpan(seq, len(tokens), len(item.token_ids), start, item.captures))
             tokens.extend(item.token_ids)
             positions.extend(range(start, start + len(item.token_ids)))
         return cls(

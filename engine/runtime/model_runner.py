@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -18,6 +19,9 @@ from headroom.engine.runtime.parallel import TensorParallel, shard_config
 from headroom.engine.runtime.sharded_loader import load_sharded_weights
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.engine.sequence import Sequence
+from headroom.kernels.gdn_fla import use_tuned_fla_configs
+
+logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,6 +57,10 @@ class ModelRunner:
                 "every running request of a hybrid model needs its own SSM slot"
             )
         self._precheck(model_dir)
+        if mc.is_hybrid and self.device.type == "cuda":
+            # Before fla's first import: the Gated DeltaNet kernels' configs tuned on this GPU, if shipped.
+            tuned = use_tuned_fla_configs(self.device)
+            logger.info("fla kernel configs: %s", f"shipped ones for this GPU ({tuned})" if tuned else "autotuned")
         if tp is None:
             weights = load_weights(model_dir, self.dtype, self.device)
         else:

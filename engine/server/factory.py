@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -130,8 +131,10 @@ def build_state(options: ServeOptions) -> ServerState:
         # A CPU run has no GPU to check the plan's static budget against.
         config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
     metrics = EngineMetrics()
+    started = time.perf_counter()
     loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
                                   metrics.observe_step)
+    logger.info("start-up: weights loaded and pools allocated in %.1f s", time.perf_counter() - started)
     tokenizer = load_tokenizer(model_dir, loop.eos_token_ids)
     name = options.served_model_name or (options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME)
     return ServerState(loop=loop, tokenizer=tokenizer, model_name=name, context_length=plan.context_length,
@@ -169,9 +172,14 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
                        frozenset())
         loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
                                 SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+        started = time.perf_counter()
         loop.run_until_idle()
         # Ready means every tensor-parallel rank has run the warm-up too.
         loop.synchronize()
+        if timings:
+            # The first passes compile every kernel shape serving uses: on a cold GPU most of the start-up.
+            logger.info("start-up: warm-up ran %d passes in %.1f s (the first %.1f s)", len(timings),
+                        time.perf_counter() - started, timings[0].seconds)
     except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:

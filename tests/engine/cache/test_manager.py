@@ -20,14 +20,23 @@ def tree_slots(manager: CacheManager) -> list[int]:
     return slots
 
 
+def run_chunk(manager: CacheManager, seq: Sequence, end: int) -> bool:
+    """One pass over seq's tokens up to end the way the engine loop runs it: slots for the checkpoint stops
+    inside the chunk (the pass would fill them), then publish them and checkpoint at the chunk's end."""
+    start = seq.num_computed_tokens
+    captures = manager.take_captures(seq, start, end) if seq.is_prefilling else []
+    if not manager.reserve(seq, end):
+        manager.drop_captures(captures)
+        return False
+    seq.num_computed_tokens = end
+    manager.publish_captures(seq, captures)
+    manager.checkpoint(seq)
+    return True
+
+
 def prefill(manager: CacheManager, seq: Sequence, chunk: int) -> None:
-    """Run seq's prefill the way the engine loop does: chunks end at the cache's checkpoint stops."""
     while seq.is_prefilling:
-        start = seq.num_computed_tokens
-        end = manager.stop_before(seq, start, min(start + chunk, seq.num_prompt_tokens))
-        assert manager.reserve(seq, end)
-        seq.num_computed_tokens = end
-        manager.checkpoint(seq)
+        assert run_chunk(manager, seq, min(seq.num_computed_tokens + chunk, seq.num_prompt_tokens))
 
 
 def test_random_sessions_keep_slot_accounting_exact():
@@ -46,13 +55,11 @@ def test_random_sessions_keep_slot_accounting_exact():
         for seq in list(running):
             # Simulate a pass: a chunk of up to 37 tokens (ending at a stop) or one decode token.
             start = seq.num_computed_tokens
-            end = manager.stop_before(seq, start, min(start + 37, seq.num_prompt_tokens)) if seq.is_prefilling else start + 1
-            if not manager.reserve(seq, end):
+            end = min(start + 37, seq.num_prompt_tokens) if seq.is_prefilling else start + 1
+            if not run_chunk(manager, seq, end):
                 manager.finish(seq)
                 running.remove(seq)
                 continue
-            seq.num_computed_tokens = end
-            manager.checkpoint(seq)
             if not seq.is_prefilling:
                 seq.output_token_ids.append(rng.randrange(50))
                 if len(seq.output_token_ids) >= 3:

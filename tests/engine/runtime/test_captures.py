@@ -1,0 +1,82 @@
+"""Checkpoints taken inside a pass (BatchItem.captures): the SSM state a capture slot receives equals the
+state of a run that stopped there, every layer's conv and recurrent state; the pass's own logits and final
+state are those of a pass without captures; a mixed batch with a capturing prefill next to other spans
+(capturing too, and decodes) gets each right; a capture that is not inside the chunk is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.engine.config import EngineConfig
+from headroom.engine.runtime.forward_batch import BatchItem
+from headroom.engine.runtime.model_runner import ModelRunner
+
+from tests.engine.helpers import new_sequence, random_prompt
+
+
+def _runner(tiny_model_factory, kind: str = "qwen3_5") -> tuple[ModelRunner, int]:
+    model_dir, reference = tiny_model_factory(kind, 0)
+    return ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=512, ssm_slots=16)), \
+        reference.config.vocab_size
+
+
+def _state(runner: ModelRunner, slot: int) -> list[torch.Tensor]:
+    pool = runner.ssm_pool
+    assert pool is not None
+    return [t[slot].clone() for layers in (pool.conv, pool.recurrent) for t in layers]
+
+
+def _assert_states_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("start", "captures"), [(0, (2, 17, 30)), (11, (1, 2, 20))], ids=["from 0", "mid-prompt"])
+def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_factory, start, captures):
+    runner, vocab = _runner(tiny_model_factory)
+    ids = random_prompt(vocab, 44, seed=5)
+    seq = new_sequence(runner, "captured", ids)
+    if start:
+        runner.forward([BatchItem(seq, ids[:start])])
+    slots = [runner.ssm_pool.alloc() for _ in captures]
+    logits = runner.forward([BatchItem(seq, ids[start:], tuple(zip(captures, slots, strict=True)))])
+    plain = new_sequence(runner, "plain", ids)
+    if start:
+        runner.forward([BatchItem(plain, ids[:start])])
+    torch.testing.assert_close(logits, runner.forward([BatchItem(plain, ids[start:])]), atol=1e-5, rtol=0)
+    _assert_states_equal(_state(runner, seq.ssm_slot), _state(runner, plain.ssm_slot))
+    for at, slot in zip(captures, slots, strict=True):
+        stopped = new_sequence(runner, f"stopped-{at}", ids)
+        runner.forward([BatchItem(stopped, ids[: start + at])])
+        _assert_states_equal(_state(runner, slot), _state(runner, stopped.ssm_slot))
+
+
+def test_mixed_batch_with_captures(tiny_model_factory):
+    runner, vocab = _runner(tiny_model_factory)
+    a_ids, b_ids, c_ids = random_prompt(vocab, 30, seed=1), random_prompt(vocab, 25, seed=2), random_prompt(vocab, 9, seed=3)
+    a, b, c = (new_sequence(runner, name, ids) for name, ids in (("a", a_ids), ("b", b_ids), ("c", c_ids)))
+    runner.forward([BatchItem(c, c_ids[:8])])
+    slot_a, slot_b1, slot_b2 = (runner.ssm_pool.alloc() for _ in range(3))
+    mixed = runner.forward([BatchItem(a, a_ids, ((7, slot_a),)), BatchItem(c, c_ids[8:]),
+                            BatchItem(b, b_ids, ((3, slot_b1), (24, slot_b2)))])
+    for name, ids, slot, at in (("a7", a_ids, slot_a, 7), ("b3", b_ids, slot_b1, 3), ("b24", b_ids, slot_b2, 24)):
+        stopped = new_sequence(runner, name, ids)
+        runner.forward([BatchItem(stopped, ids[:at])])
+        _assert_states_equal(_state(runner, slot), _state(runner, stopped.ssm_slot))
+    alone = []
+    for name, ids in (("a2", a_ids), ("c2", c_ids), ("b2", b_ids)):
+        seq = new_sequence(runner, name, ids)
+        if name == "c2":
+            runner.forward([BatchItem(seq, ids[:8])])
+            alone.append(runner.forward([BatchItem(seq, ids[8:])])[0])
+        else:
+            alone.append(runner.forward([BatchItem(seq, ids)])[0])
+    torch.testing.assert_close(mixed, torch.stack(alone), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("captures", [((0, 1),), ((5, 1),), ((3, 1), (2, 2)), ((3, 1), (3, 2))], ids=str)
+def test_captures_outside_the_chunk_are_refused(tiny_model_factory, captures):
+    runner, vocab = _runner(tiny_model_factory)
+    ids = random_prompt(vocab, 5, seed=0)
+    with pytest.raises(ValueError, match="captures .* must be ascending and inside its 5 tokens"):
+        runner.forward([BatchItem(new_sequence(runner, "x", ids), ids, captures)])
