@@ -15,6 +15,7 @@ Run on the H200 (about a minute):
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 # (name, N, K) of the 4B-shaped model's quantized linears (lm_head and the GDN a/b stay bf16).
 SHAPES = [("qkv_gdn", 8192, 2560), ("attn_kv", 1024, 2560), ("out_proj", 2560, 4096), ("gate_up", 9216, 2560),
           ("down", 2560, 9216)]
-ROWS = (1, 8, 16, 64, 256, 1024, 8192)
+ROWS = tuple(int(r) for r in os.environ.get("QUANT_KERNELS_ROWS", "1,2,4,8,16,64,256,1024,8192").split(","))
 
 
 # Copies of each weight cycled through, so that a call finds none of its weight in L2.
@@ -83,8 +84,9 @@ def main() -> None:
                 ref = x.float() @ w32.t()
                 scale_ref = float(ref.abs().max())
                 gemm = quant_matmul(x, weight, dense_min_rows=1 << 30)
-                swap = quant_matmul_fwd(x, weight, swap_ab=True) if m <= 64 else None
-                major = quant_matmul_fwd(x, weight, swap_ab=False)
+                swap = quant_matmul_fwd(x, weight, kernel="swap_ab") if m <= 64 else None
+                cores = quant_matmul_fwd(x, weight, kernel="cores") if m <= 4 else None
+                major = quant_matmul_fwd(x, weight, kernel="m_major")
                 deq = quant_matmul(x, weight, dense_min_rows=1)
                 plain = (x @ wq16.t()).float()
                 case = {"shape": name, "N": n, "K": k, "M": m, "format": fmt, "dequantize_exact": exact,
@@ -92,14 +94,17 @@ def main() -> None:
                         "gemm_max_abs_err": float((gemm.float() - ref).abs().max()),
                         "m_major_max_abs_err": float((major.float() - ref).abs().max()),
                         "swap_ab_max_abs_err": float((swap.float() - ref).abs().max()) if swap is not None else None,
+                        "cores_max_abs_err": float((cores.float() - ref).abs().max()) if cores is not None else None,
                         "dequant_cublas_max_abs_err": float((deq.float() - ref).abs().max()),
                         "bf16_matmul_max_abs_err": float((plain - ref).abs().max()),
-                        "m_major_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, swap_ab=False), copies),
-                        "swap_ab_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, swap_ab=True), copies)
+                        "m_major_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="m_major"), copies),
+                        "swap_ab_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="swap_ab"), copies)
                         if m <= 64 else None,
+                        "cores_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="cores"), copies)
+                        if m <= 4 else None,
                         "dequant_cublas_us": bench_us(lambda w, x=x: quant_matmul(x, w, dense_min_rows=1), copies),
                         "dense_bf16_us": bench_us(lambda d, x=x: x @ d.t(), dense_copies)}
-                kernel_us = min(v for v in (case["m_major_us"], case["swap_ab_us"]) if v is not None)
+                kernel_us = min(v for v in (case["m_major_us"], case["swap_ab_us"], case["cores_us"]) if v is not None)
                 case["kernel_hbm_share"] = weight.nbytes / hbm / (kernel_us * 1e-6)
                 case["dense_hbm_share"] = dense_bf16.numel() * 2 / hbm / (case["dense_bf16_us"] * 1e-6)
                 out["cases"].append(case)
@@ -108,7 +113,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
     bad = [c for c in out["cases"] if not c["dequantize_exact"] or
-           max(c["gemm_max_abs_err"], c["m_major_max_abs_err"], c["swap_ab_max_abs_err"] or 0.0)
+           max(c["gemm_max_abs_err"], c["m_major_max_abs_err"], c["swap_ab_max_abs_err"] or 0.0,
+               c["cores_max_abs_err"] or 0.0)
            > 4 * c["bf16_matmul_max_abs_err"] + 1e-3 * c["ref_abs_max"]]
     out["gemm_within_bf16_distance"] = not bad
     out["worst"] = sorted(out["cases"], key=lambda c: -c["gemm_max_abs_err"] / max(c["ref_abs_max"], 1e-9))[:5]

@@ -83,7 +83,7 @@ class LLM:
             seq.status = SequenceStatus.RUNNING
         active = [s for s in seqs if s.sampling.max_new_tokens > 0]
         while active:
-            items, captures = [], []
+            spans = []
             for seq in active:
                 start = seq.num_computed_tokens
                 length = min(chunk, seq.num_prompt_tokens - start) if seq.is_prefilling else 1
@@ -92,21 +92,24 @@ class LLM:
                         f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
                         f"{seq.request_id!r} at {start + length} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
                     )
-                # A hybrid prefill runs through its checkpoint stops; the pass leaves each stop's state in a slot.
-                taken = self.cache.take_captures(seq, start, start + length) if seq.is_prefilling else []
-                captures.append(taken)
-                items.append(BatchItem(seq, seq.tokens_between(start, start + length),
-                                       tuple((stop - start, slot) for stop, slot in taken)))
+                spans.append((start, start + length))
+            # Only once every sequence has its KV slots (a CapacityError above leaves no capture slot taken): a
+            # hybrid prefill runs through its checkpoint stops, the pass leaving each stop's state in a slot.
+            captures = [self.cache.take_captures(seq, start, end) if seq.is_prefilling else []
+                        for seq, (start, end) in zip(active, spans, strict=True)]
+            items = [BatchItem(seq, seq.tokens_between(start, end), tuple((stop - start, slot) for stop, slot in taken))
+                     for seq, (start, end), taken in zip(active, spans, captures, strict=True)]
             try:
                 logits = self.runner.forward(items)
+                decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
+                tokens = dict(zip(decoding, sample(logits[decoding], [active[i] for i in decoding]), strict=True))
             except Exception:
                 for taken in captures:
                     self.cache.drop_captures(taken)
                 raise
-            decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
-            tokens = dict(zip(decoding, sample(logits[decoding], [active[i] for i in decoding]), strict=True))
+            for seq, taken in zip(active, captures, strict=True):
+                self.cache.publish_captures(seq, taken)
             for index, (seq, row) in enumerate(zip(active, logits, strict=True)):
-                self.cache.publish_captures(seq, captures[index])
                 if seq.num_computed_tokens <= seq.num_prompt_tokens:
                     self.cache.checkpoint(seq)
                 if seq.is_prefilling:

@@ -24,8 +24,10 @@ _PROGRAMS_PER_SM = 2
 # From this many rows on, dequantize-then-cuBLAS: the dequantization reads the weight once and writes it
 # once (3 bytes per fp8 weight), a cost that M rows of GEMM hide. Measured on the H200 (bench/quant_kernels.py).
 DENSE_MIN_ROWS = 128
-# Rows up to which the swap-AB decode kernel runs (the M-major GEMM above it, then cuBLAS from DENSE_MIN_ROWS).
+# Rows up to which the swap-AB decode kernel runs (the M-major GEMM above it, then cuBLAS from DENSE_MIN_ROWS),
+# and up to which the CUDA-core kernel competes with it (each row is another pass over the decoded tile).
 GEMV_MAX_ROWS = 16
+CORES_MAX_ROWS = 4
 # Arrival counters of split-K output tiles; every tile's counter is back at zero when its kernel ends.
 _COUNTER_SLOTS = 1 << 16
 
@@ -109,6 +111,56 @@ def quant_gemv_fwd_kernel(
     offsets = o_m[None, :] * N + o_n[:, None]
     _finish_split(b_acc, o + o_m[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
                   m_n[:, None] & m_m[None, :], num_splits, i_s, M * N, SPLIT)
+
+
+@triton.jit
+def quant_gemv_cores_fwd_kernel(
+    x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
+    num_splits, IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """A few decode rows (M <= BLOCK_M <= 4) on the CUDA cores, no MMA: each weight tile is decoded once in
+    registers and dotted with every row. int4 words stay [BLOCK_N, BLOCK_K / 8] and are unpacked along a
+    trailing axis of 8, matched by x read as [BLOCK_K / 8, 8], so no reshape moves data between threads."""
+    i_n, i_s = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_mm = tl.arange(0, BLOCK_M)
+    m_n = o_n < N
+    b_acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = i_s * k_per_split
+    for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
+        k0 = k_start + i_k * BLOCK_K
+        m_g = m_n & (o_n * 0 + k0 < K)
+        if IS_INT4:
+            o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            b_p = tl.load(w + o_n[:, None] * stride_wn + o_kw[None, :], mask=m_n[:, None] & (o_kw < tl.cdiv(K, 8))[None, :],
+                          other=0)
+            b_q = (b_p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+            if HAS_ZERO:
+                b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
+                b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
+            else:
+                b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
+            b_w = (b_q - b_zero[:, None, None]).to(tl.float32)
+            b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+            o_k = (o_kw * 8)[:, None] + tl.arange(0, 8)[None, :]
+            for m in tl.static_range(BLOCK_M):
+                b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
+                part = tl.sum(tl.sum(b_w * b_x[None, :, :], 2), 1) * b_s
+                b_acc += tl.where((o_mm == m)[None, :], part[:, None], 0.0)
+        else:
+            o_k = k0 + tl.arange(0, BLOCK_K)
+            b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_n[:, None] & (o_k < K)[None, :],
+                          other=0.0).to(tl.float32)
+            b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+            for m in tl.static_range(BLOCK_M):
+                b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
+                part = tl.sum(b_w * b_x[None, :], 1) * b_s
+                b_acc += tl.where((o_mm == m)[None, :], part[:, None], 0.0)
+    offsets = o_mm[None, :] * N + o_n[:, None]
+    _finish_split(b_acc, o + o_mm[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
+                  m_n[:, None] & (o_mm < M)[None, :], num_splits, i_s, M * N, SPLIT)
 
 
 @triton.jit
@@ -209,43 +261,86 @@ def dequantize_fwd(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _splits(tiles: int, k: int, block_k: int, device: torch.device) -> tuple[int, int]:
-    """(splits, K per split) so that about _PROGRAMS_PER_SM programs per SM stream the weight."""
-    split = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), tiles), triton.cdiv(k, block_k)))
+def _splits(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int) -> tuple[int, int]:
+    """(splits, K per split) so that about programs_per_sm programs per SM stream the weight."""
+    split = max(1, min(triton.cdiv(programs_per_sm * _num_sms(device), tiles), triton.cdiv(k, block_k)))
     if tiles > _COUNTER_SLOTS:
         split = 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     return triton.cdiv(k, k_per_split), k_per_split
 
 
-def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, swap_ab: bool | None = None) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. swap_ab: the decode
-    kernel (default for M <= GEMV_MAX_ROWS)."""
+def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | None = None) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. kernel: "cores" (M <= 4),
+    "swap_ab" (M <= 64) or "m_major"; None picks by M, timing "cores" against "swap_ab" once per shape on a GPU."""
     m, k = x.shape
     n = weight.out_features
     block_k = _tile_k(weight.block[1])
-    swap_ab = m <= GEMV_MAX_ROWS if swap_ab is None else swap_ab
-    if swap_ab:
-        block_m, block_n = max(16, triton.next_power_of_2(m)), 128
+    kernel = kernel or _pick(x, weight)
+    programs_per_sm = _PROGRAMS_PER_SM
+    if kernel == "cores":
+        if m > CORES_MAX_ROWS:
+            raise ValueError(f"the CUDA-core kernel takes at most {CORES_MAX_ROWS} rows, got {m}")
+        block_m, block_n = triton.next_power_of_2(m), 32
         tiles = triton.cdiv(n, block_n)
         grid_mn: tuple[int, ...] = (tiles,)
-        kernel = quant_gemv_fwd_kernel
+        launch = quant_gemv_cores_fwd_kernel
+        # No MMA pipeline hides the loads' latency: more programs in flight instead.
+        programs_per_sm = 4 * _PROGRAMS_PER_SM
+    elif kernel == "swap_ab":
+        block_m, block_n = max(16, triton.next_power_of_2(m)), 128
+        tiles = triton.cdiv(n, block_n)
+        grid_mn = (tiles,)
+        launch = quant_gemv_fwd_kernel
     else:
         block_m = 16 if m <= 16 else 64
         block_n = 64 if m <= 64 else 128
         tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
         grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-        kernel = quant_matmul_fwd_kernel
-    split, k_per_split = _splits(tiles, k, block_k, x.device)
+        launch = quant_matmul_fwd_kernel
+    split, k_per_split = _splits(tiles, k, block_k, x.device, programs_per_sm)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     workspace = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else out
-    kernel[(*grid_mn, split)](
+    launch[(*grid_mn, split)](
         x, weight.data, weight.scale, o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
         stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
         stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=3, **_launch_args(weight),
     )
     return out
+
+
+# (format, zero points, N, K, rows) -> the faster of "cores" and "swap_ab", timed on the first eager call.
+_PICKED: dict[tuple, str] = {}
+
+
+def _pick(x: torch.Tensor, weight: QuantizedWeight) -> str:
+    m = x.shape[0]
+    if m > GEMV_MAX_ROWS:
+        return "m_major"
+    if m > CORES_MAX_ROWS or not x.is_cuda:
+        return "swap_ab"
+    key = (weight.method, weight.zero is not None, weight.out_features, weight.in_features, m)
+    if key not in _PICKED:
+        if torch.cuda.is_current_stream_capturing():
+            # No timing inside a graph capture (the decode graphs' eager warm pass has picked already).
+            return "swap_ab"
+        _PICKED[key] = min(("cores", "swap_ab"), key=lambda name: _time_us(x, weight, name))
+    return _PICKED[key]
+
+
+def _time_us(x: torch.Tensor, weight: QuantizedWeight, kernel: str) -> float:
+    """Median microseconds of one launch (after a compiling one), on the current stream."""
+    quant_matmul_fwd(x, weight, kernel)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        quant_matmul_fwd(x, weight, kernel)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return sorted(times)[len(times) // 2]
 
 
 def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,

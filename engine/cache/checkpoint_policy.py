@@ -56,7 +56,7 @@ def checkpoint_stops(
     step = math.lcm(max(interval, 1), page)
     deepest = align_down(last, step)
     stops.update(deepest - k * step for k in range(MAX_INTERVAL_CHECKPOINTS))
-    # Prompts shorter than a granule gain nothing worth a pass of their own.
+    # Prompts shorter than a granule gain nothing worth a checkpoint slot of their own.
     return sorted(s for s in stops if hit_tokens < s < prompt_len and s >= TAIL_GRANULE)
 
 

@@ -148,10 +148,12 @@ class StepRunner:
             for item in items:
                 self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
             return
+        # Every capture is published (or freed) before anything below can raise: none can leak.
+        for item, taken in zip(items, captures, strict=True):
+            self.cache.publish_captures(self.sequences[item.request.request_id], taken)
         finished: set[str] = set()
         for index, item in enumerate(items):
             seq = self.sequences[item.request.request_id]
-            self.cache.publish_captures(seq, captures[index])
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 # Publish the prefix; at a checkpoint stop with a copy of the SSM state (hybrid models can
                 # only reuse a prefix up to a node that holds one).

@@ -108,7 +108,7 @@ class DecodeGraphs:
 
     def can_run(self, items: list[BatchItem]) -> bool:
         """A decode-only pass of at most max_batch sequences whose table rows can be leased."""
-        if not 1 <= len(items) <= self.max_batch or any(len(item.token_ids) != 1 for item in items):
+        if not 1 <= len(items) <= self.max_batch or any(len(item.token_ids) != 1 or item.captures for item in items):
             return False
         if self.capture_graphs and len(items) not in self._graphs:
             return False

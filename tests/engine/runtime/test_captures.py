@@ -80,3 +80,35 @@ def test_captures_outside_the_chunk_are_refused(tiny_model_factory, captures):
     ids = random_prompt(vocab, 5, seed=0)
     with pytest.raises(ValueError, match="captures .* must be ascending and inside its 5 tokens"):
         runner.forward([BatchItem(new_sequence(runner, "x", ids), ids, captures)])
+
+
+def _capture_slot_leaks(llm) -> int:
+    """SSM slots neither free nor working nor held by the prefix cache's checkpoints."""
+    llm.cache.radix.evict_checkpoints(10_000)
+    return llm.cache.ssm_allocator.num_slots - llm.cache.ssm_allocator.num_free - llm.cache.num_working
+
+
+@pytest.mark.parametrize("failure", ["reserve", "forward"])
+def test_a_failed_llm_pass_leaks_no_capture_slot(tiny_model_factory, monkeypatch, failure):
+    """LLM.generate over two 300-token prompts (checkpoint stops inside the first chunk) where the second's KV
+    reservation or the pass itself fails: every capture slot taken is given back."""
+    from headroom.engine.llm import LLM, CapacityError
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    llm = LLM(str(model_dir), max_total_tokens=2048, ssm_slots=16, chunked_prefill_size=512)
+    prompts = [random_prompt(vocab, 300, seed=1), random_prompt(vocab, 300, seed=2)]
+    if failure == "reserve":
+        real = llm.cache.reserve
+        monkeypatch.setattr(llm.cache, "reserve", lambda seq, n: not seq.request_id.endswith("-1") and real(seq, n))
+        expected: type[Exception] = CapacityError
+    else:
+        def broken(items, all_positions=False):
+            assert any(item.captures for item in items), "the chunk has checkpoint stops inside"
+            raise RuntimeError("pass failed")
+
+        monkeypatch.setattr(llm.runner, "forward", broken)
+        expected = RuntimeError
+    with pytest.raises(expected):
+        llm.generate(prompts, max_new_tokens=1)
+    assert _capture_slot_leaks(llm) == 0
