@@ -69,6 +69,11 @@ class EngineLoop:
         return self.steps.scheduler
 
     @property
+    def compiles_kernels(self) -> bool:
+        """True on a GPU, where a kernel's first call at a new shape class compiles (Triton's JIT)."""
+        return self.runner.device.type == "cuda"
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self.runner.model_config.eos_token_ids)
 

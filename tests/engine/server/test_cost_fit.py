@@ -27,3 +27,30 @@ def test_small_passes_do_not_set_the_rate():
                StepStats(seconds=0.0041, num_prefill_tokens=1, num_decodes=1),
                StepStats(seconds=0.004, num_prefill_tokens=0, num_decodes=1)]
     assert fit_cost_model(timings).prefill_tokens_per_s == pytest.approx(4096 / 0.496)
+
+
+def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
+    """warm_up on a device that compiles kernels fits the pass cost on two timed passes run after everything
+    has compiled, never on the warm-up's own (compiling) prefills; on a CPU it fits the warm-up's passes."""
+    from headroom.engine.default_model import ensure_default_model
+    from headroom.engine.loop.engine_loop import EngineLoop
+    from headroom.engine.server import factory
+    from headroom.engine.server.factory import ServeOptions, build_state, warm_up
+
+    model = str(ensure_default_model(tmp_path / "m"))
+    seen: list[list[StepStats]] = []
+    real_fit = factory.fit_cost_model
+    monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
+    for gpu in (False, True):
+        monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self, gpu=gpu: gpu))
+        state = build_state(ServeOptions(model=model, context_length=1024, max_total_tokens=8192,
+                                         chunked_prefill_size=128, max_running_requests=4, max_new_tokens=64))
+        warm_up(state)
+        assert state.ready.is_set()
+        state.loop.stop()
+    cpu, gpu_fit = seen
+    prefill_sizes = {t.num_prefill_tokens for t in gpu_fit if t.num_prefill_tokens}
+    # Chunk 128 < TIMING_PASS_TOKENS: each timed pass is one full chunk of a fresh prompt, alone.
+    assert prefill_sizes == {128} and sum(1 for t in gpu_fit if t.num_prefill_tokens) == 2
+    assert any(t.num_prefill_tokens == 0 and t.num_decodes for t in gpu_fit)
+    assert len([t for t in cpu if t.num_prefill_tokens]) > 2
