@@ -374,23 +374,10 @@ def attention_tile_sweep() -> dict:
     return out
 
 
-def _kernels_by_name(prof, top: int = 30) -> dict:
-    """GPU kernel time of a profile, by kernel name (CUDA events only: CPU ops would count them twice)."""
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = by_name.setdefault(event.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += event.time_range.elapsed_us()
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"kernel_launches": sum(int(c) for c, _ in by_name.values()),
-            "kernel_time_ms": sum(t for _, t in by_name.values()) / 1000,
-            "top": [{"name": name[:100], "count": int(c), "ms": t / 1000} for name, (c, t) in ranked]}
-
-
 def profile_passes(model: Path) -> dict:
     """Where the time goes, through the LLM API with decode graphs: one 8,192-token prefill (wall vs kernel
     time) and 32 graphed decode steps at batch 1."""
+    from gpu_engine import kernels_by_name
     from headroom.engine.llm import LLM
     from torch.profiler import ProfilerActivity, profile
 
@@ -407,7 +394,7 @@ def profile_passes(model: Path) -> dict:
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             llm.generate(prompts, max_new_tokens=new, ignore_eos=True)
             torch.cuda.synchronize()
-        out[name] = {"wall_ms_profiled": (time.perf_counter() - started) * 1000, **_kernels_by_name(prof)}
+        out[name] = {"wall_ms_profiled": (time.perf_counter() - started) * 1000, **kernels_by_name(prof)}
         cpu = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:15]
         out[name]["cpu_top"] = [{"name": e.key[:80], "count": e.count, "cpu_ms": e.cpu_time_total / 1000} for e in cpu]
     return out

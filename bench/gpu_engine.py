@@ -359,20 +359,22 @@ def section_profile() -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step()
             torch.cuda.synchronize()
-        # GPU-side events only (the CPU ops' totals would count their kernels twice).
-        by_name: dict[str, list[float]] = {}
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                entry = by_name.setdefault(event.name, [0, 0.0])
-                entry[0] += 1
-                entry[1] += event.time_range.elapsed_us()
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
-        out[batch] = {
-            "kernel_launches": sum(int(c) for c, _ in by_name.values()),
-            "kernel_time_ms": sum(t for _, t in by_name.values()) / 1000,
-            "top": [{"name": name[:90], "count": int(c), "ms": t / 1000} for name, (c, t) in top],
-        }
+        out[batch] = kernels_by_name(prof, top=25)
     return out
+
+
+def kernels_by_name(prof, top: int = 30) -> dict:
+    """GPU kernel time of a torch profile, by kernel name (CUDA events only: CPU ops would count them twice)."""
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = by_name.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us()
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernel_launches": sum(int(c) for c, _ in by_name.values()),
+            "kernel_time_ms": sum(t for _, t in by_name.values()) / 1000,
+            "top": [{"name": name[:100], "count": int(c), "ms": t / 1000} for name, (c, t) in ranked]}
 
 
 SECTIONS = {"env": section_env, "roofline": section_roofline, "correctness": section_correctness, "perf": section_perf,

@@ -91,10 +91,13 @@ def quant_gemv_fwd_kernel(
     x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
     num_splits, IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, USE_MMA: tl.constexpr,
 ):
-    """Decode rows (M <= BLOCK_M): out.T = W @ x.T, so the weight tile is the MMA's wide A operand, loaded as
-    stored (K contiguous), and the few rows of x its narrow B operand ("swap AB")."""
+    """Decode rows (M <= BLOCK_M) against BLOCK_N weight rows a program.
+    USE_MMA ("swap AB"): out.T = W @ x.T, the weight tile the MMA's wide A operand, loaded as stored (K
+    contiguous), the few rows of x its narrow B operand. Otherwise ("cores", M <= 4) no MMA: each weight tile is
+    decoded once in registers and dotted with every row on the CUDA cores; int4 words stay [BLOCK_N, BLOCK_K / 8]
+    and unpack along a trailing axis of 8, matched by x read as [BLOCK_K / 8, 8], so no reshape moves data."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = tl.arange(0, BLOCK_M)
@@ -103,64 +106,57 @@ def quant_gemv_fwd_kernel(
     k_start = i_s * k_per_split
     for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
         k0 = k_start + i_k * BLOCK_K
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        b_xt = tl.load(x + o_m[None, :] * stride_xm + o_k[:, None], mask=m_m[None, :] & (o_k < K)[:, None], other=0.0)
-        b_w, b_s = _weight_tile(w, s, z, o_n, m_n, k0, K, stride_wn, stride_sn, stride_zn, b_xt.dtype, IS_INT4,
-                                HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
-        b_acc += tl.dot(b_w, b_xt, out_dtype=tl.float32) * b_s[:, None]
+        if USE_MMA:
+            o_k = k0 + tl.arange(0, BLOCK_K)
+            b_xt = tl.load(x + o_m[None, :] * stride_xm + o_k[:, None], mask=m_m[None, :] & (o_k < K)[:, None],
+                           other=0.0)
+            b_w, b_s = _weight_tile(w, s, z, o_n, m_n, k0, K, stride_wn, stride_sn, stride_zn, b_xt.dtype, IS_INT4,
+                                    HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
+            b_acc += tl.dot(b_w, b_xt, out_dtype=tl.float32) * b_s[:, None]
+        else:
+            b_acc += _cores_tile(x, w, s, z, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, stride_zn,
+                                 IS_INT4, HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_M, BLOCK_K)
     offsets = o_m[None, :] * N + o_n[:, None]
     _finish_split(b_acc, o + o_m[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
                   m_n[:, None] & m_m[None, :], num_splits, i_s, M * N, SPLIT)
 
 
 @triton.jit
-def quant_gemv_cores_fwd_kernel(
-    x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
-    num_splits, IS_INT4: tl.constexpr, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
+def _cores_tile(
+    x, w, s, z, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, stride_zn, IS_INT4: tl.constexpr,
+    HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """A few decode rows (M <= BLOCK_M <= 4) on the CUDA cores, no MMA: each weight tile is decoded once in
-    registers and dotted with every row. int4 words stay [BLOCK_N, BLOCK_K / 8] and are unpacked along a
-    trailing axis of 8, matched by x read as [BLOCK_K / 8, 8], so no reshape moves data between threads."""
-    i_n, i_s = tl.program_id(0), tl.program_id(1)
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_mm = tl.arange(0, BLOCK_M)
-    m_n = o_n < N
-    b_acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = i_s * k_per_split
-    for i_k in range(0, tl.cdiv(k_per_split, BLOCK_K)):
-        k0 = k_start + i_k * BLOCK_K
-        m_g = m_n & (o_n * 0 + k0 < K)
-        if IS_INT4:
-            o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            b_p = tl.load(w + o_n[:, None] * stride_wn + o_kw[None, :], mask=m_n[:, None] & (o_kw < tl.cdiv(K, 8))[None, :],
-                          other=0)
-            b_q = (b_p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
-            if HAS_ZERO:
-                b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
-                b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
-            else:
-                b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
-            b_w = (b_q - b_zero[:, None, None]).to(tl.float32)
-            b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-            o_k = (o_kw * 8)[:, None] + tl.arange(0, 8)[None, :]
-            for m in tl.static_range(BLOCK_M):
-                b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
-                part = tl.sum(tl.sum(b_w * b_x[None, :, :], 2), 1) * b_s
-                b_acc += tl.where((o_mm == m)[None, :], part[:, None], 0.0)
+    """[BLOCK_N, BLOCK_M] fp32: weight rows o_n, columns k0..k0+BLOCK_K, against each row of x, on CUDA cores."""
+    b_part = tl.zeros([o_n.shape[0], BLOCK_M], dtype=tl.float32)
+    m_g = m_n & (o_n * 0 + k0 < K)
+    if IS_INT4:
+        o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        b_p = tl.load(w + o_n[:, None] * stride_wn + o_kw[None, :], mask=m_n[:, None] & (o_kw < tl.cdiv(K, 8))[None, :],
+                      other=0)
+        b_q = (b_p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+        if HAS_ZERO:
+            b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
+            b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
         else:
-            o_k = k0 + tl.arange(0, BLOCK_K)
-            b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_n[:, None] & (o_k < K)[None, :],
-                          other=0.0).to(tl.float32)
-            b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-            for m in tl.static_range(BLOCK_M):
-                b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
-                part = tl.sum(b_w * b_x[None, :], 1) * b_s
-                b_acc += tl.where((o_mm == m)[None, :], part[:, None], 0.0)
-    offsets = o_mm[None, :] * N + o_n[:, None]
-    _finish_split(b_acc, o + o_mm[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
-                  m_n[:, None] & (o_mm < M)[None, :], num_splits, i_s, M * N, SPLIT)
+            b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
+        b_w = (b_q - b_zero[:, None, None]).to(tl.float32)
+        b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+        o_k = (o_kw * 8)[:, None] + tl.arange(0, 8)[None, :]
+        for m in tl.static_range(BLOCK_M):
+            b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
+            part = tl.sum(tl.sum(b_w * b_x[None, :, :], 2), 1) * b_s
+            b_part += tl.where((o_m == m)[None, :], part[:, None], 0.0)
+    else:
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_n[:, None] & (o_k < K)[None, :],
+                      other=0.0).to(tl.float32)
+        b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
+            part = tl.sum(b_w * b_x[None, :], 1) * b_s
+            b_part += tl.where((o_m == m)[None, :], part[:, None], 0.0)
+    return b_part
 
 
 @triton.jit
@@ -284,20 +280,20 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | Non
         block_m, block_n = triton.next_power_of_2(m), 32
         tiles = triton.cdiv(n, block_n)
         grid_mn: tuple[int, ...] = (tiles,)
-        launch = quant_gemv_cores_fwd_kernel
+        launch, extra = quant_gemv_fwd_kernel, {"USE_MMA": False}
         # No MMA pipeline hides the loads' latency: more programs in flight instead.
         programs_per_sm = 4 * _PROGRAMS_PER_SM
     elif kernel == "swap_ab":
         block_m, block_n = max(16, triton.next_power_of_2(m)), 128
         tiles = triton.cdiv(n, block_n)
         grid_mn = (tiles,)
-        launch = quant_gemv_fwd_kernel
+        launch, extra = quant_gemv_fwd_kernel, {"USE_MMA": True}
     else:
         block_m = 16 if m <= 16 else 64
         block_n = 64 if m <= 64 else 128
         tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
         grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-        launch = quant_matmul_fwd_kernel
+        launch, extra = quant_matmul_fwd_kernel, {}
     split, k_per_split = _splits(tiles, k, block_k, x.device, programs_per_sm)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     workspace = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else out
@@ -305,7 +301,7 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | Non
         x, weight.data, weight.scale, o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
         stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
         stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=3, **_launch_args(weight),
+        BLOCK_K=block_k, SPLIT=split > 1, num_warps=4, num_stages=3, **_launch_args(weight), **extra,
     )
     return out
 
