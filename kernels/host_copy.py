@@ -16,7 +16,15 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU tensor on device: as is on the CPU, else through pinned memory, asynchronously."""
     if device.type != "cuda":
         return host.to(device)
+    _refuse_in_capture()
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def _refuse_in_capture() -> None:
+    """A CUDA graph would record the copy from a staging buffer that is recycled once the capture ends, and
+    replay stale or foreign values: graphed passes must take every index from their static buffers."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("host-to-device copy inside a CUDA graph capture: give the graph a static buffer")
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -29,4 +37,5 @@ def copy_into(target: torch.Tensor, host: torch.Tensor) -> None:
     if target.device.type != "cuda":
         target.copy_(host)
         return
+    _refuse_in_capture()
     target.copy_(host.pin_memory(), non_blocking=True)
