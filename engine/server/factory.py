@@ -6,6 +6,8 @@ every kernel path serving uses has run once; its pass times calibrate the schedu
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import logging
 import threading
@@ -220,6 +222,14 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
                 config.chunked_prefill_size, f"{max_pass_s * 1000:.0f} ms" if max_pass_s else "none",
                 f"{config.itl_target_s * 1000:.0f} ms" if config.itl_target_s else "none", cost.fixed_s * 1000,
                 cost.prefill_tokens_per_s)
+    # Everything alive now (imports, weights' Python objects, the model) lives as long as the server: move it
+    # out of the collector's sight, so that a full collection set off by a request's objects (a 30,000-part
+    # body parses into as many dicts) scans those alone instead of pausing every thread for the whole heap.
+    # Collect first, so that only live objects are frozen; unfreeze at exit, so that the interpreter's final
+    # collections still see them (nanobind reported Triton's bindings as leaked otherwise).
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
     loop.start()
     state.ready.set()
 
