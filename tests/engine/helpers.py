@@ -64,3 +64,17 @@ def reference_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
     for _ in range(num_tokens):
         out.append(int(reference_logits(model, ids + out)[-1].argmax()))
     return out
+
+
+def perturb_hybrid(model: torch.nn.Module, seed: int) -> None:
+    """Randomise every parameter of a tiny hybrid (MoE or dense) model in place: A_log uniform in [-1, 1), the
+    MoE router drawn afresh (transformers starts it at 0: uniform routing), the rest shifted by N(0, 0.1)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
+            elif name.endswith("mlp.gate.weight"):
+                param.copy_(torch.randn(param.shape, generator=generator))
+            else:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.engine.helpers import perturb_hybrid
+
 # Sizes whose input widths (48, 80, 32) divide the group of 16: compressed-tensors refuses uneven groups.
 # A vocabulary past the byte tokenizer's 259 ids: the server's warm-up prompts are bytes.
 QWEN3_5 = dict(vocab_size=301, hidden_size=48, intermediate_size=80, num_hidden_layers=4, num_attention_heads=3,
@@ -34,15 +36,7 @@ def build_dense(kind: str, out: Path, seed: int = 0) -> Path:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**QWEN3_5, rope_parameters=rope))
     else:
         model = Qwen3NextForCausalLM(Qwen3NextConfig(**QWEN3_NEXT, rope_parameters=rope))
-    generator = torch.Generator().manual_seed(100 + seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
-            elif name.endswith("mlp.gate.weight"):
-                param.copy_(torch.randn(param.shape, generator=generator))
-            else:
-                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    perturb_hybrid(model, 100 + seed)
     model.float().save_pretrained(out, safe_serialization=True)
     return out
 

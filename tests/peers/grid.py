@@ -39,6 +39,23 @@ class Case:
         )
 
 
+def random_cases(engine: str):
+    """A hypothesis strategy over the grid's axes for `engine`, with max_running_requests drawn too."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def cases(draw) -> Case:
+        sessions, tokens = draw(st.sampled_from(SESSIONS))
+        return Case(
+            preset=draw(st.sampled_from(["qwen3.5-4b", "qwen3.5-27b", "qwen3-next-80b-a3b", "seed-27b-int2"])),
+            gpu_gib=draw(st.sampled_from(GPU_GIB)), kv_dtype=draw(st.sampled_from(KV_DTYPES)),
+            tp=draw(st.sampled_from(TPS)), sessions=sessions, session_tokens=tokens, engine=engine,
+            running=draw(st.one_of(st.none(), st.sampled_from([1, 4, 16]))),
+        )
+
+    return cases()
+
+
 def grid(engine: str) -> list[Case]:
     return [
         Case(preset, gpu, kv, tp, sessions, tokens, engine)

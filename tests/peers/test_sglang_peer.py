@@ -9,10 +9,9 @@ from headroom.engine.plan import PlanRefused, make_plan
 from headroom.engine.plan.engines import Layout, engine_model
 from headroom.engine.plan.engines.sglang import CUDA_CONTEXT_BYTES, TP_COMMUNICATOR_BYTES, SGLangEngine
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from tests.peers.conftest import PEERS_SITE
-from tests.peers.grid import GPU_GIB, KV_DTYPES, SESSIONS, TPS, Case
+from tests.peers.grid import Case, random_cases
 from tests.peers.sglang_rules import BASE_RATIO, outcome
 
 SRT = PEERS_SITE / "sglang" / "srt"
@@ -44,17 +43,6 @@ def test_transcriptions_match_their_source_lines() -> None:
     pool = _source("mem_cache/memory_pool.py")
     assert "mid = self.mamba_allocator.alloc(1)" in pool and "self._alloc_ping_pong_buffer(req)" in pool
     assert "reserved_mem = 512" in _source("arg_groups/memory_hook.py")
-
-
-@st.composite
-def cases(draw) -> Case:
-    sessions, tokens = draw(st.sampled_from(SESSIONS))
-    return Case(
-        preset=draw(st.sampled_from(["qwen3.5-4b", "qwen3.5-27b", "qwen3-next-80b-a3b", "seed-27b-int2"])),
-        gpu_gib=draw(st.sampled_from(GPU_GIB)), kv_dtype=draw(st.sampled_from(KV_DTYPES)),
-        tp=draw(st.sampled_from(TPS)), sessions=sessions, session_tokens=tokens, engine="sglang",
-        running=draw(st.one_of(st.none(), st.sampled_from([1, 4, 16]))),
-    )
 
 
 def check_sglang_plan(parser, case: Case) -> str:
@@ -89,7 +77,7 @@ def check_sglang_plan(parser, case: Case) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
+@given(random_cases("sglang"))
 def test_every_sglang_plan_parses_and_sizes_as_promised(sglang_parser, case: Case) -> None:
     check_sglang_plan(sglang_parser, case)
 

@@ -9,10 +9,9 @@ from headroom.engine.plan import PlanRefused, make_plan
 from headroom.engine.plan.engines import Layout, engine_model
 from headroom.engine.plan.engines.vllm import STARTUP_OVERHEAD_BYTES, TP_COMMUNICATOR_BYTES, VLLMEngine
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from tests.peers.conftest import PEERS_SITE
-from tests.peers.grid import GPU_GIB, KV_DTYPES, SESSIONS, TPS, Case
+from tests.peers.grid import Case, random_cases
 
 _TORCH_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -74,17 +73,6 @@ def block_pool(args, geometry, tp: int):
     return block_size, group * page, -(-n_attn // group), -(-n_state // group), states_per_running
 
 
-@st.composite
-def cases(draw) -> Case:
-    sessions, tokens = draw(st.sampled_from(SESSIONS))
-    return Case(
-        preset=draw(st.sampled_from(["qwen3.5-4b", "qwen3.5-27b", "qwen3-next-80b-a3b", "seed-27b-int2"])),
-        gpu_gib=draw(st.sampled_from(GPU_GIB)), kv_dtype=draw(st.sampled_from(KV_DTYPES)),
-        tp=draw(st.sampled_from(TPS)), sessions=sessions, session_tokens=tokens, engine="vllm",
-        running=draw(st.one_of(st.none(), st.sampled_from([1, 4, 16]))),
-    )
-
-
 def check_vllm_plan(vllm_serve, case: Case) -> str:
     request = case.request()
     try:
@@ -121,7 +109,7 @@ def check_vllm_plan(vllm_serve, case: Case) -> str:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
+@given(random_cases("vllm"))
 def test_every_vllm_plan_parses_and_fits_its_pool(vllm_serve, case: Case) -> None:
     check_vllm_plan(vllm_serve, case)
 

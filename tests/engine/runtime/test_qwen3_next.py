@@ -18,6 +18,7 @@ from tests.engine.helpers import (
     assert_hit_then_rest_equals_cold_run,
     chunked_logits,
     new_sequence,
+    perturb_hybrid,
     random_prompt,
     reference_logits,
 )
@@ -63,15 +64,7 @@ def _build(index: int, out_dir):
     model.set_experts_implementation("eager")
     # transformers starts norms at 0 and the router at 0 (uniform routing); randomise every parameter so
     # that (1 + w) versus w, a swapped tensor or a wrong expert cannot go unnoticed.
-    generator = torch.Generator().manual_seed(100 + index)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
-            elif name.endswith("mlp.gate.weight"):
-                param.copy_(torch.randn(param.shape, generator=generator))
-            else:
-                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    perturb_hybrid(model, 100 + index)
     model = model.float().eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     return model
