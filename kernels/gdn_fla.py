@@ -34,8 +34,7 @@ def use_tuned_fla_configs(device: torch.device) -> str | None:
         return None
     if not TUNED_CONFIGS.exists():
         return None
-    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
-    tuned = json.loads(TUNED_CONFIGS.read_text()).get(gpu)
+    tuned = json.loads(TUNED_CONFIGS.read_text()).get(_gpu_name(device))
     if not tuned or tuned.get("versions") != _versions():
         return None
     folder = Path(tempfile.mkdtemp(prefix="headroom-fla-configs-"))
@@ -44,6 +43,11 @@ def use_tuned_fla_configs(device: torch.device) -> str | None:
     os.environ["FLA_CACHE_MODE"] = "fuzzy"
     os.environ["FLA_CONFIG_DIR"] = str(folder)
     return str(folder)
+
+
+def _gpu_name(device: torch.device | None = None) -> str:
+    """The GPU's name as fla names its config folders (its sanitize_gpu_name): 'NVIDIA H200' -> 'NVIDIA_H200'."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
 
 
 def _versions() -> dict[str, str]:
@@ -67,8 +71,7 @@ def harvest_fla_configs() -> dict:
                 "num_ctas": cfg.num_ctas, "maxnreg": cfg.maxnreg}} for key, cfg in tuner.cache.items()}
             kernels.setdefault(tuner.kernel_name, {"kernel_name": tuner.kernel_name, "autotune_entries": {}})
             kernels[tuner.kernel_name]["autotune_entries"].update(entries)
-    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name()).strip("_")
-    return {gpu: {"versions": _versions(), "kernels": kernels}}
+    return {_gpu_name(): {"versions": _versions(), "kernels": kernels}}
 
 
 def fla_available() -> bool:

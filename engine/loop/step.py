@@ -133,7 +133,7 @@ class StepRunner:
             seq = self.sequences[item.request.request_id]
             end = item.start + item.num_tokens
             # A hybrid prefill runs through its checkpoint stops; the pass leaves each stop's state in a slot.
-            taken = self.cache.take_captures(seq, item.start, end) if seq.num_computed_tokens < seq.num_prompt_tokens else []
+            taken = self.cache.take_captures(seq, item.start, end) if seq.is_prefilling else []
             captures.append(taken)
             batch.append(BatchItem(seq, seq.tokens_between(item.start, end),
                                    tuple((stop - item.start, slot) for stop, slot in taken)))

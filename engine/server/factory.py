@@ -170,22 +170,25 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
 
     loop.on_step = lambda stats, _: timings.append(stats)
     loop.steps.emit = record
+
+    def add(name: str, size: int, new_tokens: int, stride: int, offset: int) -> None:
+        """A warm-up request of `size` tokens, each family its own token pattern (no prefix hits between them)."""
+        tokens = [(stride * i + offset) % vocab for i in range(size)]
+        loop.steps.add(Sequence(name, tokens, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)), frozenset())
+
     try:
         # Before any request: capture decodes placeholders through the first slots of the pools.
         report = loop.capture_decode_graphs()
         if report.batch_sizes:
             logger.info("captured decode CUDA graphs for batch 1..%d in %.1f s (graph pool %d MiB)",
                         max(report.batch_sizes), report.seconds, report.pool_bytes // 2**20)
-        loop.steps.add(Sequence("warmup-decode", [1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True)),
-                       frozenset())
-        loop.steps.add(Sequence("warmup-long", [(7 * i) % vocab for i in range(length)],
-                                SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+        add("warmup-decode", 3, 8, 1, 1)
+        add("warmup-long", length, 2, 7, 0)
         # Short prompts too: a length that is no multiple of 16 and one with checkpoint stops inside compile
         # kernel specialisations of their own; left to the first user request, they took 1.4 s on the H200.
         for name, size in WARMUP_SHORT_PROMPTS:
             if size < length:
-                loop.steps.add(Sequence(name, [(11 * i + 5) % vocab for i in range(size)],
-                                        SamplingParams(max_new_tokens=2, ignore_eos=True)), frozenset())
+                add(name, size, 2, 11, 5)
         started = time.perf_counter()
         loop.run_until_idle()
         if timings:
@@ -199,8 +202,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             timings.clear()
             size = min(chunk, TIMING_PASS_TOKENS, state.context_length - 2)
             for i in range(2):
-                loop.steps.add(Sequence(f"warmup-timing-{i}", [(13 * j + 7 * i + 3) % vocab for j in range(size)],
-                                        SamplingParams(max_new_tokens=1, ignore_eos=True)), frozenset())
+                add(f"warmup-timing-{i}", size, 1, 13, 7 * i + 3)
                 loop.run_until_idle()
             timings.extend(decodes)
         # Ready means every tensor-parallel rank has run the warm-up too.
