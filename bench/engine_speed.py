@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -100,7 +101,8 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
                 time.sleep(0.25)
             out["cold_start_s"] = time.perf_counter() - started
             out["start_up_log"] = [line for line in log_path.read_text().splitlines() if "start-up" in line
-                                   or "fla kernel configs" in line or "captured decode" in line]
+                                   or "fla kernel configs" in line or "captured decode" in line
+                                   or "scheduler:" in line]
             if cold_start_only:
                 state["cold_start_tuned_s"] = out["cold_start_s"]
                 return out
@@ -146,9 +148,15 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
                 out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65}
                 state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
             out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
+            compiles = [line for line in out["metrics"] if line.startswith("headroom_kernel_compiles_after_ready_total")]
+            out["kernel_compiles_after_ready"] = float(compiles[0].split()[-1]) if compiles else None
     finally:
         server.terminate()
         server.wait(60)
+        # The server's whole log (which kernels compiled after /ready, and in which request) goes with the results.
+        out["compiled_while_serving"] = [line[-500:] for line in log_path.read_text().splitlines()
+                                         if "kernel compiled while serving" in line][:60]
+        shutil.copy(log_path, Path(sys.argv[1]) / log_path.name)
     return out
 
 

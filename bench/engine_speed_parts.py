@@ -412,5 +412,4 @@ def save_fla_configs(outdir: Path) -> dict:
     text = json.dumps({**shipped, **harvested}, indent=1, sort_keys=True)
     (outdir / "fla_tuned_configs.json").write_text(text)
     TUNED_CONFIGS.write_text(text)
-    return {gpu: {kernel: len(c["autotune_entries"]) for kernel, c in v["kernels"].items()}
-            for gpu, v in harvested.items()}
+    return {gpu: {kernel: len(keys) for kernel, keys in v["autotuners"].items()} for gpu, v in harvested.items()}

@@ -16,7 +16,9 @@ serve_cmd='import sys; from headroom.main import main; sys.exit(main())'
 base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
 base="$base --max-running-requests 16 --chunked-prefill-size 8192"
 port=18080
-for run in "fair:--scheduler-policy fair" "fcfs:--strict-fcfs" "short_first:"; do
+# CONTENTION_RUNS: label:flags entries separated by '|' (default the three schedulers), e.g. a --max-pass-ms sweep.
+IFS='|' read -r -a runs <<< "${CONTENTION_RUNS:-fair:--scheduler-policy fair|fcfs:--strict-fcfs|short_first:}"
+for run in "${runs[@]}"; do
   label=${run%%:*}; flags=${run#*:}; port=$((port + 1))
   # shellcheck disable=SC2086
   (cd /tmp && exec python3 -c "$serve_cmd" serve $base --port $port $flags) > "$out/serve_$label.log" 2>&1 &
@@ -41,7 +43,7 @@ runs = {p.stem.split("_", 1)[1]: json.loads(p.read_text()) for p in sorted(out.g
 (out / "contention.json").write_text(json.dumps({"command": "bash bench/gpu_contention.sh OUT", "runs": runs}, indent=2))
 for label, r in runs.items():
     c, g = r["contention"], r["decode_gaps"]
-    print(label, "short", round(c["short_ttft_s"], 3), "idle", round(r["idle"]["short_ttft_s"], 3),
+    print(label, "short", round(c["short_ttft_s"], 3), c.get("question_ttfts_s"), "idle", round(r["idle"]["short_ttft_s"], 3),
           "long", [round(t, 2) for t in c["long_ttfts_s"]], "agg", round(c["aggregate_prefill_tok_s"]),
           "lone", round(r["lone"]["prefill_tok_s"] or 0), "gaps p50/p95", round(g["itl_p50_s"], 4), round(g["itl_p95_s"], 4),
           "idle itl", round(r["idle"]["itl_p50_s"], 4), "prefill w/ decodes", round(g["prefill_tok_s"]))

@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants.
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_fwd_kernel(
     parts, lses, out, out_lse, num_splits, num_heads, head_dim,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,

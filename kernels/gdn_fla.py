@@ -14,39 +14,40 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from headroom.kernels.gated_delta import naive_gated_delta_rule
 
-# fla's kernels autotune on first use: several configs compiled and timed per kernel and shape class, a large
-# part of a cold start. This file holds the configs they picked on a GPU (bench/engine_speed.py's fla_configs
-# part), per GPU and for the fla and Triton versions that picked them; fla reads them through its own config
-# cache (FLA_CACHE_MODE=fuzzy), and any kernel or key it does not find still autotunes.
+# fla's kernels autotune on first use: several configs compiled and timed per kernel and key, a large part of
+# a cold start (62 s of the first warm-up pass on the H200). This file holds the configs they picked on a GPU
+# (bench/engine_speed.py's fla_configs part), per GPU and for the fla and Triton versions that picked them.
+# They are put into the autotuners' own caches (Triton's Autotuner.cache, which fla's CachedAutotuner extends)
+# right after fla is imported, so a shipped key compiles one config instead of timing all; any other key
+# still autotunes.
 TUNED_CONFIGS = Path(__file__).with_name("fla_tuned_configs.json")
+_CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+# The shipped entries for this GPU, waiting for fla's import (use_tuned_fla_configs sets them).
+_pending: dict[str, dict[str, dict]] | None = None
 
 
 def use_tuned_fla_configs(device: torch.device) -> str | None:
-    """Before fla's first import: point fla at the shipped configs for this GPU, unless the user set
-    FLA_CACHE_MODE or the versions differ. Returns the directory used, or None."""
-    if device.type != "cuda" or "FLA_CACHE_MODE" in os.environ or "fla.ops.utils.cache" in sys.modules:
-        return None
-    if not TUNED_CONFIGS.exists():
+    """Before fla's first use: take the shipped configs for this GPU, unless the user set FLA_CACHE_MODE (fla's
+    own config cache) or the versions differ. Returns what was taken, for the log, or None."""
+    global _pending
+    if device.type != "cuda" or "FLA_CACHE_MODE" in os.environ or not TUNED_CONFIGS.exists():
         return None
     tuned = json.loads(TUNED_CONFIGS.read_text()).get(_gpu_name(device))
     if not tuned or tuned.get("versions") != _versions():
         return None
-    folder = Path(tempfile.mkdtemp(prefix="headroom-fla-configs-"))
-    for kernel, content in tuned["kernels"].items():
-        (folder / f"{kernel}.json").write_text(json.dumps(content))
-    os.environ["FLA_CACHE_MODE"] = "fuzzy"
-    os.environ["FLA_CONFIG_DIR"] = str(folder)
-    return str(folder)
+    # Seeded by gated_delta_rule_varlen once fla's modules are imported.
+    _pending = tuned["autotuners"]
+    return f"{sum(len(v) for v in _pending.values())} keys of {len(_pending)} kernels"
 
 
 def _gpu_name(device: torch.device | None = None) -> str:
-    """The GPU's name as fla names its config folders (its sanitize_gpu_name): 'NVIDIA H200' -> 'NVIDIA_H200'."""
+    """The GPU's name with one separator: 'NVIDIA H200' -> 'NVIDIA_H200'."""
     return re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
 
 
@@ -54,24 +55,51 @@ def _versions() -> dict[str, str]:
     return {name: importlib.metadata.version(dist) for name, dist in (("fla", "fla-core"), ("triton", "triton"))}
 
 
-def harvest_fla_configs() -> dict:
-    """The configs fla's autotuners hold in this process, as TUNED_CONFIGS stores them for this GPU (run after
-    the shapes serving uses have run)."""
-    from fla.ops.utils.cache import AutotuneKey, CachedAutotuner
+def _autotuners() -> dict[str, Any]:
+    """Every Triton autotuner fla has defined so far, by 'module:attribute' (heuristics wrappers unwrapped)."""
+    from triton.runtime.autotuner import Autotuner
 
-    kernels: dict = {}
+    found: dict[str, Any] = {}
     for name, module in list(sys.modules.items()):
         if not name.startswith("fla.") or module is None:
             continue
-        for tuner in vars(module).values():
-            if not isinstance(tuner, CachedAutotuner) or not tuner.cache:
-                continue
-            entries = {AutotuneKey.key_hash(key): {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": {
-                "kwargs": dict(cfg.kwargs), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                "num_ctas": cfg.num_ctas, "maxnreg": cfg.maxnreg}} for key, cfg in tuner.cache.items()}
-            kernels.setdefault(tuner.kernel_name, {"kernel_name": tuner.kernel_name, "autotune_entries": {}})
-            kernels[tuner.kernel_name]["autotune_entries"].update(entries)
-    return {_gpu_name(): {"versions": _versions(), "kernels": kernels}}
+        for attribute, obj in list(vars(module).items()):
+            for _ in range(4):
+                if isinstance(obj, Autotuner) or obj is None:
+                    break
+                obj = getattr(obj, "fn", None)
+            if isinstance(obj, Autotuner):
+                found[f"{name}:{attribute}"] = obj
+    return found
+
+
+def _describe(config: Any) -> dict:
+    return {"kwargs": dict(config.kwargs), **{field: getattr(config, field, None) for field in _CONFIG_FIELDS}}
+
+
+def harvest_fla_configs() -> dict:
+    """The configs fla's autotuners picked in this process, as TUNED_CONFIGS stores them for this GPU (run after
+    the shapes serving uses have run)."""
+    autotuners = {name: {json.dumps(list(key), default=str): _describe(config) for key, config in tuner.cache.items()}
+                  for name, tuner in _autotuners().items() if tuner.cache}
+    return {_gpu_name(): {"versions": _versions(), "autotuners": autotuners}}
+
+
+def _seed_autotuners() -> int:
+    """Put the pending shipped configs into fla's autotuner caches; returns the keys seeded. A config that is no
+    longer among the kernel's candidates is skipped (that key autotunes as usual)."""
+    global _pending
+    if not _pending:
+        return 0
+    seeded = 0
+    for name, tuner in _autotuners().items():
+        for key, wanted in _pending.get(name, {}).items():
+            match = next((c for c in tuner.configs if _describe(c) == wanted), None)
+            if match is not None:
+                tuner.cache.setdefault(tuple(json.loads(key)), match)
+                seeded += 1
+    _pending = None
+    return seeded
 
 
 def fla_available() -> bool:
@@ -108,6 +136,8 @@ def gated_delta_rule_varlen(
     _check(q, k, v, g, beta, states, cu_seqlens)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
+    if _pending:
+        _seed_autotuners()
     if is_decode is None:
         is_decode = q.shape[0] == cu_seqlens.shape[0] - 1
     args = {"g": g[None].float(), "beta": beta[None].to(q.dtype), "initial_state": states.float(),

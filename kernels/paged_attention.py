@@ -63,7 +63,9 @@ def _load_tile(
     return tl.load(p_x, mask=m_tile, other=0).to(tl.float32)
 
 
-@triton.jit
+# NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
+# rest, and the split count follows the batch's shape (a 30-token prompt alone compiled one while serving).
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def paged_attention_fwd_kernel(
     q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens,
     k, v, k_scale, k_zero, v_scale, v_zero, sm_scale,
@@ -239,7 +241,8 @@ def paged_attention(
     if num_splits is None:
         group = q.shape[1] // kv.num_kv_heads
         tiles = kv_table.shape[0] * math.ceil(max_q_len * group / _block_m(max_q_len * group)) * kv.num_kv_heads
-        num_splits = max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles))
+        # A power of two: the merge kernel's tile (BLOCK_S) then takes a few values, all met by the warm-up.
+        num_splits = 1 << (max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
     )

@@ -20,6 +20,7 @@ from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.scheduler.types import SchedulerConfig
 from headroom.engine.sequence import Sequence
+from headroom.kernels.compile_watch import CompileWatch
 
 logger = logging.getLogger("headroom.engine")
 
@@ -72,6 +73,13 @@ class EngineLoop:
     def compiles_kernels(self) -> bool:
         """True on a GPU, where a kernel's first call at a new shape class compiles (Triton's JIT)."""
         return self.runner.device.type == "cuda"
+
+    def watch_compiles(self) -> CompileWatch | None:
+        """Count (and report through the returned watch) every Triton compile from now on; None off the GPU."""
+        if not self.compiles_kernels:
+            return None
+        watch = CompileWatch()
+        return watch if watch.install() else None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

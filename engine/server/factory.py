@@ -145,6 +145,14 @@ def build_state(options: ServeOptions) -> ServerState:
 
 # (request id, prompt tokens) of the warm-up's short prompts.
 WARMUP_SHORT_PROMPTS = (("warmup-short", 37), ("warmup-stops", 300))
+# On a GPU, prompts of these lengths then run one at a time, and WARMUP_CONCURRENT = (count, tokens) of them at
+# once. A prompt alone is a pass shape of its own: the attention kernel's query tile and key split follow the
+# pass's rows, and Triton specialises integer arguments on 1 and on multiples of 16. Met first inside a request,
+# such a shape compiled there: 1.8 s for a lone 30-token prompt on the H200, after the old warm-up.
+WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
+WARMUP_CONCURRENT = (8, 64)
+# After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
+COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
 # Prefill tokens of each of the two timed passes the pass-cost fit uses on a GPU.
 TIMING_PASS_TOKENS = 2048
 
@@ -176,6 +184,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         tokens = [(stride * i + offset) % vocab for i in range(size)]
         loop.steps.add(Sequence(name, tokens, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)), frozenset())
 
+    watch = loop.watch_compiles()
     try:
         # Before any request: capture decodes placeholders through the first slots of the pools.
         report = loop.capture_decode_graphs()
@@ -196,6 +205,15 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             logger.info("start-up: warm-up ran %d passes in %.1f s (the first %.1f s)", len(timings),
                         time.perf_counter() - started, timings[0].seconds)
         if loop.compiles_kernels:
+            offsets = iter(range(100, 10**6))
+            for size in WARMUP_ALONE_PROMPTS:
+                if size < length:
+                    add(f"warmup-alone-{size}", size, 2, 17, next(offsets))
+                    loop.run_until_idle()
+            count, size = WARMUP_CONCURRENT
+            for i in range(min(count, loop.scheduler.config.max_running_requests)):
+                add(f"warmup-together-{i}", min(size, length - 1), 2, 19, next(offsets))
+            loop.run_until_idle()
             # Those passes paid for the compiling (on a cold H200 both full chunks took seconds, the fit came out
             # at 2.7K tokens/s, and the pass bound cut 8K prompts into three passes): time clean ones for the fit.
             decodes = [t for t in timings if t.num_prefill_tokens == 0]
@@ -232,8 +250,26 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+    if watch is not None:
+        logger.info("start-up: the warm-up compiled %d Triton kernel specialisations", watch.count)
+        watch.on_compile = _compile_reporter(state, watch.count)
     loop.start()
     state.ready.set()
+
+
+def _compile_reporter(state: ServerState, before_ready: int):
+    """What each Triton compile after /ready does: count it in /metrics and name it in the log."""
+    seen = [0]
+
+    def report(kernel: str) -> None:
+        seen[0] += 1
+        state.metrics.kernel_compiles.inc()
+        if seen[0] <= COMPILE_LOG_FIRST or seen[0] % COMPILE_LOG_EVERY == 0:
+            logger.warning("kernel compiled while serving (compile %d after /ready, %d before): a pass shape the "
+                           "warm-up did not run, paid by the request in that pass: %s", seen[0], before_ready,
+                           kernel[:400])
+
+    return report
 
 
 def fit_cost_model(timings: list[StepStats]) -> PassCostModel:

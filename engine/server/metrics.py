@@ -65,6 +65,10 @@ class EngineMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.pass_seconds = Histogram("headroom_pass_seconds", "forward pass wall time",
                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.kernel_compiles = Counter(
+            "headroom_kernel_compiles_after_ready",
+            "Triton kernel specialisations compiled after /ready (each inside a request; the warm-up missed them)",
+            registry=r)
         self.prefix = {key: Counter(name, text, registry=r) for key, (name, text) in _PREFIX_COUNTERS.items()}
         self._prefix_seen = dict.fromkeys(_PREFIX_COUNTERS, 0)
         # refresh runs on the engine thread (after a pass) and on the event loop (/metrics).

@@ -1,46 +1,75 @@
-"""The shipped fla kernel configs (kernels/gdn_fla.py's use_tuned_fla_configs): used only for the GPU and the
-fla/Triton versions that picked them, never over a user's FLA_CACHE_MODE, written where fla's config cache
-reads them."""
+"""The shipped fla kernel configs (kernels/gdn_fla.py): harvested from fla's autotuners, put back into their
+caches only for the GPU and the fla/Triton versions that picked them, never over a user's FLA_CACHE_MODE, and
+never as a config the kernel no longer offers."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
+import types
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from headroom.kernels import gdn_fla
 
 VERSIONS = {"fla": "0.6.0", "triton": "3.6.0"}
-KERNEL = {"kernel_name": "chunk_fwd_kernel_o", "autotune_entries": {"abc": {
-    "autotune_key": [64, "torch.bfloat16"], "config": {"kwargs": {"BK": 64}, "num_warps": 4, "num_stages": 2,
-                                                        "num_ctas": 1, "maxnreg": None}}}}
+CONFIGS = [triton.Config({"BLOCK": 16}, num_warps=1), triton.Config({"BLOCK": 32}, num_warps=4, num_stages=2)]
+
+
+@triton.jit
+def _kernel(x, n, BLOCK: tl.constexpr):
+    tl.store(x + tl.arange(0, BLOCK), 0.0, mask=tl.arange(0, BLOCK) < n)
+
+
+def _tuner():
+    return triton.autotune(configs=list(CONFIGS), key=["n"])(_kernel)
 
 
 @pytest.fixture
-def shipped(tmp_path, monkeypatch):
-    if "fla.ops.utils.cache" in sys.modules:
-        pytest.skip("fla is already imported in this process: its cache mode is fixed")
+def fake_fla(tmp_path, monkeypatch):
+    """A module under fla. holding one autotuner (the scan finds it as fla's), this GPU an H200, and the shipped
+    file somewhere of the test's own."""
+    module = types.ModuleType("fla.ops.fake")
+    module.kernel = _tuner()
+    monkeypatch.setitem(sys.modules, "fla.ops.fake", module)
     path = tmp_path / "fla_tuned_configs.json"
-    path.write_text(json.dumps({"NVIDIA_H200": {"versions": VERSIONS, "kernels": {"chunk_fwd_kernel_o": KERNEL}}}))
     monkeypatch.setattr(gdn_fla, "TUNED_CONFIGS", path)
     monkeypatch.setattr(gdn_fla, "_versions", lambda: dict(VERSIONS))
+    monkeypatch.setattr(gdn_fla, "_pending", None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.delenv("FLA_CACHE_MODE", raising=False)
-    monkeypatch.delenv("FLA_CONFIG_DIR", raising=False)
-    return path
+    return module, path
 
 
-def test_configs_for_this_gpu_are_written_for_fla(shipped, monkeypatch):
-    folder = gdn_fla.use_tuned_fla_configs(torch.device("cuda"))
-    assert folder is not None
-    assert json.loads((gdn_fla.Path(folder) / "chunk_fwd_kernel_o.json").read_text()) == KERNEL
-    assert os.environ["FLA_CACHE_MODE"] == "fuzzy" and os.environ["FLA_CONFIG_DIR"] == folder
+def test_harvested_configs_seed_a_fresh_autotuner(fake_fla):
+    module, path = fake_fla
+    module.kernel.cache[(64, "torch.float32")] = CONFIGS[1]
+    path.write_text(json.dumps(gdn_fla.harvest_fla_configs()))
+    assert json.loads(path.read_text())["NVIDIA_H200"]["versions"] == VERSIONS
+    module.kernel = _tuner()  # a fresh process: nothing tuned yet
+    assert gdn_fla.use_tuned_fla_configs(torch.device("cuda")) == "1 keys of 1 kernels"
+    assert gdn_fla._seed_autotuners() == 1
+    # The kernel's own candidate object, so Triton compiles exactly that one and times nothing.
+    assert module.kernel.cache == {(64, "torch.float32"): module.kernel.configs[1]}
+
+
+def test_a_config_the_kernel_no_longer_offers_is_not_seeded(fake_fla):
+    module, path = fake_fla
+    gone = {"kwargs": {"BLOCK": 128}, "num_warps": 8, "num_stages": 3, "num_ctas": 1, "maxnreg": None}
+    path.write_text(json.dumps({"NVIDIA_H200": {"versions": VERSIONS, "autotuners": {
+        "fla.ops.fake:kernel": {json.dumps([64, "torch.float32"]): gone}}}}))
+    assert gdn_fla.use_tuned_fla_configs(torch.device("cuda")) is not None
+    assert gdn_fla._seed_autotuners() == 0 and module.kernel.cache == {}
 
 
 @pytest.mark.parametrize("case", ["other gpu", "other versions", "user's mode", "cpu"])
-def test_configs_are_left_alone(shipped, monkeypatch, case):
+def test_configs_are_left_alone(fake_fla, monkeypatch, case):
+    module, path = fake_fla
+    module.kernel.cache[(64, "torch.float32")] = CONFIGS[0]
+    path.write_text(json.dumps(gdn_fla.harvest_fla_configs()))
+    module.kernel = _tuner()
     device = torch.device("cuda")
     if case == "other gpu":
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
@@ -51,4 +80,4 @@ def test_configs_are_left_alone(shipped, monkeypatch, case):
     else:
         device = torch.device("cpu")
     assert gdn_fla.use_tuned_fla_configs(device) is None
-    assert os.environ.get("FLA_CONFIG_DIR") is None
+    assert gdn_fla._seed_autotuners() == 0 and module.kernel.cache == {}

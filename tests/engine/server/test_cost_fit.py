@@ -39,10 +39,14 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
 
     model = str(ensure_default_model(tmp_path / "m"))
     seen: list[list[StepStats]] = []
+    names: list[list[str]] = []
+    real_sequence = factory.Sequence
+    monkeypatch.setattr(factory, "Sequence", lambda name, *a, **k: names[-1].append(name) or real_sequence(name, *a, **k))
     real_fit = factory.fit_cost_model
     monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
     for gpu in (False, True):
         monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self, gpu=gpu: gpu))
+        names.append([])
         state = build_state(ServeOptions(model=model, context_length=1024, max_total_tokens=8192,
                                          chunked_prefill_size=128, max_running_requests=4, max_new_tokens=64))
         warm_up(state)
@@ -54,3 +58,9 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     assert prefill_sizes == {128} and sum(1 for t in gpu_fit if t.num_prefill_tokens) == 2
     assert any(t.num_prefill_tokens == 0 and t.num_decodes for t in gpu_fit)
     assert len([t for t in cpu if t.num_prefill_tokens]) > 2
+    # On the GPU the lone prompts (every length under the long warm-up prompt's 2 x 128 + 1 tokens) and one batch
+    # of short prompts together (max_running_requests=4 of them) ran too; a CPU compiles nothing and skips them.
+    alone = [n for n in names[1] if n.startswith("warmup-alone-")]
+    assert alone == [f"warmup-alone-{n}" for n in factory.WARMUP_ALONE_PROMPTS if n < 257] and len(alone) >= 6
+    assert sum(n.startswith("warmup-together-") for n in names[1]) == 4
+    assert not any(n.startswith(("warmup-alone-", "warmup-together-")) for n in names[0])
