@@ -135,6 +135,13 @@ def kernel_checks() -> dict:
         "out": _diff(rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv), rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
         "ms": _bench(lambda: rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
         "naive_ms": _bench(lambda: rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv))}
+    qk = torch.randn(n, 16, 256, device=DEV, dtype=bf)[..., :128]  # GDN q heads cut from a wider q|k
+    from fla.modules.norm.l2norm import l2norm_fwd
+
+    out["l2_norm"] = {"out": _diff(norm_triton.l2_norm(qk, 1e-6), norm.naive_l2_norm(qk, 1e-6)),
+                      "vs_fla_l2norm": _diff(norm_triton.l2_norm(qk, 1e-6), l2norm_fwd(qk.contiguous(), 1e-6)[0]),
+                      "ms": _bench(lambda: norm_triton.l2_norm(qk, 1e-6)),
+                      "naive_ms": _bench(lambda: norm.naive_l2_norm(qk, 1e-6))}
     core, z = torch.randn(n, 32, 128, device=DEV, dtype=bf), torch.randn(n, 32, 128, device=DEV, dtype=bf)
     wg = torch.randn(128, device=DEV, dtype=bf)
     out["gated_rms_norm"] = {"out": _diff(norm_triton.gated_rms_norm(core, z, wg, 1e-6), norm.naive_gated_rms_norm(core, z, wg, 1e-6)),

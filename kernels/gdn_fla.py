@@ -27,6 +27,8 @@ from headroom.kernels.gated_delta import naive_gated_delta_rule
 # right after fla is imported, so a shipped key compiles one config instead of timing all; any other key
 # still autotunes.
 TUNED_CONFIGS = Path(__file__).with_name("fla_tuned_configs.json")
+# fla's l2norm_fwd default, inside the square root as in naive_gated_delta_rule.
+QK_NORM_EPS = 1e-6
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 # The shipped entries for this GPU, waiting for fla's import (use_tuned_fla_configs sets them).
 _pending: dict[str, dict[str, dict]] | None = None
@@ -56,8 +58,11 @@ def _versions() -> dict[str, str]:
 
 
 def _autotuners() -> dict[str, Any]:
-    """Every Triton autotuner fla has defined so far, by 'module:attribute' (heuristics wrappers unwrapped)."""
-    from triton.runtime.autotuner import Autotuner
+    """Every Triton autotuner fla has defined so far, by 'module:attribute' (heuristics wrappers unwrapped).
+    Recognised by class name, as this module must not import Triton (the CPU path never does)."""
+
+    def is_autotuner(obj: Any) -> bool:
+        return any(c.__name__ == "Autotuner" for c in type(obj).__mro__)
 
     found: dict[str, Any] = {}
     for name, module in list(sys.modules.items()):
@@ -65,10 +70,10 @@ def _autotuners() -> dict[str, Any]:
             continue
         for attribute, obj in list(vars(module).items()):
             for _ in range(4):
-                if isinstance(obj, Autotuner) or obj is None:
+                if obj is None or is_autotuner(obj):
                     break
                 obj = getattr(obj, "fn", None)
-            if isinstance(obj, Autotuner):
+            if obj is not None and is_autotuner(obj):
                 found[f"{name}:{attribute}"] = obj
     return found
 
@@ -123,7 +128,7 @@ def _check(q, k, v, g, beta, states, cu_seqlens) -> None:
 def gated_delta_rule_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, is_decode: bool | None = None,
-    cu_seqlens_cpu: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None, qk_normed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B sequences flattened: q, k [N, Hk, Dk]; v [N, Hv, Dv]; g (log decay), beta [N, Hv]; states [B, Hv, Dk, Dv]
     (initial, any float dtype); cu_seqlens [B+1] int64, sequence b owning rows cu_seqlens[b]..cu_seqlens[b+1]-1.
@@ -131,7 +136,8 @@ def gated_delta_rule_varlen(
     Returns (out [N, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv] fp32). is_decode (every sequence one
     token) picks fla's fused recurrent kernel; otherwise the chunked one. None: read from cu_seqlens.
     cu_seqlens_cpu: the same bounds on the host, so that fla's chunked path builds its chunk index without a
-    device-to-host sync.
+    device-to-host sync. qk_normed: q and k already L2-normed (QK_NORM_EPS), so the chunked path skips fla's
+    own norm (the recurrent one norms inside its kernel, free).
     """
     _check(q, k, v, g, beta, states, cu_seqlens)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
@@ -141,13 +147,13 @@ def gated_delta_rule_varlen(
     if is_decode is None:
         is_decode = q.shape[0] == cu_seqlens.shape[0] - 1
     args = {"g": g[None].float(), "beta": beta[None].to(q.dtype), "initial_state": states.float(),
-            "output_final_state": True, "use_qk_l2norm_in_kernel": True, "cu_seqlens": cu_seqlens.long()}
+            "output_final_state": True, "cu_seqlens": cu_seqlens.long()}
     if is_decode:
-        out, final = fused_recurrent_gated_delta_rule(q[None], k[None], v[None], **args)
+        out, final = fused_recurrent_gated_delta_rule(q[None], k[None], v[None], use_qk_l2norm_in_kernel=True, **args)
     else:
         if cu_seqlens_cpu is not None:
             args["cu_seqlens_cpu"] = cu_seqlens_cpu.long()
-        out, final = chunk_gated_delta_rule(q[None], k[None], v[None], **args)
+        out, final = chunk_gated_delta_rule(q[None], k[None], v[None], use_qk_l2norm_in_kernel=not qk_normed, **args)
     return out[0].to(v.dtype), final.float()
 
 

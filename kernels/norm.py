@@ -1,4 +1,5 @@
-"""RMSNorm variants: plain (w * x), unit-offset ((1 + w) * x, Qwen3.5/Qwen3-Next) and gated (GDN output)."""
+"""RMSNorm variants: plain (w * x), unit-offset ((1 + w) * x, Qwen3.5/Qwen3-Next) and gated (GDN output); the
+L2 norm of Gated DeltaNet's q and k."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ def naive_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offse
     if unit_offset:
         return (normed * (1.0 + weight.float())).to(x.dtype)
     return weight * normed.to(x.dtype)
+
+
+def naive_l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> x / sqrt(sum(x^2) + eps) in x's dtype, statistics in fp32 (fla's q/k norm: eps inside)."""
+    return (x.float() * torch.rsqrt(x.float().pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def naive_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -51,6 +51,34 @@ def gated_rms_norm_fwd_kernel(
     tl.store(out + i_r * dim + o_d, b_y.to(out.dtype.element_ty), mask=m_d)
 
 
+@triton.jit
+def l2_norm_fwd_kernel(x, out, stride_xt, stride_xh, num_rows, num_heads, dim, eps,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_d = tl.arange(0, BLOCK_D)
+    m = (o_r < num_rows)[:, None] & (o_d < dim)[None, :]
+    p_x = x + (o_r // num_heads * stride_xt + o_r % num_heads * stride_xh)[:, None] + o_d[None, :]
+    b_x = tl.load(p_x, mask=m, other=0).to(tl.float32)
+    b_y = b_x * (1.0 / tl.sqrt(tl.sum(b_x * b_x, 1) + eps))[:, None]
+    tl.store(out + o_r[:, None] * dim + o_d[None, :], b_y.to(out.dtype.element_ty), mask=m)
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H, D] (strided rows allowed) -> x / sqrt(sum(x^2) + eps) per row, contiguous, x's dtype; fp32 sums.
+    Gated DeltaNet's q/k norm, done here rather than inside fla: fla's own l2norm autotunes per bucket of
+    T x H / 65,536, so a pass a little over 8,192 tokens met a new bucket while serving (25 compiles, H200)."""
+    tokens, heads, stride_t, stride_h = _rows(x, "l2_norm x")
+    dim = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, block_d = tokens * heads, triton.next_power_of_2(dim)
+    block_r = max(1, min(16, 4096 // block_d))
+    if rows:
+        l2_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
+            x, out, stride_t, stride_h, rows, heads, dim, eps, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
+        )
+    return out
+
+
 def _rows(x: torch.Tensor, name: str) -> tuple[int, int, int, int]:
     """(tokens, heads, stride per token, stride per head) of x [T, D] or [T, H, D] with a contiguous last dim."""
     if x.dim() not in (2, 3) or x.stride(-1) != 1:

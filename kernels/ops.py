@@ -170,9 +170,17 @@ def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu
     from headroom.kernels.gdn_fla import fla_available
 
     if q.is_cuda and fla_available():
+        from headroom.kernels.gdn_fla import QK_NORM_EPS
         from headroom.kernels.gdn_fla import gated_delta_rule_varlen as run
 
-        return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+        if q.shape[0] == cu_seqlens.shape[0] - 1:  # decode: fla's recurrent kernel norms q/k inside, free
+            return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+        # Chunked prefill: q/k normed by our kernel, not fla's l2norm, which autotunes per bucket of
+        # tokens x heads / 65,536: passes just over 8,192 tokens met a new bucket while serving (25 compiles, H200).
+        from headroom.kernels.norm_triton import l2_norm
+
+        return run(l2_norm(q, QK_NORM_EPS), l2_norm(k, QK_NORM_EPS), v, g, beta, states, cu_seqlens,
+                   cu_seqlens_cpu=cu_seqlens_cpu, is_decode=False, qk_normed=True)
     from headroom.kernels.gdn_fla import naive_gated_delta_rule_varlen
 
     return naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens)

@@ -98,3 +98,17 @@ def test_bad_shapes_are_named():
         rms_norm_rotary(torch.zeros(2, 1, 8), torch.zeros(8), 1e-6, True, torch.zeros(3, dtype=torch.long), torch.zeros(2))
     with pytest.raises(ValueError, match="silu_mul"):
         silu_mul(torch.zeros(2, 8), torch.zeros(2, 9))
+
+
+@pytest.mark.parametrize("tokens,heads,dim", [(3, 2, 16), (37, 3, 24), (1, 1, 128)])
+def test_l2_norm_of_strided_heads(tokens, heads, dim):
+    """Gated DeltaNet's q/k norm (eps inside the root, as fla and naive_gated_delta_rule): heads cut out of a
+    wider [T, H, 2D] tensor, so rows are strided; more rows than one program's block."""
+    from headroom.kernels.norm import naive_l2_norm
+    from headroom.kernels.norm_triton import l2_norm
+
+    q = torch.randn(tokens, heads, 2 * dim, generator=_gen(dim))[..., :dim]
+    out = l2_norm(q, 1e-6)
+    assert out.is_contiguous() and out.shape == q.shape
+    torch.testing.assert_close(out, naive_l2_norm(q, 1e-6), **TOL)
+    torch.testing.assert_close(out.norm(dim=-1), torch.ones(tokens, heads), **TOL)
