@@ -420,3 +420,50 @@ def save_fla_configs(outdir: Path) -> dict:
     (outdir / "fla_tuned_configs.json").write_text(text)
     TUNED_CONFIGS.write_text(text)
     return {gpu: {kernel: len(keys) for kernel, keys in v["autotuners"].items()} for gpu, v in harvested.items()}
+
+
+def profile_small_passes(model: Path, device: str = "cuda") -> dict:
+    """Where an eager prefill pass's host time goes (issue 15's idle TTFT, issue 18's HTTP rows): through the LLM
+    API with the prefix cache on, as `headroom serve` runs, lone prompts of 30 tokens (no checkpoint stop),
+    256 tokens (3 stops) and 8,192 tokens (3 stops), each shape warmed first; wall time and the top Python
+    functions by own time (cProfile), and the same prompts with stops declined."""
+    import cProfile
+    import pstats
+
+    from headroom.engine.llm import LLM
+    from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
+
+    rng = random.Random(6)
+    llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype="bf16", max_total_tokens=40000, ssm_slots=24,
+              chunked_prefill_size=8192, context_length=16384, max_running_requests=8)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    vocab = llm.runner.model_config.vocab_size
+
+    def run(n: int, checkpoints: bool) -> float:
+        seq = Sequence(f"p{rng.random()}", [rng.randrange(vocab) for _ in range(n)],
+                       SamplingParams(max_new_tokens=1, ignore_eos=True), take_checkpoints=checkpoints)
+        sync()
+        started = time.perf_counter()
+        try:  # LLM.generate's own loop, with a Sequence that may decline its stops
+            llm._run([seq], 8192, {})
+        finally:
+            if seq.status is not SequenceStatus.WAITING:
+                llm._finish(seq)
+        sync()
+        return time.perf_counter() - started
+
+    out: dict = {}
+    for n in (30, 256, 8192):
+        for checkpoints in (True, False):
+            run(n, checkpoints)
+            walls = [run(n, checkpoints) for _ in range(3)]
+            out[f"prompt_{n}_{'stops' if checkpoints else 'no_stops'}_ms"] = min(walls) * 1000
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run(n, True)
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:30]  # (file, line, fn) -> (cc, nc, tt, ct, _)
+        out[f"prompt_{n}_python_top"] = [{"fn": f"{Path(f).name}:{line}:{fn}", "calls": nc, "own_ms": tt * 1000,
+                                          "cum_ms": ct * 1000} for (f, line, fn), (_, nc, tt, ct, _) in rows]
+    return out

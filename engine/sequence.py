@@ -53,6 +53,8 @@ class Sequence:
     num_shared_slots: int = 0
     # Hybrid models: prompt positions where the prefill stops to checkpoint its SSM state (CacheManager).
     checkpoint_stops: list[int] = field(default_factory=list)
+    # False: the prefill takes no checkpoint stops (the warm-up's timed passes, which price a chunk alone).
+    take_checkpoints: bool = True
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -95,7 +95,7 @@ class CacheManager:
         self.stats.matched_tokens += match.num_matched_tokens
         self.stats.hit_tokens += hit
         self.stats.matched_no_state_tokens += max(0, match.num_matched_tokens - hit)
-        if self.ssm_allocator is not None:
+        if self.ssm_allocator is not None and seq.take_checkpoints:
             seq.checkpoint_stops = checkpoint_stops(
                 seq.num_prompt_tokens, hit, match.num_matched_tokens, self.page, self.checkpoint_interval
             )

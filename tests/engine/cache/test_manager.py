@@ -128,3 +128,11 @@ def test_without_a_reserve_checkpoints_may_use_every_slot():
     # The running request's own path is locked: nothing can be evicted, so admission fails.
     assert ssm.num_free == 0
     assert not manager.admit(Sequence("short", [1, 2, 3]))
+
+
+def test_a_request_may_decline_checkpoint_stops():
+    """take_checkpoints=False (the warm-up's timed passes): the same prompt is admitted with no stops at all."""
+    kv, ssm = KVAllocator(512), SSMSlotAllocator(5)
+    manager = CacheManager(kv, ssm, lambda s, d: None, working_slots=2, checkpoint_interval=32)
+    timed = Sequence("timed", list(range(1000, 1300)), take_checkpoints=False)
+    assert manager.admit(timed) and timed.checkpoint_stops == []

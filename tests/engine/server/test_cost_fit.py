@@ -41,7 +41,15 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     seen: list[list[StepStats]] = []
     names: list[list[str]] = []
     real_sequence = factory.Sequence
-    monkeypatch.setattr(factory, "Sequence", lambda name, *a, **k: names[-1].append(name) or real_sequence(name, *a, **k))
+    declined: list[str] = []
+
+    def sequence(name, *a, **k):
+        names[-1].append(name)
+        if not k.get("take_checkpoints", True):
+            declined.append(name)
+        return real_sequence(name, *a, **k)
+
+    monkeypatch.setattr(factory, "Sequence", sequence)
     real_fit = factory.fit_cost_model
     monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
     for gpu in (False, True):
@@ -64,3 +72,5 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     assert alone == [f"warmup-alone-{n}" for n in factory.WARMUP_ALONE_PROMPTS if n < 257] and len(alone) >= 6
     assert sum(n.startswith("warmup-together-") for n in names[1]) == 4
     assert not any(n.startswith(("warmup-alone-", "warmup-together-")) for n in names[0])
+    # The timed passes take no checkpoint stops (the rounds between stops would price into the rate).
+    assert declined == ["warmup-timing-0", "warmup-timing-1"]
