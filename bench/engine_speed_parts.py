@@ -165,7 +165,35 @@ def kernel_checks() -> dict:
         out[f"gdn_decode_b{batch}"] = _gdn_decode_check(batch)
     out["merge_splits"] = _merge_check()
     out["conv_varlen"] = _conv_varlen_check()
+    out["gdn_tail"] = _gdn_tail_check()
     return out
+
+
+def _gdn_tail_check() -> dict:
+    """The tail launch of in-pass checkpoints (4B sizes: 16 q/k heads, 32 value heads, 128 x 128 states): two
+    sequences' last 128 and 200 rows with 2 and 3 snapshots, against naive_gated_delta_tail."""
+    from headroom.kernels.gated_delta import naive_gated_delta_tail
+    from headroom.kernels.gdn_decode import gated_delta_tail
+
+    bf = torch.bfloat16
+    n = 328
+    qk = torch.randn(n, 32, 128, device=DEV, dtype=bf)
+    q, k = qk[:, :16], qk[:, 16:]
+    v = torch.randn(n, 32, 128, device=DEV, dtype=bf)
+    g, beta = -torch.rand(n, 32, device=DEV) * 0.5, torch.rand(n, 32, device=DEV, dtype=bf)
+    states = torch.randn(2, 32, 128, 128, device=DEV) * 0.1
+    pool = torch.zeros(8, 32, 128, 128, device=DEV)
+    lo, hi, snaps = [0, 128], [128, 328], [[(64, 1), (127, 2)], [(1, 3), (72, 4), (199, 5)]]
+    want_states, want_pool, want_out = states.clone(), pool.clone(), torch.zeros_like(v)
+    naive_gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, lo, hi, snaps)
+    at = torch.tensor([[a for a, _ in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
+    slot = torch.tensor([[x for _, x in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
+    lo_t, hi_t = (torch.tensor(x, dtype=torch.int32, device=DEV) for x in (lo, hi))
+    got_states, got_out = states.clone(), torch.zeros_like(v)
+    gated_delta_tail(q, k, v, g, beta, got_states, got_out, pool, lo_t, hi_t, at, slot)
+    return {"out": _diff(got_out, want_out), "states": _diff(got_states, want_states), "pool": _diff(pool, want_pool),
+            "ms": _bench(lambda: gated_delta_tail(q, k, v, g, beta, states.clone(), torch.zeros_like(v), pool.clone(),
+                                                 lo_t, hi_t, at, slot))}
 
 
 def _conv_varlen_check() -> dict:

@@ -56,3 +56,24 @@ def naive_gated_delta_decode(
         out[rows], new_state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[slot])
         states[slot].copy_(new_state)
     return out
+
+
+def naive_gated_delta_tail(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, row_lo: list[int], row_hi: list[int],
+    snapshots: list[list[tuple[int, int]]],
+) -> None:
+    """The last rows of B sequences, token by token, with state snapshots on the way (in-pass checkpoints near a
+    prompt's end). Sequence b owns rows row_lo[b]..row_hi[b]-1 of q, k [N, Hk, Dk], v [N, Hv, Dv], g, beta
+    [N, Hv]; it starts from states[b] ([B, Hv, Dk, Dv] fp32, left holding its final state); its outputs go to
+    out [N, Hv, Dv] at its rows; for each (n, slot) of snapshots[b] (ascending, 0 < n < its row count) the state
+    after its first n rows is written to pool[slot]."""
+    for b, (lo, hi) in enumerate(zip(row_lo, row_hi, strict=True)):
+        state, start = states[b], lo
+        for end in [lo + n for n, _ in snapshots[b]] + [hi]:
+            rows = slice(start, end)
+            out[rows], state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
+            if end < hi:
+                pool[snapshots[b][[lo + n for n, _ in snapshots[b]].index(end)][1]] = state.to(pool.dtype)
+            start = end
+        states[b] = state

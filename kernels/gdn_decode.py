@@ -1,4 +1,5 @@
-"""Gated DeltaNet decode step for B sequences, recurrent states updated in place in the SSM pool by slot.
+"""Gated DeltaNet decode step for B sequences, recurrent states updated in place in the SSM pool by slot; and
+the same recurrence over the last rows of B prefill chunks, with state snapshots (gated_delta_tail).
 
 Replaces, per layer and step, fla's fused recurrent kernel plus the gather of the states out of the pool,
 their fp32 copies and the scatter back (about four passes over B x 2 MiB of state for the 4B model) with
@@ -76,3 +77,81 @@ def gated_delta_decode(
         BLOCK_V=block_v, num_warps=4,
     )
     return out
+
+
+@triton.jit
+def gated_delta_tail_fwd_kernel(
+    q, k, v, g, beta, states, out, pool, row_lo, row_hi, snap_at, snap_slot,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
+    stride_sb, stride_sh, stride_sk, stride_ot, stride_oh, stride_ps, stride_ph, stride_pk, scale,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    MAX_SNAPS: tl.constexpr,
+):
+    i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    i_hk = i_hv // GROUP
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < DK
+    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < DV
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = states + i_b * stride_sb + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
+    lo = tl.load(row_lo + i_b).to(tl.int64)
+    num_rows = tl.load(row_hi + i_b) - tl.load(row_lo + i_b)
+    for i in range(0, num_rows):
+        t64 = lo + i
+        b_q = tl.load(q + t64 * stride_qt + i_hk * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(k + t64 * stride_kt + i_hk * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_v = tl.load(v + t64 * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
+        b_g = tl.load(g + t64 * stride_gt + i_hv).to(tl.float32)
+        b_beta = tl.load(beta + t64 * stride_betat + i_hv).to(tl.float32)
+        b_s = b_s * tl.exp(b_g)
+        b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * b_beta
+        b_s = b_s + b_k[:, None] * b_delta[None, :]
+        b_o = tl.sum(b_s * b_q[:, None], 0)
+        tl.store(out + t64 * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+        for j in tl.static_range(MAX_SNAPS):
+            if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
+                slot = tl.load(snap_slot + i_b * MAX_SNAPS + j).to(tl.int64)
+                p_p = pool + slot * stride_ps + i_hv * stride_ph + o_k[:, None] * stride_pk + o_v[None, :]
+                tl.store(p_p, b_s.to(pool.dtype.element_ty), mask=m_s)
+    tl.store(p_s, b_s, mask=m_s)
+
+
+def gated_delta_tail(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, row_lo: torch.Tensor, row_hi: torch.Tensor,
+    snap_at: torch.Tensor, snap_slot: torch.Tensor,
+) -> None:
+    """kernels/gated_delta.py's naive_gated_delta_tail in one launch, snapshots given as snap_at / snap_slot
+    [B, S] int32 (rows done before the snapshot, 0 for none; pool slot). One program per (sequence, value
+    head, block of value channels) walks its rows in order; states [B, Hv, Dk, Dv] fp32 hold the final states."""
+    num_k_heads, key_dim = q.shape[1:]
+    num_v_heads, value_dim = v.shape[1:]
+    num_seqs, max_snaps = snap_at.shape
+    if k.shape != q.shape or v.shape[0] != q.shape[0] or out.shape != v.shape or num_v_heads % num_k_heads:
+        raise ValueError(f"gated delta tail: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"out {tuple(out.shape)}")
+    if states.shape != (num_seqs, num_v_heads, key_dim, value_dim) or states.dtype != torch.float32 \
+            or pool.shape[1:] != states.shape[1:] or row_lo.shape != (num_seqs,) or row_hi.shape != (num_seqs,) \
+            or snap_slot.shape != snap_at.shape:
+        raise ValueError(f"gated delta tail: states {tuple(states.shape)} {states.dtype} (fp32 [B, Hv, Dk, Dv]), "
+                         f"pool {tuple(pool.shape)}, rows {tuple(row_lo.shape)}/{tuple(row_hi.shape)}, snapshots "
+                         f"{tuple(snap_at.shape)}/{tuple(snap_slot.shape)}")
+    if any(t.stride(-1) != 1 for t in (q, k, v, g, beta, states, out, pool)) or not snap_at.is_contiguous() \
+            or not snap_slot.is_contiguous():
+        raise ValueError("gated delta tail: every last dimension must be contiguous, and the snapshot tables whole")
+    if num_seqs == 0:
+        return
+    block_v = 16
+    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
+    gated_delta_tail_fwd_kernel[grid](
+        q, k, v, g, beta, states, out, pool, row_lo, row_hi, snap_at, snap_slot,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
+        pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
+        GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
+        BLOCK_V=block_v, MAX_SNAPS=max_snaps, num_warps=4,
+    )

@@ -13,7 +13,7 @@ import torch
 from headroom.kernels.attention import naive_prefix_attention
 from headroom.kernels.attention_merge import merge_two as naive_merge_two
 from headroom.kernels.conv import naive_causal_conv1d
-from headroom.kernels.gated_delta import naive_gated_delta_rule
+from headroom.kernels.gated_delta import naive_gated_delta_rule, naive_gated_delta_tail
 from headroom.kernels.gates import naive_gdn_gates, naive_sigmoid_mul, naive_silu_mul
 from headroom.kernels.host_copy import to_device
 from headroom.kernels.kv_quant import (
@@ -41,7 +41,7 @@ kivi_dequantize_values = naive_kivi_dequantize_values
 
 __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
-    "gated_delta_rule", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
+    "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "merge_two", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
     "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
 ]
@@ -140,6 +140,24 @@ def gated_delta_decode(q, k, v, g, beta, states, slots) -> torch.Tensor | None:
 
         return run(q, k, v, g, beta, states, slots)
     return None
+
+
+def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row_hi: list[int],
+                     snapshots: list[list[tuple[int, int]]]) -> None:
+    """The last rows of B prefill pieces token by token, with state snapshots into pool slots (kernels/
+    gated_delta.py's naive_gated_delta_tail): one Triton launch on CUDA, the reference elsewhere."""
+    if _fused(q):
+        from headroom.kernels.gdn_decode import gated_delta_tail as run
+
+        width = max(1, max(len(s) for s in snapshots))
+        at = [[n for n, _ in s] + [0] * (width - len(s)) for s in snapshots]
+        slots = [[slot for _, slot in s] + [0] * (width - len(s)) for s in snapshots]
+        device = q.device
+        run(q, k, v, g, beta, states, out, pool, to_device(row_lo, torch.int32, device),
+            to_device(row_hi, torch.int32, device), to_device(at, torch.int32, device),
+            to_device(slots, torch.int32, device))
+        return
+    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo, row_hi, snapshots)
 
 
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in

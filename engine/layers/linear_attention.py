@@ -87,18 +87,28 @@ def _capture_conv_states(mixed: torch.Tensor, conv_states: torch.Tensor, batch: 
             conv_states[slot].copy_(window)
 
 
+# A span's captures within this many rows of its end run in one token-by-token launch (ops.gated_delta_tail)
+# rather than a varlen round each: a round is a fla call per layer at a fixed host cost (H200, 4B model: a lone
+# 256-token prompt's pass with its 3 stops took 140 ms as rounds, 47 ms without the stops).
+TAIL_ROWS = 256
+
+
 def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
     """The delta rule with in-pass checkpoints: each span cut at its captures, round r running every span's
     r-th piece in one varlen call from the state round r-1 left; a piece that ends at a capture leaves its
-    state in the capture's slot. A prefill chunk so runs as one pass instead of one pass per stop (three to
-    four extra passes of 30-50 ms each a prompt on the H200)."""
+    state in the capture's slot. The captures near a span's end (the tail and exact-repeat stops every prompt
+    takes) are snapshots of one tail launch instead. A prefill chunk so runs as one pass instead of one pass
+    per stop (three to four extra passes of 30-50 ms each a prompt on the H200)."""
     spans, device = batch.spans, q.device
     cuts = [[0] + [at for at, _ in span.captures] + [span.length] for span in spans]
+    # Where each span's tail starts (an index into its cuts: the first capture within TAIL_ROWS of its end).
+    tails = [next((j for j in range(1, len(c) - 1) if c[-1] - c[j] <= TAIL_ROWS), None) for c in cuts]
+    round_cuts = [c if j is None else c[: j + 1] for c, j in zip(cuts, tails, strict=True)]
     state = recurrent[slots].float()
     core = torch.empty_like(v)
-    for r in range(max(len(c) for c in cuts) - 1):
-        active = [b for b, c in enumerate(cuts) if r < len(c) - 1]
-        pieces = [(spans[b].offset + cuts[b][r], spans[b].offset + cuts[b][r + 1]) for b in active]
+    for r in range(max(len(c) for c in round_cuts) - 1):
+        active = [b for b, c in enumerate(round_cuts) if r < len(c) - 1]
+        pieces = [(spans[b].offset + round_cuts[b][r], spans[b].offset + round_cuts[b][r + 1]) for b in active]
         contiguous = all(pieces[i][1] == pieces[i + 1][0] for i in range(len(pieces) - 1))
         rows: slice | torch.Tensor = slice(pieces[0][0], pieces[-1][1]) if contiguous else to_device(
             [row for lo, hi in pieces for row in range(lo, hi)], torch.long, device)
@@ -111,8 +121,19 @@ def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch
         core[rows] = out
         state[which] = final
         for i, b in enumerate(active):
-            if r < len(cuts[b]) - 2:
+            if r < len(spans[b].captures):  # this piece ends at capture r
                 recurrent[spans[b].captures[r][1]] = final[i].to(recurrent.dtype)
+    with_tail = [b for b, j in enumerate(tails) if j is not None]
+    if with_tail:
+        which = to_device(with_tail, torch.long, device)
+        tail_states = state[which]
+        starts = [cuts[b][tails[b]] for b in with_tail]  # type: ignore[index]
+        snapshots = [[(at - start, slot) for at, slot in spans[b].captures if at > start]
+                     for b, start in zip(with_tail, starts, strict=True)]
+        ops.gated_delta_tail(q, k, v, g, beta, tail_states, core, recurrent,
+                             [spans[b].offset + start for b, start in zip(with_tail, starts, strict=True)],
+                             [spans[b].offset + spans[b].length for b in with_tail], snapshots)
+        state[which] = tail_states
     recurrent[slots] = state.to(recurrent.dtype)
     return core
 

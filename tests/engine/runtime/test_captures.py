@@ -1,6 +1,6 @@
 """Checkpoints taken inside a pass (BatchItem.captures): the SSM state a capture slot receives equals the
-state of a run that stopped there, every layer's conv and recurrent state; the pass's own logits and final
-state are those of a pass without captures; a mixed batch with a capturing prefill next to other spans
+state of a run that stopped there, every layer's conv and recurrent state, whether it came from a varlen round
+or a snapshot of the tail launch; the pass's own logits and final state are those of a pass without captures; a mixed batch with a capturing prefill next to other spans
 (capturing too, and decodes) gets each right; a capture that is not inside the chunk is refused."""
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
 
 from tests.engine.helpers import new_sequence, random_prompt
+
+
+@pytest.fixture(params=[0, 12, 256], ids=lambda n: f"tail {n}")
+def tail_rows(request, monkeypatch):
+    """Captures as varlen rounds only (0), rounds then a tail launch (12 rows), or all in the tail (256)."""
+    from headroom.engine.layers import linear_attention
+
+    monkeypatch.setattr(linear_attention, "TAIL_ROWS", request.param)
+    return request.param
 
 
 def _runner(tiny_model_factory, kind: str = "qwen3_5") -> tuple[ModelRunner, int]:
@@ -32,7 +41,7 @@ def _assert_states_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> N
 
 
 @pytest.mark.parametrize(("start", "captures"), [(0, (2, 17, 30)), (11, (1, 2, 20))], ids=["from 0", "mid-prompt"])
-def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_factory, start, captures):
+def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_factory, start, captures, tail_rows):
     runner, vocab = _runner(tiny_model_factory)
     ids = random_prompt(vocab, 44, seed=5)
     seq = new_sequence(runner, "captured", ids)
@@ -51,7 +60,7 @@ def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_fac
         _assert_states_equal(_state(runner, slot), _state(runner, stopped.ssm_slot))
 
 
-def test_mixed_batch_with_captures(tiny_model_factory):
+def test_mixed_batch_with_captures(tiny_model_factory, tail_rows):
     runner, vocab = _runner(tiny_model_factory)
     a_ids, b_ids, c_ids = random_prompt(vocab, 30, seed=1), random_prompt(vocab, 25, seed=2), random_prompt(vocab, 9, seed=3)
     a, b, c = (new_sequence(runner, name, ids) for name, ids in (("a", a_ids), ("b", b_ids), ("c", c_ids)))

@@ -1,0 +1,65 @@
+"""The Gated DeltaNet tail kernel (kernels/gdn_decode.py gated_delta_tail, Triton interpreter on CPU) against
+naive_gated_delta_tail, and that reference against the plain recurrence run piece by piece: outputs at every row,
+the final states, and each snapshot equal to the state a run that stopped there ends with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.gated_delta import naive_gated_delta_rule, naive_gated_delta_tail
+from headroom.kernels.gdn_decode import gated_delta_tail
+
+TOL = {"atol": 2e-5, "rtol": 2e-5}
+# Three sequences' pieces in one flattened batch (rows), with their snapshots (rows done, pool slot).
+ROWS = [(0, 9), (9, 10), (14, 40)]
+SNAPSHOTS = [[(3, 5), (8, 1)], [], [(1, 0), (25, 2), (13, 4)][::2]]
+
+
+def _inputs(n=40, hk=2, hv=4, dk=16, dv=24, seqs=3, slots=6):
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(n, hk, 2 * dk, generator=gen)[..., :dk] for _ in range(2))  # strided rows, as q|k cut
+    v = torch.randn(n, hv, dv, generator=gen)
+    g, beta = -torch.rand(n, hv, generator=gen), torch.rand(n, hv, generator=gen)
+    states = torch.randn(seqs, hv, dk, dv, generator=gen) * 0.1
+    pool = torch.zeros(slots, hv, dk, dv)
+    return q, k, v, g, beta, states, pool
+
+
+def test_reference_equals_runs_that_stop_at_each_snapshot():
+    q, k, v, g, beta, states, pool = _inputs()
+    out = torch.full_like(v, float("nan"))
+    start_states = states.clone()
+    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, [a for a, _ in ROWS], [b for _, b in ROWS], SNAPSHOTS)
+    for b, (lo, hi) in enumerate(ROWS):
+        want, final = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], start_states[b])
+        torch.testing.assert_close(out[lo:hi], want, **TOL)
+        torch.testing.assert_close(states[b], final, **TOL)
+        for n, slot in SNAPSHOTS[b]:
+            _, at = naive_gated_delta_rule(q[lo:lo + n], k[lo:lo + n], v[lo:lo + n], g[lo:lo + n], beta[lo:lo + n],
+                                           start_states[b])
+            torch.testing.assert_close(pool[slot], at, **TOL)
+    assert out[10:14].isnan().all()  # rows of no sequence are left alone
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_kernel_matches_the_reference(width):
+    q, k, v, g, beta, states, pool = _inputs()
+    want_states, want_pool, want_out = states.clone(), pool.clone(), torch.zeros_like(v)
+    naive_gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, [a for a, _ in ROWS],
+                           [b for _, b in ROWS], SNAPSHOTS)
+    out = torch.zeros_like(v)
+    at = torch.tensor([[n for n, _ in s] + [0] * (width - len(s)) for s in SNAPSHOTS], dtype=torch.int32)
+    slot = torch.tensor([[x for _, x in s] + [0] * (width - len(s)) for s in SNAPSHOTS], dtype=torch.int32)
+    gated_delta_tail(q, k, v, g, beta, states, out, pool, torch.tensor([a for a, _ in ROWS], dtype=torch.int32),
+                     torch.tensor([b for _, b in ROWS], dtype=torch.int32), at, slot)
+    torch.testing.assert_close(out, want_out, **TOL)
+    torch.testing.assert_close(states, want_states, **TOL)
+    torch.testing.assert_close(pool, want_pool, **TOL)
+
+
+def test_bad_shapes_are_named():
+    q, k, v, g, beta, states, pool = _inputs()
+    rows = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"states \(2, 4, 16, 24\)"):
+        gated_delta_tail(q, k, v, g, beta, states[:2], torch.zeros_like(v), pool, rows, rows,
+                         torch.zeros(3, 1, dtype=torch.int32), torch.zeros(3, 1, dtype=torch.int32))
