@@ -89,11 +89,17 @@ def _kivi_page(p_x, m_x, inv_levels, BITS: tl.constexpr, LEVELS: tl.constexpr, P
 
 @triton.jit
 def kivi_quantize_fwd_kernel(
-    x, pages, packed, scale, zero, inv_levels, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
+    x, pages, src_pages, packed, scale, zero, inv_levels, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
     stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
     GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr,
+    HAS_SRC: tl.constexpr,
 ):
     i_page, i_h = tl.program_id(0), tl.program_id(1)
+    i_dst = tl.load(pages + i_page).to(tl.int64)
+    if i_dst < 0:  # nothing to close for this row (graphed decode steps)
+        return
+    if HAS_SRC:
+        i_page = tl.load(src_pages + i_page)
     PB: tl.constexpr = 8 // BITS
     R: tl.constexpr = PAGE // PB
     o_r = tl.arange(0, R)[:, None, None, None]
@@ -106,7 +112,6 @@ def kivi_quantize_fwd_kernel(
     m_x = m_d & (o_t >= 0)
     p_x = x + o_t.to(tl.int64) * stride_xt + i_h * stride_xh + o_d
     codes, b_scale, b_zero = _kivi_page(p_x, m_x, inv_levels, BITS, (1 << BITS) - 1, IS_KEY, RECIPROCAL)
-    i_dst = tl.load(pages + i_page).to(tl.int64)
     # Packed bytes [R, G, C]: byte r of channel g * C + c holds tokens r * PB .. r * PB + PB - 1.
     b_packed = tl.sum(codes << (o_i * BITS), 1)
     o_r3 = tl.arange(0, R)[:, None, None]
@@ -149,12 +154,16 @@ def fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor,
     )
 
 
-def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
-    """k, v [num_pages * P, H, D] (whole pages, in order) -> the pool's pages `pages` [num_pages] (codes and scales)."""
+def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV,
+                        src_pages: torch.Tensor | None = None) -> None:
+    """k, v [num_pages * P, H, D] (whole pages, in order) -> the pool's pages `pages` [num_pages] (codes and scales).
+    src_pages [n]: page i is then k/v's page src_pages[i] (any number of k/v pages), written to pages[i] unless
+    that is negative (a graphed decode step closes only the windows that filled)."""
     page = kv.page_tokens
     if kv.kind != "kivi" or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kv.k.shape[2:]:
         raise ValueError(f"KIVI write: k {tuple(k.shape)}, v {tuple(v.shape)} into a {kv.kind} pool of {tuple(kv.k.shape)}")
-    if k.shape[0] != pages.shape[0] * page:
+    if src_pages is None and k.shape[0] != pages.shape[0] * page or src_pages is not None and (
+            k.shape[0] % page or src_pages.shape != pages.shape):
         raise ValueError(f"KIVI write: {k.shape[0]} tokens are not {pages.shape[0]} whole pages of {page}")
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("KIVI write: k and v need a contiguous last dimension")
@@ -165,7 +174,8 @@ def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, k
     for is_key, x, packed, scale, zero in ((True, k, kv.k, kv.k_scale, kv.k_zero), (False, v, kv.v, kv.v_scale, kv.v_zero)):
         assert scale is not None and zero is not None
         kivi_quantize_fwd_kernel[(pages.shape[0], k.shape[1])](
-            x, pages, packed, scale, zero, _fp32_reciprocal(2**kv.bits - 1), x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), packed.stride(2),
+            x, pages, src_pages if src_pages is not None else pages, packed, scale, zero, _fp32_reciprocal(2**kv.bits - 1), x.stride(0), x.stride(1), packed.stride(0), packed.stride(1), packed.stride(2),
             scale.stride(0), scale.stride(1), IS_KEY=is_key, HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
             GROUP_D=kv.value_group, RECIPROCAL=k.is_cuda, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
+            HAS_SRC=src_pages is not None,
         )

@@ -234,6 +234,17 @@ def fp8_quantize_into_rows(k, v, index, store) -> None:
     fp8_quantize_into(v.contiguous(), rows, store["v"], store["v_scale"])
 
 
+def kivi_close_pages(store, kv_dtype, bits, page_tokens, value_group, window_k, window_v, rows, pages) -> None:
+    """CUDA: window rows rows[b] (window_k/v [R, page, H, D]) quantized into pool pages pages[b], skipping the
+    negative ones, in one launch per K and V whatever the count (graphed KIVI decode)."""
+    from headroom.kernels.kv_quant_triton import kivi_quantize_pages
+    from headroom.kernels.paged_kv import PagedKV
+
+    flat_k, flat_v = window_k.flatten(0, 1), window_v.flatten(0, 1)
+    kivi_quantize_pages(flat_k, flat_v, pages.to(torch.int32), PagedKV.from_store(store, kv_dtype, bits, page_tokens,
+                        value_group), src_pages=rows.to(torch.int32))
+
+
 def kivi_quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:
     """KIVI quantize-on-write of whole pages with Triton on CUDA. False: the caller uses the reference."""
     if not k.is_cuda:

@@ -6,7 +6,7 @@ import torch
 from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
 from headroom.engine.models.config import ModelConfig
-from headroom.engine.runtime.forward_batch import KV_WRITE_ROWS, ForwardBatch
+from headroom.engine.runtime.forward_batch import KIVI_WRITE, KV_WRITE_ROWS, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
@@ -39,8 +39,10 @@ class FullAttention:
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
         k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
-        if kv_pool.is_kivi:
-            assert not batch.is_static, "DecodeGraphs never takes a KIVI pool"
+        if kv_pool.is_kivi and batch.is_static:
+            # A graphed decode step: each token into its window row, the pages that fill quantized in-pass.
+            kv_pool.store_static(self.pool_layer, k, v, *batch.cached(KIVI_WRITE, _no_static_index))
+        elif kv_pool.is_kivi:
             # Whole pages are quantized; each sequence's open page stays in its residual window.
             for span in batch.spans:
                 rows = slice(span.offset, span.offset + span.length)
@@ -62,3 +64,7 @@ class FullAttention:
         if gate is not None:
             attn = ops.sigmoid_mul(attn, gate)
         return linear(attn, self.o_proj, self.o_bias)
+
+
+def _no_static_index() -> None:
+    raise RuntimeError("a static KIVI pass needs its window index (KIVI_WRITE) from DecodeGraphs")

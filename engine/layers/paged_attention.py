@@ -8,7 +8,7 @@ the two are merged by log-sum-exp.
 from __future__ import annotations
 
 import torch
-from headroom.engine.runtime.forward_batch import POOL_INDEX, ForwardBatch
+from headroom.engine.runtime.forward_batch import POOL_INDEX, WINDOW_INDEX, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
@@ -40,22 +40,21 @@ def paged_attention_over_pool(
     )
     if not kv_pool.is_kivi:
         return out
-    tails = [kv_pool.residual_window(layer, s.seq) for s in spans]
-    none = q.new_zeros((0, kv.num_kv_heads, q.shape[-1]))
-    keys = [t[0] if t is not None else none for t in tails]
-    values = [t[1] if t is not None else none for t in tails]
-    lens = [x.shape[0] for x in keys]
-    if not any(lens):
+
+    def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
+        # Rows of the flattened window buffer [rows x page, H, D] holding each sequence's open page; every
+        # layer's windows hold the same positions, so one table serves the pass.
+        lens = [s.end % page for s in spans]
+        if not any(lens):
+            return None
+        rows = [kv_pool.residual_row(s.seq) * page for s in spans]
+        return page_table([list(range(r, r + n)) for r, n in zip(rows, lens, strict=True)], 1, device), _int32(lens, device)
+
+    index = batch.cached(WINDOW_INDEX, window_index)
+    if index is None:
         return out
-    window = PagedKV("dense", torch.cat(keys).to(q.dtype).contiguous(), torch.cat(values).to(q.dtype).contiguous())
-
-    def window_index() -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer's window holds the same positions, so one table serves the pass.
-        starts = [sum(lens[:b]) for b in range(len(lens))]
-        table = page_table([list(range(a, a + n)) for a, n in zip(starts, lens, strict=True)], 1, device)
-        return table, _int32(lens, device)
-
-    window_table, window_lens = batch.cached("paged_attention.window", window_index)
+    window_table, window_lens = index
+    window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
     out_window, lse_window = ops.paged_attention(
         q, batch.positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
     )

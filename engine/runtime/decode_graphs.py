@@ -12,9 +12,11 @@ when it first decodes through a graph, and each replay writes only the new token
 
 Graphs are captured for every batch size 1..max_batch, exactly: padding a batch would need a scratch SSM
 slot (about 50 MB for a 4B model) or would race in the in-place conv-state update of duplicated rows.
-Only token-granular KV pools (auto/bf16/fp8) are graphed: a KIVI decode appends to per-request residual
-windows whose lengths change every step, which a graph cannot record; those passes run eagerly. Sparse
-MoE models (Qwen3-Next) are not graphed either: the router's choice gives data-dependent shapes.
+KIVI pools (int8/int4/int2) are graphed too: each running request's open page lives in a row of a static
+window buffer (KVPool.residual_k/v), a replay writes each new token at its offset in the row, quantizes the
+rows whose page that fills into the pool in the same pass (a kernel that skips the others), and attends over
+the closed pages and the window rows with lengths taken from the positions on the device. Sparse MoE models
+(Qwen3-Next) are not graphed: the router's choice gives data-dependent shapes.
 
 Off the GPU (tests) the same static-buffer pass runs without capture, so everything but the capture
 itself is checked on the CPU against the eager path.
@@ -31,9 +33,11 @@ from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
 from headroom.engine.runtime.forward_batch import (
     GDN_BOUNDS,
     GDN_SLOTS,
+    KIVI_WRITE,
     KV_WRITE_ROWS,
     LAST_ROWS,
     POOL_INDEX,
+    WINDOW_INDEX,
     BatchItem,
     ForwardBatch,
     ItemSpan,
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
     from headroom.engine.runtime.model_runner import ModelRunner
 
 # Rows of the static index buffer: one value per sequence of the pass.
-_TOKEN, _POSITION, _WRITE_SLOT, _SSM_SLOT, _TABLE_ROW = range(5)
+_TOKEN, _POSITION, _WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW = range(6)
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,6 @@ class _TableRow:
 
 class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_batch: int, capture: bool | None = None):
-        if runner.kv_pool.is_kivi:
-            raise ValueError(f"decode graphs need a token-granular KV pool, not {runner.kv_pool.kv_dtype}")
         if runner.model_config.moe_layers:
             # The router's per-token expert choice gives data-dependent shapes, which a graph cannot record.
             raise ValueError("decode graphs cannot record a sparse MoE model (Qwen3-Next): set cuda_graph_max_batch=0")
@@ -88,8 +90,9 @@ class DecodeGraphs:
         self.table = torch.zeros((config.max_running_requests, config.context_length), dtype=torch.int32, device=device)
         self._free_rows = list(range(config.max_running_requests - 1, -1, -1))
         self._rows: dict[str, _TableRow] = {}
-        self._index = torch.zeros((5, max_batch), dtype=torch.long, device=device)
+        self._index = torch.zeros((6, max_batch), dtype=torch.long, device=device)
         self._arange = torch.arange(max_batch + 1, device=device)
+        self._page_arange = torch.arange(runner.kv_pool.page_tokens, device=device)
         self._offsets = self._arange.to(torch.int32)
         self._zeros = torch.zeros(max_batch, dtype=torch.int32, device=device)
         # Placeholder spans: the layers read only their count and lengths in a static pass.
@@ -125,7 +128,8 @@ class DecodeGraphs:
         """Logits [len(items), vocab] fp32 of one decode pass (can_run(items) must hold); a fresh tensor,
         not the graph's output buffer, so callers may keep it across passes."""
         size = len(items)
-        columns = [[0] * size for _ in range(5)]
+        columns = [[0] * size for _ in range(6)]
+        kv_pool = self.runner.kv_pool
         for i, item in enumerate(items):
             seq = item.seq
             position = seq.num_computed_tokens
@@ -135,6 +139,7 @@ class DecodeGraphs:
             columns[_WRITE_SLOT][i] = seq.kv_slots[position]
             columns[_SSM_SLOT][i] = seq.ssm_slot if seq.ssm_slot is not None else 0
             columns[_TABLE_ROW][i] = entry.row
+            columns[_WINDOW_ROW][i] = kv_pool.residual_row(seq) if kv_pool.is_kivi else 0
             entry.uploaded = position + 1
         copy_into(self._index[:, :size], torch.tensor(columns, dtype=torch.long))
         if not self.capture_graphs:
@@ -161,11 +166,24 @@ class DecodeGraphs:
         index = self._index[:, :size]
         positions, write_slots, rows = index[_POSITION], index[_WRITE_SLOT], index[_TABLE_ROW]
         self.table[rows, positions] = write_slots.to(torch.int32)
-        pool_index = (self.table[rows], self._offsets[: size + 1], self._zeros[:size], (positions + 1).to(torch.int32), 1)
-        batch = ForwardBatch(index[_TOKEN], positions, self._spans[:size], {
-            KV_WRITE_ROWS: write_slots, POOL_INDEX: pool_index, GDN_SLOTS: index[_SSM_SLOT],
-            GDN_BOUNDS: self._arange[: size + 1], LAST_ROWS: self._arange[:size],
-        }, is_static=True)
+        indices = {KV_WRITE_ROWS: write_slots, GDN_SLOTS: index[_SSM_SLOT], GDN_BOUNDS: self._arange[: size + 1],
+                   LAST_ROWS: self._arange[:size]}
+        kv_pool = self.runner.kv_pool
+        if kv_pool.is_kivi:
+            # Closed pages from the pool (page table: each page's first slot / page), the open one from the
+            # sequence's window row; the step that fills a page closes it (KVPool.store_static) before attending.
+            page, ends = kv_pool.page_tokens, positions + 1
+            window_rows, left = index[_WINDOW_ROW], ends % page
+            pages = torch.div(self.table[rows][:, ::page], page, rounding_mode="floor")
+            indices[POOL_INDEX] = (pages, self._offsets[: size + 1], self._zeros[:size], (ends - left).to(torch.int32), 1)
+            window_table = (window_rows[:, None] * page + self._page_arange[None, :]).to(torch.int32)
+            indices[WINDOW_INDEX] = (window_table, left.to(torch.int32))
+            closes = torch.where(left == 0, torch.div(write_slots, page, rounding_mode="floor"), -1)
+            indices[KIVI_WRITE] = (window_rows, positions % page, closes)
+        else:
+            indices[POOL_INDEX] = (self.table[rows], self._offsets[: size + 1], self._zeros[:size],
+                                   (positions + 1).to(torch.int32), 1)
+        batch = ForwardBatch(index[_TOKEN], positions, self._spans[:size], indices, is_static=True)
         runner = self.runner
         self._logits[:size].copy_(runner.model(batch, runner.kv_pool, runner.ssm_pool))
 
@@ -202,7 +220,7 @@ class DecodeGraphs:
         side = torch.cuda.Stream(device)
         for size in range(self.max_batch, 0, -1):
             self._index.zero_()
-            for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW):
+            for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW):
                 self._index[row] = self._arange[: self.max_batch]
             # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel.
             side.wait_stream(torch.cuda.current_stream(device))

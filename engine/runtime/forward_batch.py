@@ -44,6 +44,10 @@ class ItemSpan:
 # them with its static buffers instead (engine/runtime/decode_graphs.py).
 KV_WRITE_ROWS = "kv_write_rows"
 POOL_INDEX = "paged_attention.pool"
+# KIVI: (table over the flattened residual windows, lengths) of each sequence's open page, or None for none.
+WINDOW_INDEX = "paged_attention.window"
+# KIVI decode graphs: (window rows, offsets in the page, pool page each step closes or -1) for KVPool.store_static.
+KIVI_WRITE = "kivi_write"
 GDN_SLOTS = "gdn.slots"
 GDN_BOUNDS = "gdn.bounds"
 LAST_ROWS = "last_rows"

@@ -3,7 +3,10 @@
 Formats (engine/plan/kv_format.py is the byte layout): `auto` stores the model dtype, bf16 bf16,
 fp8 e4m3 + fp32 scale per token per head, int8/int4/int2 KIVI pages of `page_tokens` tokens.
 KIVI pages are written whole: the open page of a sequence (fewer than page_tokens newest tokens) stays in
-full precision in that sequence's residual window here, outside the pool, until it fills.
+full precision in that sequence's residual window here, outside the pool, until it fills. The windows are one
+static buffer per layer, a row of page_tokens tokens for each running request (the planner's
+`kv_residual_window` line), so that a decode graph records their addresses: a graphed step writes its token
+into the row and, when that fills the page, quantizes the row into the pool in the same pass (store_static).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ class KVPool:
 
     def __init__(
         self, num_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
-        kv_dtype: str, model_dtype: torch.dtype, device: torch.device,
+        kv_dtype: str, model_dtype: torch.dtype, device: torch.device, residual_rows: int = 1,
     ):
         self.kv_dtype = kv_dtype
         self.model_dtype = model_dtype
@@ -56,12 +59,33 @@ class KVPool:
                     "v_zero": torch.zeros((num_tokens, num_kv_heads, groups), dtype=torch.float16, device=device),
                 }
             self.layers.append(store)
-        # request id -> per layer (k, v) of the open page, full precision (KIVI only).
-        self._residual: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # KIVI: per layer, the open pages of up to residual_rows running requests [rows, page, H, D] (model
+        # dtype), and which row each request holds.
+        rows = residual_rows if self.is_kivi else 0
+        window = (rows, self.page_tokens, num_kv_heads, head_dim)
+        self.residual_k = [torch.zeros(window, dtype=model_dtype, device=device) for _ in range(num_layers if rows else 0)]
+        self.residual_v = [torch.zeros(window, dtype=model_dtype, device=device) for _ in range(num_layers if rows else 0)]
+        self._residual_rows: dict[str, int] = {}
+        self._free_rows = list(range(rows - 1, -1, -1))
 
     def nbytes(self) -> int:
         """Bytes of pool storage (residual windows excluded; they belong to running requests)."""
         return sum(t.numel() * t.element_size() for store in self.layers for t in store.values())
+
+    def residual_nbytes(self) -> int:
+        """Bytes of the KIVI residual windows of every layer (the plan's kv_residual_window at 2-byte dtypes)."""
+        return sum(t.numel() * t.element_size() for t in (*self.residual_k, *self.residual_v))
+
+    def residual_row(self, seq: Sequence) -> int:
+        """seq's row of the residual windows, leased on its first KIVI store."""
+        row = self._residual_rows.get(seq.request_id)
+        if row is None:
+            if not self._free_rows:
+                raise RuntimeError(
+                    f"request {seq.request_id!r}: all {len(self.residual_k[0]) if self.residual_k else 0} KIVI "
+                    "residual windows are held (one per running request)")
+            row = self._residual_rows[seq.request_id] = self._free_rows.pop()
+        return row
 
     def write(self, layer: int, slots: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize-on-write k, v [T, H, D] into slots (KIVI: whole pages, page-aligned, in order)."""
@@ -129,19 +153,34 @@ class KVPool:
         if not self.is_kivi:
             self.write(layer, seq.kv_slots[start:end], k, v)
             return
-        windows = self._residual.setdefault(seq.request_id, [])
-        if len(windows) <= layer:
-            empty = k.new_zeros((0, *k.shape[1:]))
-            windows.extend([(empty, empty)] * (layer + 1 - len(windows)))
-        old_k, old_v = windows[layer]
-        page_start = start - start % self.page_tokens
-        if old_k.shape[0] != start - page_start:
-            raise RuntimeError(f"request {seq.request_id!r}: residual window holds {old_k.shape[0]} tokens, expected {start - page_start}")
-        all_k, all_v = torch.cat((old_k, k)), torch.cat((old_v, v))
-        closed = (end - page_start) - (end - page_start) % self.page_tokens
-        if closed:
-            self.write(layer, seq.kv_slots[page_start : page_start + closed], all_k[:closed], all_v[:closed])
-        windows[layer] = (all_k[closed:].clone(), all_v[closed:].clone())
+        # The window holds positions page_start..start-1 (start % page of them); pages that fill are written whole.
+        row, page = self.residual_row(seq), self.page_tokens
+        window_k, window_v = self.residual_k[layer][row], self.residual_v[layer][row]
+        filled, page_start, left = start % page, start - start % page, end % page
+        if page_start + page > end:  # the open page does not fill
+            window_k[filled : filled + k.shape[0]], window_v[filled : filled + k.shape[0]] = k, v
+            return
+        closed = end - left
+        head = closed - start
+        self.write(layer, seq.kv_slots[page_start:closed], torch.cat((window_k[:filled], k[:head])),
+                   torch.cat((window_v[:filled], v[:head])))
+        window_k[:left], window_v[:left] = k[head:], v[head:]
+
+    def store_static(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,
+                     close_pages: torch.Tensor) -> None:
+        """A graphed KIVI decode step: token b (k, v [B, H, D]) into window row rows[b] at offsets[b] (its position
+        modulo the page), then the rows whose page that fills (close_pages[b] >= 0) quantized into that pool page;
+        index tensors on the device, so that a graph records the step whatever the lengths."""
+        self.residual_k[layer][rows, offsets] = k.to(self.model_dtype)
+        self.residual_v[layer][rows, offsets] = v.to(self.model_dtype)
+        if not k.is_cuda:  # the static pass off the GPU (tests): the reference writes, host-side
+            for row, page in zip(rows.tolist(), close_pages.tolist(), strict=True):
+                if page >= 0:
+                    slots = list(range(page * self.page_tokens, (page + 1) * self.page_tokens))
+                    self.write(layer, slots, self.residual_k[layer][row], self.residual_v[layer][row])
+            return
+        ops.kivi_close_pages(self.layers[layer], self.kv_dtype, self.bits, self.page_tokens, self.value_group,
+                             self.residual_k[layer], self.residual_v[layer], rows, close_pages)
 
     def context(self, layer: int, seq: Sequence, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of seq's positions 0..end-1 ([end, H, D], model dtype); end must be seq's stored length."""
@@ -149,17 +188,22 @@ class KVPool:
             return self.read(layer, seq.kv_slots[:end])
         closed = end - end % self.page_tokens
         k, v = self.read(layer, seq.kv_slots[:closed]) if closed else (None, None)
-        windows = self._residual.get(seq.request_id)
-        tail = windows[layer] if windows and len(windows) > layer else None
+        tail = self.residual_window(layer, seq, end)
         parts_k = [x for x in (k, tail[0] if tail is not None else None) if x is not None]
         parts_v = [x for x in (v, tail[1] if tail is not None else None) if x is not None]
         return torch.cat(parts_k), torch.cat(parts_v)
 
-    def residual_window(self, layer: int, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Full-precision K, V [n, H, D] of seq's open KIVI page in this layer (None if it has none)."""
-        windows = self._residual.get(seq.request_id)
-        return windows[layer] if windows and len(windows) > layer else None
+    def residual_window(self, layer: int, seq: Sequence, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Full-precision K, V [n, H, D] of seq's open KIVI page in this layer, for its stored length end (None if
+        it has no open page)."""
+        row = self._residual_rows.get(seq.request_id)
+        n = end % self.page_tokens
+        if row is None or not n:
+            return None
+        return self.residual_k[layer][row, :n], self.residual_v[layer][row, :n]
 
     def release(self, seq: Sequence) -> None:
-        """Drop seq's residual window (its pool slots are the allocator's business)."""
-        self._residual.pop(seq.request_id, None)
+        """Free seq's residual window row (its pool slots are the allocator's business)."""
+        row = self._residual_rows.pop(seq.request_id, None)
+        if row is not None:
+            self._free_rows.append(row)

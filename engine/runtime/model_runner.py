@@ -69,7 +69,7 @@ class ModelRunner:
         self.model = CausalLM(mc, weights, tp)
         self.kv_pool = KVPool(
             config.max_total_tokens, len(mc.full_attention_layers), mc.num_kv_heads, mc.head_dim,
-            config.kv_dtype, self.dtype, self.device,
+            config.kv_dtype, self.dtype, self.device, residual_rows=config.max_running_requests,
         )
         self.ssm_pool: SSMPool | None = None
         if mc.is_hybrid:
@@ -83,9 +83,8 @@ class ModelRunner:
         self._check_budget()
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
-            graph_batch = decode_graph_batch(
-                self.kv_pool.is_kivi, bool(mc.moe_layers), config.max_running_requests
-            ) if self.device.type == "cuda" else 0
+            graph_batch = decode_graph_batch(bool(mc.moe_layers), config.max_running_requests) \
+                if self.device.type == "cuda" else 0
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
 
     def capture_decode_graphs(self) -> CaptureReport:

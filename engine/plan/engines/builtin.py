@@ -66,17 +66,17 @@ DEFAULT_SESSION_FRACTION = 4
 DEFAULT_STATE_SHARE = 0.25
 
 
-def decode_graph_batch(kivi_pool: bool, sparse_moe: bool, running: int) -> int:
-    """Decode graphs the engine captures by default (one per batch size up to this): none for KIVI pools
-    (their residual windows change length every step) or sparse MoE models (data-dependent routing).
-    The planner prices them and ModelRunner captures them from this one rule."""
-    if kivi_pool or sparse_moe:
+def decode_graph_batch(sparse_moe: bool, running: int) -> int:
+    """Decode graphs the engine captures by default (one per batch size up to this): none for sparse MoE models
+    (data-dependent routing); KIVI pools are graphed like the others (their open pages sit in a static window
+    buffer). The planner prices them and ModelRunner captures them from this one rule."""
+    if sparse_moe:
         return 0
     return min(running, DECODE_GRAPH_MAX_BATCH)
 
 
 def decode_graph_count(geometry: ModelGeometry, layout: Layout) -> int:
-    return decode_graph_batch(kv_format(layout.kv_dtype).is_kivi, geometry.num_experts > 0, layout.running)
+    return decode_graph_batch(geometry.num_experts > 0, layout.running)
 
 
 class BuiltinEngine(EngineModel):

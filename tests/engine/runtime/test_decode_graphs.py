@@ -88,11 +88,34 @@ def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
     assert graphs.can_run([BatchItem(seqs[2], [2])])
 
 
-def test_kivi_pool_and_bad_sizes_are_refused_with_the_numbers(tiny_model_factory):
+@pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
+def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, kv_dtype):
+    """KIVI pages of 32: prompts of 28, 5 and 40 tokens and 30 new tokens each, so graphed steps fill and close
+    pages (28 -> 32, 5 -> 32, 40 -> 64) while others only append to their window rows; tokens and logits equal
+    the eager path's, and every window row is free again at the end."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    prompts = [random_prompt(vocab, n, seed=n) for n in (28, 5, 40)]
+    runs = {}
+    for graph_batch in (0, 3):
+        llm = LLM(str(model_dir), max_total_tokens=512, ssm_slots=16, chunked_prefill_size=64, max_running_requests=4,
+                  kv_dtype=kv_dtype, cuda_graph_max_batch=graph_batch)
+        steps: list[bool] = []
+        graphs = llm.runner.decode_graphs
+        if graphs is not None:
+            real_run = graphs.run
+            graphs.run = lambda items, real_run=real_run: steps.append(True) or real_run(items)  # type: ignore[method-assign]
+        runs[graph_batch] = llm.generate(prompts, max_new_tokens=30)
+        if graph_batch:
+            assert len(steps) >= 25, "the decode steps went through the static pass"
+        assert not llm.runner.kv_pool._residual_rows
+    for a, b in zip(runs[0], runs[3], strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(a.prompt_logits, b.prompt_logits, atol=1e-5, rtol=0)
+
+
+def test_bad_sizes_are_refused_with_the_numbers(tiny_model_factory):
     model_dir, _ = tiny_model_factory("qwen3_5", 0)
-    with pytest.raises(ValueError, match="token-granular KV pool, not int4"):
-        ModelRunner(EngineConfig(model_path=str(model_dir), kv_dtype="int4", max_total_tokens=128,
-                                 cuda_graph_max_batch=2))
     with pytest.raises(ValueError, match=r"cuda_graph_max_batch=9 must be in 1..8 \(max_running_requests=8"):
         ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=128, cuda_graph_max_batch=9))
     with pytest.raises(ValueError, match=r"cuda_graph_max_batch=65 must be in 1..64 .* at most 64 graphs"):

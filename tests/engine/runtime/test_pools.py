@@ -24,6 +24,20 @@ def test_pool_bytes_equal_the_planner_ledger(tiny_model_factory, kv_dtype):
     assert runner.ssm_pool.nbytes() == ssm_slot_bytes(geometry) * 5
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "int2"])
+def test_kivi_residual_windows_are_the_planner_line(tiny_model_factory, kv_dtype):
+    """One open page per running request and full-attention layer, K and V: the plan's kv_residual_window,
+    twice over for the fp32 test checkpoint (the plan prices the 2-byte model dtype)."""
+    from headroom.engine.plan.engines.base import Layout
+    from headroom.engine.plan.engines.builtin import BuiltinEngine
+
+    model_dir, _ = tiny_model_factory("qwen3_5", 2)
+    runner = ModelRunner(EngineConfig(model_path=str(model_dir), kv_dtype=kv_dtype, max_total_tokens=96, ssm_slots=5,
+                                      max_running_requests=5))
+    line = BuiltinEngine().static_extras(load_geometry(model_dir), Layout(32, 96, 5, kv_dtype, 1, "fp32"))
+    assert runner.kv_pool.residual_nbytes() == 2 * line["kv_residual_window"] > 0
+
+
 def test_auto_kv_stores_the_model_dtype(tiny_model_factory):
     """fp32 checkpoints (CPU tests): `auto` stores fp32, twice the planner's bf16 figure."""
     model_dir, _ = tiny_model_factory("qwen3", 0)
