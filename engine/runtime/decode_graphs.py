@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from headroom.engine.plan.engines.builtin import DECODE_GRAPH_MAX_BATCH
@@ -166,7 +166,7 @@ class DecodeGraphs:
         index = self._index[:, :size]
         positions, write_slots, rows = index[_POSITION], index[_WRITE_SLOT], index[_TABLE_ROW]
         self.table[rows, positions] = write_slots.to(torch.int32)
-        indices = {KV_WRITE_ROWS: write_slots, GDN_SLOTS: index[_SSM_SLOT], GDN_BOUNDS: self._arange[: size + 1],
+        indices: dict[str, Any] = {KV_WRITE_ROWS: write_slots, GDN_SLOTS: index[_SSM_SLOT], GDN_BOUNDS: self._arange[: size + 1],
                    LAST_ROWS: self._arange[:size]}
         kv_pool = self.runner.kv_pool
         if kv_pool.is_kivi:
