@@ -26,10 +26,6 @@ _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 32
-# KIVI tiles dequantize every key (shifts, scales, zeros) on the way in, so a program's loop is latency-bound,
-# not bandwidth-bound: at 32K keys an int2 decode step at batch 8 took 27.6 ms against bf16's 6.4 (H200,
-# session 4). Four times the programs, and up to 64 splits, for those decode steps.
-_KIVI_PROGRAM_FACTOR, _KIVI_MAX_SPLITS = 4, 64
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend): set only by bench/engine_speed.py's tile sweep; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
@@ -245,11 +241,8 @@ def paged_attention(
     if num_splits is None:
         group = q.shape[1] // kv.num_kv_heads
         tiles = kv_table.shape[0] * math.ceil(max_q_len * group / _block_m(max_q_len * group)) * kv.num_kv_heads
-        # Decode only: a prefill's split workspace grows with its queries ([splits, N, Hq, D] fp32).
-        kivi = kv.kind == "kivi" and max_q_len == 1
-        target = _TARGET_PROGRAMS * (_KIVI_PROGRAM_FACTOR if kivi else 1)
         # A power of two: the merge kernel's tile (BLOCK_S) then takes a few values, all met by the warm-up.
-        num_splits = 1 << (max(1, min(_KIVI_MAX_SPLITS if kivi else _MAX_SPLITS, target // tiles)).bit_length() - 1)
+        num_splits = 1 << (max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
     )
