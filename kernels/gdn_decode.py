@@ -16,6 +16,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale):
+    """One token on a [BLOCK_K, BLOCK_V] fp32 state tile (p_*: that token's q/k head, value head, gate, beta):
+    q/k L2-normed, decay, delta update; returns the new tile and the output row o = S^T q."""
+    b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
+    b_k = tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
+    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
+    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+    b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
+    b_s = b_s * tl.exp(tl.load(p_g).to(tl.float32))
+    b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * tl.load(p_beta).to(tl.float32)
+    b_s = b_s + b_k[:, None] * b_delta[None, :]
+    return b_s, tl.sum(b_s * b_q[:, None], 0)
+
+
+@triton.jit
 def gated_delta_decode_fwd_kernel(
     q, k, v, g, beta, states, slots, out,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
@@ -28,20 +43,14 @@ def gated_delta_decode_fwd_kernel(
     m_k = o_k < DK
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < DV
-    b_q = tl.load(q + i_b * stride_qb + i_hk * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
-    b_k = tl.load(k + i_b * stride_kb + i_hk * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-    b_v = tl.load(v + i_b * stride_vb + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
-    b_g = tl.load(g + i_b * stride_gb + i_hv).to(tl.float32)
-    b_beta = tl.load(beta + i_b * stride_betab + i_hv).to(tl.float32)
     slot = tl.load(slots + i_b).to(tl.int64)
     p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
-    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32) * tl.exp(b_g)
-    b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * b_beta
-    b_s = b_s + b_k[:, None] * b_delta[None, :]
-    b_o = tl.sum(b_s * b_q[:, None], 0)
+    b_s, b_o = _delta_rule_step(
+        tl.load(p_s, mask=m_s, other=0).to(tl.float32), q + i_b * stride_qb + i_hk * stride_qh,
+        k + i_b * stride_kb + i_hk * stride_kh, v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
+        beta + i_b * stride_betab + i_hv, o_k, m_k, o_v, m_v, scale,
+    )
     tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
     tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
 
@@ -100,17 +109,11 @@ def gated_delta_tail_fwd_kernel(
     num_rows = tl.load(row_hi + i_b) - tl.load(row_lo + i_b)
     for i in range(0, num_rows):
         t64 = lo + i
-        b_q = tl.load(q + t64 * stride_qt + i_hk * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(k + t64 * stride_kt + i_hk * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_v = tl.load(v + t64 * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
-        b_g = tl.load(g + t64 * stride_gt + i_hv).to(tl.float32)
-        b_beta = tl.load(beta + t64 * stride_betat + i_hv).to(tl.float32)
-        b_s = b_s * tl.exp(b_g)
-        b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * b_beta
-        b_s = b_s + b_k[:, None] * b_delta[None, :]
-        b_o = tl.sum(b_s * b_q[:, None], 0)
+        b_s, b_o = _delta_rule_step(
+            b_s, q + t64 * stride_qt + i_hk * stride_qh, k + t64 * stride_kt + i_hk * stride_kh,
+            v + t64 * stride_vt + i_hv * stride_vh, g + t64 * stride_gt + i_hv, beta + t64 * stride_betat + i_hv,
+            o_k, m_k, o_v, m_v, scale,
+        )
         tl.store(out + t64 * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
         for j in tl.static_range(MAX_SNAPS):
             if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
