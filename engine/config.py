@@ -17,8 +17,8 @@ class EngineConfig:
 
     static_budget_bytes (weights + pools) comes from the plan (mem_fraction_static x GPU memory);
     None skips that check (CPU tests). cuda_graph_max_batch: decode passes of up to this many sequences
-    replay CUDA graphs (engine/runtime/decode_graphs.py); None = min(max_running_requests, 64) on CUDA with a
-    token-granular KV pool, else off; 0 = off. tensor_parallel_size: processes (devices) the model is split
+    replay CUDA graphs (engine/runtime/decode_graphs.py); None = min(max_running_requests, 64) on CUDA for a
+    dense or hybrid model (any KV format), off for sparse MoE and off the GPU; 0 = off. tensor_parallel_size: processes (devices) the model is split
     over (engine/runtime/parallel.py); the pool sizes and the static budget are per device, as the plan's ledger.
     """
 

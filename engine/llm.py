@@ -68,12 +68,17 @@ class LLM:
                 )
             seqs.append(Sequence(f"llm-{next(self._ids)}", list(prompt), params))
         first_logits: dict[str, torch.Tensor] = {}
-        try:
-            self._run(seqs, chunk, first_logits)
-        finally:
-            for seq in seqs:
-                if seq.status is not SequenceStatus.WAITING:
-                    self._finish(seq)
+        # At most max_running_requests together (each holds an SSM slot, a KIVI window row, a graph table row):
+        # more prompts run in waves, each wave to its end.
+        wave = self.config.max_running_requests
+        for begin in range(0, len(seqs), wave):
+            group = seqs[begin : begin + wave]
+            try:
+                self._run(group, chunk, first_logits)
+            finally:
+                for seq in group:
+                    if seq.status is not SequenceStatus.WAITING:
+                        self._finish(seq)
         return [Generation(s.output_token_ids, s.cached_tokens, first_logits[s.request_id]) for s in seqs]
 
     def _run(self, seqs: list[Sequence], chunk: int, first_logits: dict[str, torch.Tensor]) -> None:

@@ -142,6 +142,9 @@ def gated_delta_decode(q, k, v, g, beta, states, slots) -> torch.Tensor | None:
     return None
 
 
+TAIL_SNAPSHOT_WIDTH = 8
+
+
 def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row_hi: list[int],
                      snapshots: list[list[tuple[int, int]]]) -> None:
     """The last rows of B prefill pieces token by token, with state snapshots into pool slots (kernels/
@@ -149,7 +152,9 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row
     if _fused(q):
         from headroom.kernels.gdn_decode import gated_delta_tail as run
 
-        width = max(1, max(len(s) for s in snapshots))
+        # A fixed table width (the kernel's MAX_SNAPS), so that no snapshot count compiles a variant while
+        # serving; a request takes at most 6 stops (engine/cache/checkpoint_policy.py).
+        width = max(TAIL_SNAPSHOT_WIDTH, 1 << (max(len(s) for s in snapshots) - 1).bit_length())
         at = [[n for n, _ in s] + [0] * (width - len(s)) for s in snapshots]
         slots = [[slot for _, slot in s] + [0] * (width - len(s)) for s in snapshots]
         device = q.device

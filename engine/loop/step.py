@@ -44,6 +44,11 @@ class StepStats:
 class StepRunner:
     def __init__(self, runner: ModelRunner, scheduler_config: SchedulerConfig,
                  emit: Callable[[str, TokenEvent], None]):
+        if scheduler_config.max_running_requests > runner.config.max_running_requests:
+            # The runner holds per-request state for that many (SSM slots, KIVI window rows, graph table rows).
+            raise ValueError(
+                f"scheduler max_running_requests={scheduler_config.max_running_requests} exceeds the engine's "
+                f"{runner.config.max_running_requests} (EngineConfig.max_running_requests)")
         self.runner = runner
         self.emit = emit
         self.sequences: dict[str, Sequence] = {}

@@ -67,6 +67,9 @@ class CaptureReport:
 class _TableRow:
     row: int
     uploaded: int  # positions 0..uploaded-1 of the request have their slot in the table
+    # The request's num_shared_slots when uploaded: the radix cache re-points a shared prefix to the tree's
+    # slots (CacheManager._publish, freeing the request's own), which always changes it.
+    shared: int = 0
 
 
 class DecodeGraphs:
@@ -153,6 +156,9 @@ class DecodeGraphs:
         entry = self._rows.get(seq.request_id)
         if entry is None:
             entry = self._rows[seq.request_id] = _TableRow(self._free_rows.pop(), 0)
+        if entry.shared != seq.num_shared_slots:
+            # Re-pointed: the uploaded slots of its prefix may be freed and handed out again; upload them all.
+            entry.uploaded, entry.shared = 0, seq.num_shared_slots
         if entry.uploaded != position:
             # Behind: eager passes decoded since; ahead (cannot happen while release() is called): redo all.
             start = entry.uploaded if entry.uploaded < position else 0

@@ -5,7 +5,7 @@ their shares of the weights and pools, and per-request runtime state (KIVI resid
 rows). Each rank-0 runner call that touches those becomes an op, replayed in the same order by every rank:
 
   ("forward", items, all_positions)  items: (request_id, start, token_ids, ssm_slot, slots_from, probe, slots,
-                                             captures)
+                                             captures, num_shared_slots)
   ("release", request_id)            ("copy", src_slot, dst_slot)   ("capture",)   ("sync",)   ("stop",)
 
 A request's kv_slots are sent as a delta: they only grow, except when the radix cache re-points the shared
@@ -20,8 +20,8 @@ from typing import Any
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.sequence import Sequence
 
-# (request_id, start, token_ids, ssm_slot, slots_from, probe, slots, captures)
-EncodedItem = tuple[str, int, list[int], int | None, int, int | None, list[int], tuple[tuple[int, int], ...]]
+# (request_id, start, token_ids, ssm_slot, slots_from, probe, slots, captures, num_shared_slots)
+EncodedItem = tuple[str, int, list[int], int | None, int, int | None, list[int], tuple[tuple[int, int], ...], int]
 Op = tuple[Any, ...]
 
 
@@ -39,8 +39,9 @@ class PassEncoder:
         start = sent[0] if sent is not None and sent[1] == seq.num_shared_slots and sent[0] <= len(slots) else 0
         self._sent[seq.request_id] = (len(slots), seq.num_shared_slots)
         probe = slots[start - 1] if start else None
+        # num_shared_slots goes along: a decode graph's table row re-uploads a request whose prefix was re-pointed.
         return (seq.request_id, seq.num_computed_tokens, item.token_ids, seq.ssm_slot, start, probe, slots[start:],
-                item.captures)
+                item.captures, seq.num_shared_slots)
 
     def forget(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
@@ -54,7 +55,7 @@ class PassMirror:
 
     def decode(self, encoded: list[EncodedItem]) -> list[BatchItem]:
         items = []
-        for request_id, start, token_ids, ssm_slot, slots_from, probe, slots, captures in encoded:
+        for request_id, start, token_ids, ssm_slot, slots_from, probe, slots, captures, shared in encoded:
             seq = self._seqs.get(request_id)
             if seq is None:
                 # The runner checks only tokens start..end; earlier ones (a prefix hit) are placeholders.
@@ -74,6 +75,7 @@ class PassMirror:
             held.extend(slots)
             seq.ssm_slot = ssm_slot
             seq.num_computed_tokens = start
+            seq.num_shared_slots = shared
             items.append(BatchItem(seq, list(token_ids), tuple(captures)))
         return items
 

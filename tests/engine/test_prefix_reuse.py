@@ -62,3 +62,16 @@ def test_pools_return_to_empty_after_eviction(tiny_model_factory):
     radix.evict_checkpoints(10**6)
     assert llm.runner.kv_allocator.num_free_tokens == 64
     assert llm.runner.ssm_pool is not None and llm.runner.ssm_pool.num_free == 8
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_more_prompts_than_running_requests_run_in_waves(tiny_model_factory, kv_dtype):
+    """LLM.generate holds at most max_running_requests together (a KIVI pool has one window row each): three
+    prompts with room for two give each prompt the tokens it gets alone."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    prompts = [random_prompt(reference.config.vocab_size, n, seed=n) for n in (7, 9, 11)]
+    llm = LLM(str(model_dir), max_total_tokens=512, ssm_slots=16, max_running_requests=2, kv_dtype=kv_dtype,
+              enable_prefix_cache=False)
+    together = [g.token_ids for g in llm.generate(prompts, max_new_tokens=5)]
+    assert together == [llm.generate([p], max_new_tokens=5)[0].token_ids for p in prompts]
+    assert not llm.runner.kv_pool._residual_rows

@@ -140,3 +140,15 @@ def test_a_short_request_is_admitted_while_long_prefills_hold_their_checkpoints(
     loop.steps.step()
     assert events.get("question") and events["question"][0].token_ids
     assert not any(events.get(f"long{i}") for i in range(4))
+
+
+def test_a_scheduler_running_more_than_the_engine_holds_is_refused(state):
+    """The runner keeps per-request state for EngineConfig.max_running_requests requests (SSM slots, KIVI window
+    rows, graph table rows): a scheduler allowed more is refused with both numbers."""
+    from dataclasses import replace
+
+    from headroom.engine.loop.step import StepRunner
+
+    steps = state.loop.steps
+    with pytest.raises(ValueError, match=r"scheduler max_running_requests=5 exceeds the engine's 4"):
+        StepRunner(steps.runner, replace(steps.scheduler.config, max_running_requests=5), steps.emit)

@@ -14,9 +14,10 @@ from headroom.engine.runtime.model_runner import ModelRunner
 from tests.engine.helpers import new_sequence, random_prompt
 
 
-@pytest.fixture(params=[0, 12, 256], ids=lambda n: f"tail {n}")
+@pytest.fixture(params=[0, 27, 256], ids=lambda n: f"tail {n}")
 def tail_rows(request, monkeypatch):
-    """Captures as varlen rounds only (0), rounds then a tail launch (12 rows), or all in the tail (256)."""
+    """Captures as varlen rounds only (0), rounds then a tail launch with a snapshot in it (27 rows: the 44-token
+    prompt's captures 2 and 17 as rounds, 30 a snapshot; in the mixed batch b's 24), or all in the tail (256)."""
     from headroom.engine.layers import linear_attention
 
     monkeypatch.setattr(linear_attention, "TAIL_ROWS", request.param)

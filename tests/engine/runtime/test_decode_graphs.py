@@ -150,3 +150,18 @@ def test_a_one_token_prompt_starts_in_a_static_pass(tiny_model_factory):
         runs[graph_batch] = runner.forward([BatchItem(first, [7]), BatchItem(single, [11])])
     assert runs[2].shape[0] == 2
     torch.testing.assert_close(runs[0], runs[2], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kv_dtype,length,chunk", [("auto", 129, 64), ("int4", 128, 127)])
+def test_a_prefix_re_pointed_by_the_cache_is_uploaded_again(tiny_model_factory, kv_dtype, length, chunk):
+    """Two identical prompts in one batch: after a pass the graph rows already hold, the radix cache re-points the
+    second's prefix to the first's slots and frees its own (CacheManager._publish), which the allocator hands out
+    again. Its table row must follow: graphed tokens equal eager ones (they diverged at token 24 / 31 before)."""
+    model_dir, reference = tiny_model_factory("qwen3", 0)
+    prompt = random_prompt(reference.config.vocab_size, length, seed=1)
+    out = {}
+    for graph_batch in (0, 2):
+        llm = LLM(str(model_dir), max_total_tokens=1024, max_running_requests=2, kv_dtype=kv_dtype,
+                  cuda_graph_max_batch=graph_batch, chunked_prefill_size=chunk)
+        out[graph_batch] = [g.token_ids for g in llm.generate([prompt, prompt], max_new_tokens=60)]
+    assert out[0][0] == out[0][1] == out[2][0] == out[2][1]
