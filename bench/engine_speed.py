@@ -6,7 +6,7 @@ Run on the H200 from the repo root (see bench/device_env.sh):
 parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
-without checkpoint stops) and
+without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
 captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), fla_configs (after the parts
 that serve: the configs fla's autotuners picked, written to OUTDIR/fla_tuned_configs.json, which
 kernels/fla_tuned_configs.json ships; the part also writes that file in this checkout, so that serve_cold_tuned,
@@ -281,7 +281,8 @@ def main() -> None:
             "logits": lambda s: parts.logit_check(("tiny",)),
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "profile_passes": lambda s: parts.profile_passes(MODEL),
-            "profile_small": lambda s: parts.profile_small_passes(MODEL), "captures": lambda s: parts.capture_check(MODEL),
+            "profile_small": lambda s: parts.profile_small_passes(MODEL),
+            "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
             "tiles": lambda s: parts.attention_tile_sweep()}

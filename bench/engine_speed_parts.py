@@ -495,3 +495,31 @@ def profile_small_passes(model: Path, device: str = "cuda") -> dict:
         out[f"prompt_{n}_python_top"] = [{"fn": f"{Path(f).name}:{line}:{fn}", "calls": nc, "own_ms": tt * 1000,
                                           "cum_ms": ct * 1000} for (f, line, fn), (_, nc, tt, ct, _) in rows]
     return out
+
+
+def kivi_graph_check(model: Path, kv: str = "int2", device: str = "cuda") -> dict:
+    """Graphed KIVI decode against the same decode run eagerly (cuda_graph_max_batch=0), on the 4B-shaped
+    model: three prompts (1,000, 1,030 and 2,050 tokens) decoding 70 tokens each, so graphed steps fill and
+    close pages while others only append to their window rows; greedy tokens and prompt logits."""
+    import gc
+
+    from headroom.engine.llm import LLM
+
+    settings = {"device": device, "dtype": "bfloat16", "kv_dtype": kv, "max_total_tokens": 16384, "ssm_slots": 16,
+                "chunked_prefill_size": 8192, "context_length": 8192, "max_running_requests": 4,
+                "enable_prefix_cache": False}
+    runs = {}
+    for graphs in (4, 0):
+        llm = LLM(str(model), cuda_graph_max_batch=graphs, **settings)
+        vocab = llm.runner.model_config.vocab_size
+        prompts = [[random.Random(n).randrange(vocab) for _ in range(n)] for n in (1000, 1030, 2050)]
+        runs[graphs] = (llm.generate(prompts, max_new_tokens=70, ignore_eos=True),
+                        llm.runner.decode_graphs.captured_sizes if llm.runner.decode_graphs else ())
+        del llm
+        gc.collect()
+    (graphed, captured), (eager, _) = runs[4], runs[0]
+    pairs = list(zip(graphed, eager, strict=True))
+    return {"captured": list(captured), "tokens_equal": [a.token_ids == b.token_ids for a, b in pairs],
+            "first_divergence": [next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if x != y), None)
+                                 for a, b in pairs],
+            "prompt_logits": [_diff(a.prompt_logits, b.prompt_logits) for a, b in pairs]}
