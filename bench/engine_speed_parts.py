@@ -337,7 +337,7 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
         truth = refs[torch.float32]
         case["transformers_bf16_vs_fp32_max_abs"] = float((refs[torch.bfloat16] - truth).abs().max())
         case["logit_scale"] = float(truth.abs().max())
-        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager: KIVI is not graphed).
+        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager here).
         for fused, kv in ((True, "bf16"), (False, "bf16"), (True, "int2")):
             ops.set_fused(fused)
             runner = ModelRunner(EngineConfig(
@@ -369,7 +369,8 @@ def attention_tile_sweep() -> dict:
     from headroom.kernels import paged_attention as pa
 
     configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_m": 128}, {"block_m": 128, "block_n": 64},
-               {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4}]
+               {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4},
+               {"group_scales": 1}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -391,8 +392,9 @@ def attention_tile_sweep() -> dict:
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
+    # group_scales: KIVI value scales loaded per channel group (kernels/paged_attention.py _load_tile); bf16 ignores it.
     decode_configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_n": 128, "num_warps": 4},
-                      {"num_warps": 4, "num_stages": 3}]
+                      {"num_warps": 4, "num_stages": 3}, {"group_scales": 1}, {"group_scales": 1, "block_n": 64}]
     for kind in ("bf16", "int2"):
         lens = [32768] * 8
         kv, table = gpu_kernels.filled_pool(kind, lens)

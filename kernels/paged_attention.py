@@ -42,6 +42,7 @@ def _load_tile(
     base, scale_ptr, zero_ptr, page, row, i_h, o_d, m_rows, m_tile,
     stride_p, stride_r, stride_h, stride_sp, stride_sh,
     KIND: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
     """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized."""
     if KIND == 2:
@@ -50,10 +51,23 @@ def _load_tile(
         codes = (tl.load(p_x, mask=m_tile, other=0).to(tl.int32) >> ((row % per_byte) * BITS)[:, None]) & ((1 << BITS) - 1)
         if PER_CHANNEL:
             p_s = page[:, None] * stride_sp + i_h * stride_sh + o_d[None, :]
+            b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+            b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+        elif GROUP_SCALES:
+            # One load per (row, channel group), broadcast over the group's channels: the per-channel gather
+            # below repeats each address GROUP_D times, and its loads cannot be vectorised.
+            BLOCK_G: tl.constexpr = BLOCK_D // GROUP_D
+            o_g = tl.arange(0, BLOCK_G)
+            p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + o_g[None, :]
+            m_g = m_rows[:, None] & (o_g * GROUP_D < HEAD_DIM)[None, :]
+            b_s = tl.load(scale_ptr + p_s, mask=m_g, other=0).to(tl.float32)
+            b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
+            b_s = tl.reshape(tl.broadcast_to(b_s[:, :, None], (BLOCK_N, BLOCK_G, GROUP_D)), (BLOCK_N, BLOCK_D))
+            b_z = tl.reshape(tl.broadcast_to(b_z[:, :, None], (BLOCK_N, BLOCK_G, GROUP_D)), (BLOCK_N, BLOCK_D))
         else:
             p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + (o_d // GROUP_D)[None, :]
-        b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-        b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+            b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+            b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
         return codes.to(tl.float32) * b_s + b_z
     p_x = base + page[:, None] * stride_p + i_h * stride_h + o_d[None, :]
     if KIND == 1:
@@ -74,7 +88,7 @@ def paged_attention_fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
@@ -109,7 +123,8 @@ def paged_attention_fwd_kernel(
         row = o_j % PAGE
         m_tile = m_j[:, None] & m_d[None, :]
         b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                         stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D)
+                         stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
+                         GROUP_SCALES)
         if ROUND_TILES:
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
@@ -122,7 +137,8 @@ def paged_attention_fwd_kernel(
         b_p = tl.exp2(b_s - m_safe[:, None])
         alpha = tl.exp2(b_m - m_safe)
         b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                         stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
+                         stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
+                         GROUP_SCALES)
         if ROUND_TILES:
             b_v = b_v.to(q.dtype.element_ty)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
@@ -155,9 +171,14 @@ def paged_attention_fwd(
         block_n = 32 if head_dim > 128 and kv.kind == "kivi" else 64
         num_warps, num_stages = (4, 3) if kv.kind == "kivi" else (num_warps, 3)
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
+    # KIVI value scales loaded per channel group (off until the H200 sweep has measured it: `group_scales`).
+    group_scales = bool(tuning.get("group_scales", 0))
     if tuning:
         block_m, block_n = tuning.get("block_m", block_m), tuning.get("block_n", block_n)
         num_warps, num_stages = tuning.get("num_warps", num_warps), tuning.get("num_stages", num_stages)
+    block_d = triton.next_power_of_2(max(head_dim, 16))
+    group_scales = group_scales and kv.kind == "kivi" and block_d % max(kv.value_group, 1) == 0 \
+        and block_d >= kv.value_group
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -182,10 +203,10 @@ def paged_attention_fwd(
         lse.stride(0), lse.stride(1), kv_table.stride(0),
         kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
         k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), BLOCK_M=block_m,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda,
+        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:
