@@ -370,7 +370,7 @@ def attention_tile_sweep() -> dict:
 
     configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_m": 128}, {"block_m": 128, "block_n": 64},
                {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4},
-               {"group_scales": 1}]
+               {"group_scales": 1}, {"group_scales": 1, "page_scales": 1}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -392,9 +392,11 @@ def attention_tile_sweep() -> dict:
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
-    # group_scales: KIVI value scales loaded per channel group (kernels/paged_attention.py _load_tile); bf16 ignores it.
+    # group_scales / page_scales: KIVI value scales per channel group, key scales per page-sized tile
+    # (kernels/paged_attention.py _load_tile); bf16 ignores them.
     decode_configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_n": 128, "num_warps": 4},
-                      {"num_warps": 4, "num_stages": 3}, {"group_scales": 1}, {"group_scales": 1, "block_n": 64}]
+                      {"num_warps": 4, "num_stages": 3}, {"group_scales": 1}, {"group_scales": 1, "block_n": 64},
+                      {"group_scales": 1, "page_scales": 1}, {"group_scales": 1, "page_scales": 1, "num_stages": 2}]
     for kind in ("bf16", "int2"):
         lens = [32768] * 8
         kv, table = gpu_kernels.filled_pool(kind, lens)

@@ -43,13 +43,21 @@ def _load_tile(
     stride_p, stride_r, stride_h, stride_sp, stride_sh,
     KIND: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_SCALES: tl.constexpr,
+    PAGE_SCALES: tl.constexpr,
 ):
     """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized."""
     if KIND == 2:
         per_byte: tl.constexpr = 8 // BITS
         p_x = base + page[:, None] * stride_p + (row // per_byte)[:, None] * stride_r + i_h * stride_h + o_d[None, :]
         codes = (tl.load(p_x, mask=m_tile, other=0).to(tl.int32) >> ((row % per_byte) * BITS)[:, None]) & ((1 << BITS) - 1)
-        if PER_CHANNEL:
+        if PER_CHANNEL and PAGE_SCALES:
+            # The tile is one whole page (BLOCK_N == PAGE, tiles page-aligned): its key scales are one [D] row,
+            # broadcast over the tile's keys, not gathered again for each. Rows past the keys (page 0 from the
+            # masked table load) get this page's scales; their scores are masked anyway.
+            p_s = tl.max(page, 0) * stride_sp + i_h * stride_sh + o_d
+            b_s = tl.load(scale_ptr + p_s, mask=o_d < HEAD_DIM, other=0).to(tl.float32)[None, :]
+            b_z = tl.load(zero_ptr + p_s, mask=o_d < HEAD_DIM, other=0).to(tl.float32)[None, :]
+        elif PER_CHANNEL:
             p_s = page[:, None] * stride_sp + i_h * stride_sh + o_d[None, :]
             b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
             b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
@@ -88,7 +96,7 @@ def paged_attention_fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr, PAGE_SCALES: tl.constexpr,
 ):
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
@@ -124,7 +132,7 @@ def paged_attention_fwd_kernel(
         m_tile = m_j[:, None] & m_d[None, :]
         b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                          stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                         GROUP_SCALES)
+                         GROUP_SCALES, PAGE_SCALES)
         if ROUND_TILES:
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
@@ -138,7 +146,7 @@ def paged_attention_fwd_kernel(
         alpha = tl.exp2(b_m - m_safe)
         b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                          stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                         GROUP_SCALES)
+                         GROUP_SCALES, PAGE_SCALES)
         if ROUND_TILES:
             b_v = b_v.to(q.dtype.element_ty)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
@@ -171,14 +179,17 @@ def paged_attention_fwd(
         block_n = 32 if head_dim > 128 and kv.kind == "kivi" else 64
         num_warps, num_stages = (4, 3) if kv.kind == "kivi" else (num_warps, 3)
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
-    # KIVI value scales loaded per channel group (off until the H200 sweep has measured it: `group_scales`).
-    group_scales = bool(tuning.get("group_scales", 0))
+    # KIVI value scales loaded per channel group, key scales once per page-sized tile (off until the H200
+    # sweep has measured them: `group_scales`, `page_scales`).
+    group_scales, page_scales = bool(tuning.get("group_scales", 0)), bool(tuning.get("page_scales", 0))
     if tuning:
         block_m, block_n = tuning.get("block_m", block_m), tuning.get("block_n", block_n)
         num_warps, num_stages = tuning.get("num_warps", num_warps), tuning.get("num_stages", num_stages)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     group_scales = group_scales and kv.kind == "kivi" and block_d % max(kv.value_group, 1) == 0 \
         and block_d >= kv.value_group
+    # Key ranges start at page-aligned offsets (splits are whole tiles), so a tile of PAGE keys is one page.
+    page_scales = page_scales and kv.kind == "kivi" and block_n == kv.page_tokens
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -206,7 +217,7 @@ def paged_attention_fwd(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales,
+        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_SCALES=page_scales,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:

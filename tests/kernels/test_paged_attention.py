@@ -95,11 +95,13 @@ def test_bad_shapes_name_the_field():
         paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
 
 
+@pytest.mark.parametrize("keys", [("group_scales",), ("page_scales",), ("group_scales", "page_scales")], ids=str)
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [70, 9], [5, 9]), (256, [33, 64], [1, 1])])
-def test_group_scale_loads_change_nothing(monkeypatch, bits, head_dim, kv_lens, q_lens):
-    """KIVI value scales loaded once per channel group and broadcast (tuning `group_scales`, off by default
-    until measured on the H200) give exactly the per-channel gather's answer, decode and extend, partial groups."""
+def test_scale_load_variants_change_nothing(monkeypatch, keys, bits, head_dim, kv_lens, q_lens):
+    """KIVI value scales loaded once per channel group, key scales once per page-sized tile (tuning keys, off by
+    default until measured on the H200): exactly the per-element gathers' answer, decode and extend, partial
+    groups and partial last pages (page tiles apply where the tile is 32 keys: head_dim 256 decode, extend)."""
     from headroom.kernels import paged_attention as pa
 
     kv, table = make_pool("kivi", bits, 2, head_dim, kv_lens, torch.bfloat16)
@@ -108,6 +110,7 @@ def test_group_scale_loads_change_nothing(monkeypatch, bits, head_dim, kv_lens, 
             torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
     want, want_lse = paged_attention(*args)
     for tuning in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
-        monkeypatch.setitem(tuning, "group_scales", 1)
+        for key in keys:
+            monkeypatch.setitem(tuning, key, 1)
     got, got_lse = paged_attention(*args)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
