@@ -70,10 +70,10 @@ def naive_gated_delta_tail(
     after its first n rows is written to pool[slot]."""
     for b, (lo, hi) in enumerate(zip(row_lo, row_hi, strict=True)):
         state, start = states[b], lo
-        for end in [lo + n for n, _ in snapshots[b]] + [hi]:
-            rows = slice(start, end)
+        for n, slot in [*snapshots[b], (hi - lo, None)]:
+            rows = slice(start, lo + n)
             out[rows], state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
-            if end < hi:
-                pool[snapshots[b][[lo + n for n, _ in snapshots[b]].index(end)][1]] = state.to(pool.dtype)
-            start = end
+            if slot is not None:
+                pool[slot] = state.to(pool.dtype)
+            start = lo + n
         states[b] = state

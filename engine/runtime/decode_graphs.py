@@ -180,7 +180,7 @@ class DecodeGraphs:
             # sequence's window row; the step that fills a page closes it (KVPool.store_static) before attending.
             page, ends = kv_pool.page_tokens, positions + 1
             window_rows, left = index[_WINDOW_ROW], ends % page
-            pages = torch.div(self.table[rows][:, ::page], page, rounding_mode="floor")
+            pages = torch.div(self.table[:, ::page][rows], page, rounding_mode="floor")
             indices[POOL_INDEX] = (pages, self._offsets[: size + 1], self._zeros[:size], (ends - left).to(torch.int32), 1)
             window_table = (window_rows[:, None] * page + self._page_arange[None, :]).to(torch.int32)
             indices[WINDOW_INDEX] = (window_table, left.to(torch.int32))

@@ -207,14 +207,13 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             logger.info("start-up: warm-up ran %d passes in %.1f s (the first %.1f s)", len(timings),
                         time.perf_counter() - started, timings[0].seconds)
         if loop.compiles_kernels:
-            offsets = iter(range(100, 10**6))
-            for size in WARMUP_ALONE_PROMPTS:
+            for i, size in enumerate(WARMUP_ALONE_PROMPTS):
                 if size < length:
-                    add(f"warmup-alone-{size}", size, 2, 17, next(offsets))
+                    add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
                     loop.run_until_idle()
             count, size = WARMUP_CONCURRENT
             for i in range(min(count, loop.scheduler.config.max_running_requests)):
-                add(f"warmup-together-{i}", min(size, length - 1), 2, 19, next(offsets))
+                add(f"warmup-together-{i}", min(size, length - 1), 2, 19, 200 + i)
             loop.run_until_idle()
             # Those passes paid for the compiling (on a cold H200 both full chunks took seconds, the fit came out
             # at 2.7K tokens/s, and the pass bound cut 8K prompts into three passes): time clean ones for the fit.
