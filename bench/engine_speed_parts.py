@@ -370,7 +370,7 @@ def attention_tile_sweep() -> dict:
 
     configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_m": 128}, {"block_m": 128, "block_n": 64},
                {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4},
-               {"group_scales": 1}, {"group_scales": 1, "page_scales": 1}]
+               {"page_tile": 0}, {"page_tile": 0, "group_scales": 1}, {"block_m": 64}, {"block_m": 64, "num_warps": 4}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -392,23 +392,29 @@ def attention_tile_sweep() -> dict:
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
-    # group_scales / page_scales: KIVI value scales per channel group, key scales per page-sized tile
-    # (kernels/paged_attention.py _load_tile); bf16 ignores them.
-    decode_configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_n": 128, "num_warps": 4},
-                      {"num_warps": 4, "num_stages": 3}, {"group_scales": 1}, {"group_scales": 1, "block_n": 64},
-                      {"group_scales": 1, "page_scales": 1}, {"group_scales": 1, "page_scales": 1, "num_stages": 2}]
+    # page_tile 0: KIVI's per-element gather instead of whole-page tiles (kernels/paged_attention.py
+    # _load_kivi_pages); group_scales: that gather with value scales per channel group. bf16 ignores both.
+    decode_configs = [{}, {"page_tile": 0}, {"page_tile": 0, "group_scales": 1}, {"block_n": 64},
+                      {"block_n": 64, "num_stages": 2}, {"block_n": 128, "num_warps": 4}, {"num_warps": 8},
+                      {"num_stages": 2}, {"block_n": 64, "num_warps": 8}]
     for kind in ("bf16", "int2"):
-        lens = [32768] * 8
-        kv, table = gpu_kernels.filled_pool(kind, lens)
-        args = gpu_kernels.attention_args(kv, table, lens, [1] * 8)
-        for config in decode_configs:
-            key = f"{kind}_decode_b8_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
-            pa.DECODE_TUNING.clear()
-            pa.DECODE_TUNING.update(config)
-            try:
-                out[key] = {"ms": _bench(lambda args=args: pa.paged_attention(*args, max_q_len=1))}
-            except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
-                out[key] = {"error": str(exc)[:200]}
+        for batch in (8, 1):
+            lens = [32768] * batch
+            kv, table = gpu_kernels.filled_pool(kind, lens)
+            args = gpu_kernels.attention_args(kv, table, lens, [1] * batch)
+            reference = None
+            for config in decode_configs:
+                key = f"{kind}_decode_b{batch}_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
+                pa.DECODE_TUNING.clear()
+                pa.DECODE_TUNING.update(config)
+                try:
+                    result = pa.paged_attention(*args, max_q_len=1)
+                    if reference is None:
+                        reference = result[0].float()
+                    out[key] = {"ms": _bench(lambda args=args: pa.paged_attention(*args, max_q_len=1)),
+                                "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
+                except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
+                    out[key] = {"error": str(exc)[:200]}
     pa.DECODE_TUNING.clear()
     return out
 

@@ -32,6 +32,10 @@ EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def _block_m(rows: int) -> int:
     """Query rows ((token, head) pairs) of one program: 16 for decode, 128 for prefill chunks."""
     return 16 if rows <= 16 else 64 if rows <= 64 else 128
@@ -43,21 +47,14 @@ def _load_tile(
     stride_p, stride_r, stride_h, stride_sp, stride_sh,
     KIND: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_SCALES: tl.constexpr,
-    PAGE_SCALES: tl.constexpr,
 ):
-    """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized."""
+    """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized; one gathered address per
+    element (any tile size, any page size). KIVI tiles of whole pages take _load_kivi_pages instead."""
     if KIND == 2:
         per_byte: tl.constexpr = 8 // BITS
         p_x = base + page[:, None] * stride_p + (row // per_byte)[:, None] * stride_r + i_h * stride_h + o_d[None, :]
         codes = (tl.load(p_x, mask=m_tile, other=0).to(tl.int32) >> ((row % per_byte) * BITS)[:, None]) & ((1 << BITS) - 1)
-        if PER_CHANNEL and PAGE_SCALES:
-            # The tile is one whole page (BLOCK_N == PAGE, tiles page-aligned): its key scales are one [D] row,
-            # broadcast over the tile's keys, not gathered again for each. Rows past the keys (page 0 from the
-            # masked table load) get this page's scales; their scores are masked anyway.
-            p_s = tl.max(page, 0) * stride_sp + i_h * stride_sh + o_d
-            b_s = tl.load(scale_ptr + p_s, mask=o_d < HEAD_DIM, other=0).to(tl.float32)[None, :]
-            b_z = tl.load(zero_ptr + p_s, mask=o_d < HEAD_DIM, other=0).to(tl.float32)[None, :]
-        elif PER_CHANNEL:
+        if PER_CHANNEL:
             p_s = page[:, None] * stride_sp + i_h * stride_sh + o_d[None, :]
             b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
             b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
@@ -85,6 +82,57 @@ def _load_tile(
     return tl.load(p_x, mask=m_tile, other=0).to(tl.float32)
 
 
+@triton.jit
+def _load_kivi_pages(
+    base, scale_ptr, zero_ptr, pages, m_pages, o_d, m_d,
+    stride_p, stride_r, stride_sp,
+    BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
+    NUM_PAGES: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """A [NUM_PAGES * PAGE, BLOCK_D] fp32 tile of KIVI keys (PER_CHANNEL) or values: NUM_PAGES whole pages.
+
+    base, scale_ptr, zero_ptr already point at this KV head; pages [NUM_PAGES] (m_pages: those inside the key
+    range; the others load as zeros, never another page's memory). Each packed byte is loaded once and unpacked
+    into its 8 / BITS tokens by shifts (the gather of _load_tile loads it once per token); key scales are one
+    [D] row per page and value scales one per (token, channel group), broadcast instead of gathered per
+    element: a tile has [pages, PAGE * BITS / 8, D] addresses, not [PAGE * pages, D].
+    """
+    per_byte: tl.constexpr = 8 // BITS
+    ROWS: tl.constexpr = PAGE // per_byte
+    BLOCK_N: tl.constexpr = NUM_PAGES * PAGE
+    o_r = tl.arange(0, ROWS)
+    p_x = base + pages[:, None, None] * stride_p + (o_r[None, :, None] * stride_r + o_d[None, None, :])
+    packed = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0).to(tl.int32)
+    if per_byte == 1:
+        codes = tl.reshape(packed, (BLOCK_N, BLOCK_D))
+    else:
+        # Token i of a page sits in byte i // per_byte at bit (i % per_byte) * BITS (kv_quant.pack_codes).
+        shifts = tl.arange(0, per_byte) * BITS
+        codes = (packed[:, :, None, :] >> shifts[None, None, :, None]) & ((1 << BITS) - 1)
+        codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
+    if PER_CHANNEL:
+        p_s = pages[:, None] * stride_sp + o_d[None, :]
+        m_s = m_pages[:, None] & m_d[None, :]
+        shape: tl.constexpr = (NUM_PAGES, PAGE, BLOCK_D)
+        b_s = tl.load(scale_ptr + p_s, mask=m_s, other=0).to(tl.float32)
+        b_z = tl.load(zero_ptr + p_s, mask=m_s, other=0).to(tl.float32)
+        b_s = tl.reshape(tl.broadcast_to(b_s[:, None, :], shape), (BLOCK_N, BLOCK_D))
+        b_z = tl.reshape(tl.broadcast_to(b_z[:, None, :], shape), (BLOCK_N, BLOCK_D))
+    else:
+        BLOCK_G: tl.constexpr = BLOCK_D // GROUP_D
+        o_g = tl.arange(0, BLOCK_G)
+        o_t = tl.arange(0, PAGE)
+        # Value scales are per slot (page * PAGE + row), [slots, H, G].
+        p_s = (pages[:, None, None] * PAGE + o_t[None, :, None]) * stride_sp + o_g[None, None, :]
+        m_g = m_pages[:, None, None] & (o_g * GROUP_D < HEAD_DIM)[None, None, :]
+        shape: tl.constexpr = (NUM_PAGES, PAGE, BLOCK_G, GROUP_D)
+        b_s = tl.load(scale_ptr + p_s, mask=m_g, other=0).to(tl.float32)
+        b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
+        b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
+        b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
+    return codes.to(tl.float32) * b_s + b_z
+
+
 # NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
 # rest, and the split count follows the batch's shape (a 30-token prompt alone compiled one while serving).
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
@@ -96,7 +144,7 @@ def paged_attention_fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr, PAGE_SCALES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr, PAGE_TILE: tl.constexpr,
 ):
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
@@ -127,12 +175,23 @@ def paged_attention_fwd_kernel(
     for j0 in range(lo, hi, BLOCK_N):
         o_j = j0 + tl.arange(0, BLOCK_N)
         m_j = o_j < hi
-        page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
-        row = o_j % PAGE
-        m_tile = m_j[:, None] & m_d[None, :]
-        b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                         stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                         GROUP_SCALES, PAGE_SCALES)
+        if PAGE_TILE:
+            # Tiles are page-aligned (splits are whole tiles), so this tile is BLOCK_N // PAGE whole pages, all
+            # closed; keys past hi inside them are real data, masked out of the scores below.
+            NUM_PAGES: tl.constexpr = BLOCK_N // PAGE
+            o_pg = j0 // PAGE + tl.arange(0, NUM_PAGES)
+            m_pg = o_pg * PAGE < hi
+            pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_pg, mask=m_pg, other=0).to(tl.int64)
+            b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages,
+                                   m_pg, o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, NUM_PAGES,
+                                   BLOCK_D, HEAD_DIM)
+        else:
+            page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
+            row = o_j % PAGE
+            m_tile = m_j[:, None] & m_d[None, :]
+            b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
+                             stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
+                             GROUP_SCALES)
         if ROUND_TILES:
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
@@ -144,9 +203,14 @@ def paged_attention_fwd_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         b_p = tl.exp2(b_s - m_safe[:, None])
         alpha = tl.exp2(b_m - m_safe)
-        b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                         stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                         GROUP_SCALES, PAGE_SCALES)
+        if PAGE_TILE:
+            b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages,
+                                   m_pg, o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, NUM_PAGES,
+                                   BLOCK_D, HEAD_DIM)
+        else:
+            b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
+                             stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
+                             GROUP_SCALES)
         if ROUND_TILES:
             b_v = b_v.to(q.dtype.element_ty)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
@@ -179,17 +243,19 @@ def paged_attention_fwd(
         block_n = 32 if head_dim > 128 and kv.kind == "kivi" else 64
         num_warps, num_stages = (4, 3) if kv.kind == "kivi" else (num_warps, 3)
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
-    # KIVI value scales loaded per channel group, key scales once per page-sized tile (off until the H200
-    # sweep has measured them: `group_scales`, `page_scales`).
-    group_scales, page_scales = bool(tuning.get("group_scales", 0)), bool(tuning.get("page_scales", 0))
+    # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`); the per-element
+    # gather path may load value scales per channel group instead (`group_scales`, off by default).
+    page_tile, group_scales = bool(tuning.get("page_tile", 1)), bool(tuning.get("group_scales", 0))
     if tuning:
         block_m, block_n = tuning.get("block_m", block_m), tuning.get("block_n", block_n)
         num_warps, num_stages = tuning.get("num_warps", num_warps), tuning.get("num_stages", num_stages)
     block_d = triton.next_power_of_2(max(head_dim, 16))
-    group_scales = group_scales and kv.kind == "kivi" and block_d % max(kv.value_group, 1) == 0 \
-        and block_d >= kv.value_group
-    # Key ranges start at page-aligned offsets (splits are whole tiles), so a tile of PAGE keys is one page.
-    page_scales = page_scales and kv.kind == "kivi" and block_n == kv.page_tokens
+    is_kivi = kv.kind == "kivi"
+    # Scales broadcast over a channel group by reshape: the group must tile BLOCK_D.
+    groups_tile = is_kivi and _power_of_two(kv.value_group) and block_d % kv.value_group == 0
+    group_scales = group_scales and groups_tile
+    # Key ranges start at page-aligned offsets (splits are whole tiles), so a tile of PAGE * n keys is n pages.
+    page_tile = page_tile and groups_tile and _power_of_two(kv.page_tokens) and block_n % kv.page_tokens == 0
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -202,7 +268,6 @@ def paged_attention_fwd(
     v_scale = kv.v_scale if kv.v_scale is not None else kv.v
     k_zero = kv.k_zero if kv.k_zero is not None else k_scale
     v_zero = kv.v_zero if kv.v_zero is not None else v_scale
-    is_kivi = kv.kind == "kivi"
     dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
     num_seqs = kv_table.shape[0]
     grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)
@@ -217,7 +282,7 @@ def paged_attention_fwd(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_SCALES=page_scales,
+        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_TILE=page_tile,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:

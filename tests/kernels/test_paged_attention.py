@@ -95,14 +95,15 @@ def test_bad_shapes_name_the_field():
         paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
 
 
-# Both keys at once: each branch is then on in every case (breaking either one on purpose fails the test).
-@pytest.mark.parametrize("keys", [("group_scales", "page_scales")], ids=str)
+# Tuning overrides of the KIVI loads: the per-element gather (page_tile 0), and it with value scales per channel
+# group (group_scales 1), against the default whole-page tiles.
+@pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"page_tile": 0, "group_scales": 1}], ids=str)
 @pytest.mark.parametrize("bits", [8, 2])
 @pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [40, 9], [5, 9]), (256, [33, 64], [1, 1])])
-def test_scale_load_variants_change_nothing(monkeypatch, keys, bits, head_dim, kv_lens, q_lens):
-    """KIVI value scales loaded once per channel group, key scales once per page-sized tile (tuning keys, off by
-    default until measured on the H200): exactly the per-element gathers' answer, decode and extend, partial
-    groups and partial last pages (page tiles apply where the tile is 32 keys: head_dim 256 decode, extend)."""
+def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_lens, q_lens):
+    """Whole-page KIVI tiles (one load per packed byte, key scales per page, value scales per channel group) give
+    exactly the per-element gathers' answer: decode (64-key tiles of two pages at head_dim 64, one page at 256)
+    and extend, partial value groups (head_dim 70), pages past the key range inside a tile."""
     from headroom.kernels import paged_attention as pa
 
     kv, table = make_pool("kivi", bits, 2, head_dim, kv_lens, torch.bfloat16)
@@ -110,8 +111,8 @@ def test_scale_load_variants_change_nothing(monkeypatch, keys, bits, head_dim, k
     args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
             torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
     want, want_lse = paged_attention(*args)
-    for tuning in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
-        for key in keys:
-            monkeypatch.setitem(tuning, key, 1)
+    for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
+        for key, value in tuning.items():
+            monkeypatch.setitem(table_, key, value)
     got, got_lse = paged_attention(*args)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
