@@ -4,6 +4,7 @@ logits (prefill and graphed decode) against an fp32 transformers reference."""
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from pathlib import Path
@@ -368,9 +369,8 @@ def attention_tile_sweep() -> dict:
     import gpu_kernels
     from headroom.kernels import paged_attention as pa
 
-    configs = [{}, {"block_n": 64}, {"block_n": 64, "num_stages": 3}, {"block_m": 128}, {"block_m": 128, "block_n": 64},
-               {"num_warps": 4, "num_stages": 3}, {"block_m": 128, "num_stages": 3}, {"block_m": 128, "block_n": 64, "num_warps": 4},
-               {"page_tile": 0}, {"page_tile": 0, "group_scales": 1}, {"block_m": 64}, {"block_m": 64, "num_warps": 4}]
+    configs = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
+               {"page_tile": 0, "group_scales": 1}, {"block_n": 32, "num_stages": 3}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -394,24 +394,26 @@ def attention_tile_sweep() -> dict:
     pa.EXTEND_TUNING.clear()
     # page_tile 0: KIVI's per-element gather instead of whole-page tiles (kernels/paged_attention.py
     # _load_kivi_pages); group_scales: that gather with value scales per channel group. bf16 ignores both.
-    decode_configs = [{}, {"page_tile": 0}, {"page_tile": 0, "group_scales": 1}, {"block_n": 64},
-                      {"block_n": 64, "num_stages": 2}, {"block_n": 128, "num_warps": 4}, {"num_warps": 8},
-                      {"num_stages": 2}, {"block_n": 64, "num_warps": 8}]
+    # splits_x: that many times the default split count (pa.default_num_splits) of the key range.
+    decode_configs = [{}, {"page_tile": 0, "group_scales": 1}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
+                      {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4}]
     for kind in ("bf16", "int2"):
         for batch in (8, 1):
             lens = [32768] * batch
             kv, table = gpu_kernels.filled_pool(kind, lens)
             args = gpu_kernels.attention_args(kv, table, lens, [1] * batch)
+            splits = pa.default_num_splits(batch, 1, gpu_kernels.HQ // gpu_kernels.HKV, gpu_kernels.HKV)
             reference = None
             for config in decode_configs:
                 key = f"{kind}_decode_b{batch}_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
                 pa.DECODE_TUNING.clear()
-                pa.DECODE_TUNING.update(config)
+                pa.DECODE_TUNING.update({k: v for k, v in config.items() if k != "splits_x"})
+                run = functools.partial(pa.paged_attention, *args, max_q_len=1, num_splits=splits * config.get("splits_x", 1))
                 try:
-                    result = pa.paged_attention(*args, max_q_len=1)
+                    result = run()
                     if reference is None:
                         reference = result[0].float()
-                    out[key] = {"ms": _bench(lambda args=args: pa.paged_attention(*args, max_q_len=1)),
+                    out[key] = {"ms": _bench(run), "num_splits": splits * config.get("splits_x", 1),
                                 "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
                 except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                     out[key] = {"error": str(exc)[:200]}

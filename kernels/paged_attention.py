@@ -234,14 +234,19 @@ def paged_attention_fwd(
     block_m = _block_m(max_q_len * group)
     extend = block_m > 16
     num_warps = 4 if head_dim <= 64 else 8
+    programs = kv_table.shape[0] * triton.cdiv(max_q_len * group, block_m) * kv.num_kv_heads * num_splits
     if extend:
-        # H200 tile sweep (bench/results/session3, an 8,192-query chunk over 32K keys, head_dim 256): 128 x 64
-        # tiles 2.1x the old 64 x 32 for bf16 (287 TFLOP/s); KIVI's dequantizing loads keep 32 keys (1.9x).
-        block_n, num_stages = (32 if kv.kind == "kivi" else 64), 2
+        # H200 tile sweeps (bench/results/session5/call1, an 8,192-query chunk over 32K keys, head_dim 256):
+        # 128 x 64 tiles, 3 stages for bf16 (351 TFLOP/s, 1.24x 2 stages); KIVI whole-page tiles of 64 keys
+        # (two pages), 2 stages (208 TFLOP/s; 32 keys 176, the per-element gather 42).
+        block_n, num_stages = 64, (2 if kv.kind == "kivi" else 3)
     else:
-        # Decode (batch 8, 32K keys): 64 keys and 3 stages 1.3x bf16; KIVI best at 4 warps, 3 stages (1.1x).
-        block_n = 32 if head_dim > 128 and kv.kind == "kivi" else 64
-        num_warps, num_stages = (4, 3) if kv.kind == "kivi" else (num_warps, 3)
+        # Decode (32K keys): bf16 64 keys, 3 stages; KIVI whole-page tiles of 64 keys, 2 stages, and 8 warps
+        # when the launch is one wave or less (batch 1: 0.163 ms vs 0.192 with 4) but 4 when it is more
+        # (batch 8: 0.39 ms vs 0.60 with 8).
+        block_n, num_stages = 64, (2 if kv.kind == "kivi" else 3)
+        if kv.kind == "kivi":
+            num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
     # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`); the per-element
     # gather path may load value scales per channel group instead (`group_scales`, off by default).
@@ -311,6 +316,13 @@ def _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv: PagedKV) 
         raise ValueError("q, kv_table and the pool tensors need a contiguous last dimension")
 
 
+def default_num_splits(num_seqs: int, max_q_len: int, group: int, num_kv_heads: int) -> int:
+    """Programs per key range: enough for _TARGET_PROGRAMS in all, at most _MAX_SPLITS, a power of two (the merge
+    kernel's tile, BLOCK_S, then takes a few values, all met by the warm-up)."""
+    tiles = num_seqs * math.ceil(max_q_len * group / _block_m(max_q_len * group)) * num_kv_heads
+    return 1 << (max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
+
+
 def paged_attention(
     q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
@@ -336,10 +348,7 @@ def paged_attention(
     if q.shape[0] == 0 or max_q_len == 0:
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
-        group = q.shape[1] // kv.num_kv_heads
-        tiles = kv_table.shape[0] * math.ceil(max_q_len * group / _block_m(max_q_len * group)) * kv.num_kv_heads
-        # A power of two: the merge kernel's tile (BLOCK_S) then takes a few values, all met by the warm-up.
-        num_splits = 1 << (max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
+        num_splits = default_num_splits(kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads)
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
     )

@@ -32,22 +32,39 @@ _CUDA_CONTEXT_BYTES = 704 * MiB
 # bound on capture time, about 0.1 s a graph, and on graph memory).
 DECODE_GRAPH_MAX_BATCH = 64
 # Device memory of the captured graphs: their private pool, the driver's graph objects and the cuBLAS
-# workspaces of the warm-up and capture streams. H200, fresh processes (gpu_plans_recalibrated.json):
-# 348 MiB for 4 graphs and 516 MiB for 8, but those runs warmed each size on a new stream, and cuBLAS
-# kept a ~37 MiB workspace for each; with one warm-up stream (engine/runtime/decode_graphs.py) that leaves about
-# 300 MiB and a few MiB a graph (170 MiB for 16 and 566 MiB for 64 graphs in a process whose streams
-# were already warm, gpu_engine_e.json). The per-stream part is inferred, not re-measured: a base with
-# margin plus a share per graph.
-_GRAPH_BASE_BYTES = 320 * MiB
+# workspaces of the warm-up and capture streams, which CaptureReport.device_bytes measures (free device memory
+# before capture minus after). H200, fresh process, the engine with one warm-up stream and issue 18's fused
+# kernels (quant_weights.json, all three weight formats): 230 MiB for 4 graphs, of which an 88-90 MiB pool,
+# ~71 MiB of driver objects outside torch's allocator and ~71 MiB of stream workspaces; session 4's servers
+# (16 graphs) logged a 106 MiB pool, so the pool grows ~1.5 MiB a graph. Earlier engines took more (348 MiB for
+# 4 graphs and 516 for 8, gpu_plans_recalibrated.json: unfused decode passes, a warm-up stream per size). Per
+# graph: 8 MiB (170 MiB for 16 graphs against 68 MiB of pool in a process whose streams were warm,
+# gpu_engine_e.json: ~6.4 MiB of driver objects a graph, plus the pool's growth). The base is what is left of
+# the measured 230 MiB, 198 MiB, rounded up to 224 (26 MiB over the measurement at 4 graphs).
+_GRAPH_BASE_BYTES = 224 * MiB
 _GRAPH_BYTES_EACH = 8 * MiB
 # The shape-based activation estimate (engines/base.py) saw 644-649 MiB where torch's allocator peaked
 # 1,181-1,242 MiB above the static pools (fla and attention workspaces, q/k/v and gate copies): x1.95.
 _ACTIVATION_SCALE = 1.95
-# Caching-allocator slack (reserved minus allocated at the peak) follows the activations' block sizes,
-# not the GPU's size (gpu_plans_after_first_calibration.json: 857-949 MiB for token-granular KV, 1,413-1,456 MiB
-# for KIVI, whose page-sized temporaries of many sizes fragment more, at 1,257-1,265 MiB of activations
-# on 16, 24 and 32 GiB plans alike): a multiple of the activations, rounded up.
+# Caching-allocator slack (torch's max reserved minus max allocated, the graphs' private pool aside, which the
+# graph line holds): blocks the allocator caches after one of the pass's transient tensors is freed and that a
+# later request of another size cannot reuse. Those blocks are the pass's own tensors, tokens x width, so they
+# scale with the chunk as the activations do, and not with the GPU or the pools (16, 24 and 32 GiB plans
+# measured alike): a multiple of the activations. How large a multiple depends on how many distinct transient
+# sizes a pass allocates, i.e. on the engine's kernels and the KV format's write and read paths; each factor
+# below comes from the latest engine measured with that path, and is kept until the H200 re-measures it:
+# - 16-bit token-granular KV (bf16): 0.48. The engine with issue 18's fused elementwise kernels
+#   (quant_weights.json, bf16 KV, chunk 8192, 1,258 MiB of activations): 184 MiB of slack with bf16 weights,
+#   275 with fp8 and 508 with int4 (each weight dequantized for prefill interleaves its copy with the
+#   activations); x0.40 at the worst, x0.48 leaves ~96 MiB over it. The unfused engine before it left 620-950
+#   MiB on the same plan shapes (gpu_plans_*.json): bench/plan_calibration_check.py shows those runs.
+# - fp8 KV: 0.85, not yet measured on the fused engine. Its only runs (unfused) also allocated 200-300 MiB
+#   above the activation line in the prefill (1,548-1,572 MiB against 1,267 at 64K context, 8 running), which
+#   this factor covered; lowering it waits for a measurement. SGLang's model (engines/sglang.py) uses it too.
+# - KIVI (int8/int4/int2): 1.2, whose page-sized quantize temporaries of many sizes fragment more (1,413-1,478
+#   MiB in all three unfused runs), not yet measured on the fused engine either.
 _FRAGMENTATION_SCALE = 0.85
+_FRAGMENTATION_SCALE_BF16 = 0.48
 # Tensor parallel (tp > 1): NCCL's communicator buffers and its own device allocations, outside torch's
 # allocator, on every rank. An estimate (about 16-32 channels x a few 4 MiB buffers per peer, plus margin),
 # not yet measured here: bench/tp_speed.py reports each rank's peak against its ledger.
@@ -64,6 +81,14 @@ CHECKPOINT_STOPS_PER_REQUEST = 6
 # (a 4B model's fp32 states are 49 MiB a slot; with int2 KV, three of them outweigh 30K tokens of KV).
 DEFAULT_SESSION_FRACTION = 4
 DEFAULT_STATE_SHARE = 0.25
+
+
+def fragmentation_scale(kv_dtype: str) -> float:
+    """Allocator slack as a multiple of the activations, by the KV format's path (see _FRAGMENTATION_SCALE*)."""
+    fmt = kv_format(kv_dtype)
+    if fmt.is_kivi:
+        return _FRAGMENTATION_SCALE_KIVI
+    return _FRAGMENTATION_SCALE_BF16 if fmt.bits >= 16 else _FRAGMENTATION_SCALE
 
 
 def decode_graph_batch(sparse_moe: bool, running: int) -> int:
@@ -141,7 +166,7 @@ class BuiltinEngine(EngineModel):
         if layout.chunk + layout.running >= WEIGHT_DEQUANT_MIN_ROWS:
             widest = largest_quantized_linear_params(geometry, geometry.weight_quant)
             weight_copy = -(-widest // layout.tp) * geometry.dtype_bytes
-        scale = _FRAGMENTATION_SCALE_KIVI if kv_format(layout.kv_dtype).is_kivi else _FRAGMENTATION_SCALE
+        scale = fragmentation_scale(layout.kv_dtype)
         activations = int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp))
         graphs = decode_graph_count(geometry, layout)
         lines = {
@@ -150,7 +175,7 @@ class BuiltinEngine(EngineModel):
             "dequant_transient": workspace,
             "weight_dequant_transient": weight_copy,
             "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
-            "fragmentation": int(scale * activations),
+            "fragmentation": min(int(scale * activations), 700 * MiB),
         }
         if layout.tp > 1:
             lines["tp_communicator"] = _TP_COMMUNICATOR_BYTES
