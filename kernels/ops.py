@@ -167,15 +167,36 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row
 
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
 # the interpreter, and the CPU path must not import Triton at all.
-def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len=None):
-    """(out [N, Hq, D], lse [N, Hq]) over the paged pool: Triton on CUDA, the reference elsewhere."""
+def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len=None, prev=None,
+                    out=None, out_lse=None):
+    """(out [N, Hq, D], lse [N, Hq]) over the paged pool: Triton on CUDA, the reference elsewhere. prev: (out, lse)
+    over an earlier key range to continue from; out, out_lse: where to write (out may be prev's, or fp32)."""
     if q.is_cuda:
         from headroom.kernels.paged_attention import paged_attention as run
 
-        return run(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len)
+        return run(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, out=out,
+                   out_lse=out_lse, prev=prev)
     from headroom.kernels.paged_kv import naive_paged_attention
 
-    return naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
+    got, got_lse = naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
+    if prev is not None:
+        got, got_lse = naive_merge_two(prev[0].float(), prev[1], got.float(), got_lse)
+    if out is None:
+        return got.to(q.dtype), got_lse
+    out.copy_(got)
+    out_lse.copy_(got_lse)
+    return out, out_lse
+
+
+def dequantize_block(kv, kv_table, block_lens, ws_rows, first_key: int, block_tokens: int, k_ws, v_ws) -> None:
+    """KIVI pages of one key block into a dense workspace (kernels/paged_attention.py dequantize_block)."""
+    if kv.k.is_cuda:
+        from headroom.kernels.paged_attention import dequantize_block as run
+
+        return run(kv, kv_table, block_lens, ws_rows, first_key, block_tokens, k_ws, v_ws)
+    from headroom.kernels.paged_kv import naive_dequantize_block
+
+    return naive_dequantize_block(kv, kv_table, block_lens, ws_rows, first_key, block_tokens, k_ws, v_ws)
 
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

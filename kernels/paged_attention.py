@@ -18,9 +18,10 @@ import triton.language as tl
 from headroom.kernels.attention_merge_triton import merge_splits_into
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
-from headroom.kernels.paged_kv import PagedKV, naive_paged_attention
+from headroom.kernels.paged_kv import PagedKV, naive_dequantize_block, naive_paged_attention
 
-__all__ = ["naive_paged_attention", "paged_attention", "paged_attention_fwd", "paged_attention_fwd_kernel"]
+__all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
+           "paged_attention_fwd", "paged_attention_fwd_kernel"]
 
 _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
@@ -138,13 +139,15 @@ def _load_kivi_pages(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def paged_attention_fwd_kernel(
     q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens,
-    k, v, k_scale, k_zero, v_scale, v_zero, sm_scale,
+    k, v, k_scale, k_zero, v_scale, v_zero, sm_scale, prev_o, prev_lse,
     stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,
+    stride_pt, stride_ph, stride_plt,
     stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr, PAGE_TILE: tl.constexpr,
+    CONTINUE: tl.constexpr,
 ):
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
@@ -168,9 +171,20 @@ def paged_attention_fwd_kernel(
     per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = i_s * per_split
     hi = tl.minimum(tl.minimum(n_keys, lo + per_split), tl.max(b_pos) - kv_lo + 1)
-    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_M], tl.float32)
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if CONTINUE:
+        # Resume the online softmax of an earlier key range (its normalised output and lse): m = lse in log2
+        # units and l = 1 reproduce its state exactly, so no merge pass is needed. prev may be o itself: each
+        # row is read before this program writes it, and no other program touches it (one split).
+        p_prev = prev_o + o_t[:, None].to(tl.int64) * stride_pt + o_hq[:, None] * stride_ph + o_d[None, :]
+        b_prev = tl.load(prev_lse + o_t.to(tl.int64) * stride_plt + o_hq, mask=m_m, other=float("-inf"))
+        had = b_prev > float("-inf")
+        b_m = tl.where(had, b_prev * 1.4426950408889634, float("-inf"))
+        b_l = tl.where(had, 1.0, 0.0)
+        b_acc = tl.load(p_prev, mask=had[:, None] & m_d[None, :], other=0).to(tl.float32)
+    else:
+        b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        b_l = tl.zeros([BLOCK_M], tl.float32)
+        b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     for j0 in range(lo, hi, BLOCK_N):
         o_j = j0 + tl.arange(0, BLOCK_N)
@@ -227,9 +241,11 @@ def paged_attention_fwd_kernel(
 def paged_attention_fwd(
     q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float, max_q_len: int, num_splits: int,
-    out: torch.Tensor, out_lse: torch.Tensor,
+    out: torch.Tensor, out_lse: torch.Tensor, prev: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_q_heads, head_dim = q.shape
+    if prev is not None and num_splits != 1:
+        raise ValueError(f"continuing an earlier key range (prev) takes one split, got num_splits={num_splits}")
     group = num_q_heads // kv.num_kv_heads
     block_m = _block_m(max_q_len * group)
     extend = block_m > 16
@@ -273,21 +289,22 @@ def paged_attention_fwd(
     v_scale = kv.v_scale if kv.v_scale is not None else kv.v
     k_zero = kv.k_zero if kv.k_zero is not None else k_scale
     v_zero = kv.v_zero if kv.v_zero is not None else v_scale
+    prev_o, prev_lse = prev if prev is not None else (out, out_lse)
     dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
     num_seqs = kv_table.shape[0]
     grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)
     paged_attention_fwd_kernel[grid](
         q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens,
         kv.k.view(torch.uint8) if kv.kind == "fp8" else kv.k, kv.v.view(torch.uint8) if kv.kind == "fp8" else kv.v,
-        k_scale, k_zero, v_scale, v_zero, scale,
+        k_scale, k_zero, v_scale, v_zero, scale, prev_o, prev_lse,
         q.stride(0), q.stride(1), splits_out.stride(0), splits_out.stride(1), splits_out.stride(2),
-        lse.stride(0), lse.stride(1), kv_table.stride(0),
+        lse.stride(0), lse.stride(1), kv_table.stride(0), prev_o.stride(0), prev_o.stride(1), prev_lse.stride(0),
         kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
         k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_TILE=page_tile,
+        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_TILE=page_tile, CONTINUE=prev is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:
@@ -328,6 +345,7 @@ def paged_attention(
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
     max_q_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+    prev: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of B sequences' query chunks over keys read from the paged pool.
 
@@ -336,7 +354,9 @@ def paged_attention(
     sequence b's keys are j = 0..kv_lens[b]-1 at absolute positions kv_start[b] + j, in page kv_table[b, j // P].
     A query at position p sees keys at positions <= p. Returns (out [N, Hq, D] in q's dtype, lse [N, Hq] fp32,
     natural log; -inf and out 0 where a row sees no key). max_q_len: longest chunk (read from q_offsets if None);
-    num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write.
+    num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write (out
+    may be fp32 for a range to be continued). prev: (out, lse) of the same rows over an earlier, disjoint key
+    range: the result is then attention over both (as merge_two would give), in one split; out may be prev's.
     """
     _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
     if max_q_len is None:
@@ -348,7 +368,61 @@ def paged_attention(
     if q.shape[0] == 0 or max_q_len == 0:
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
-        num_splits = default_num_splits(kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads)
+        num_splits = 1 if prev is not None else default_num_splits(
+            kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads)
+    if prev is not None and (prev[0].shape != q.shape or prev[1].shape != q.shape[:2] or prev[0].stride(-1) != 1):
+        raise ValueError(f"prev out {tuple(prev[0].shape)} and lse {tuple(prev[1].shape)} must be {tuple(q.shape)} "
+                         f"and {tuple(q.shape[:2])}")
     return paged_attention_fwd(
-        q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse
+        q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev
+    )
+
+
+# Block offsets and sizes follow the batch (the workspace is shared by its long chunks): no specialisation keys.
+@triton.jit(do_not_specialize=["first_page", "block_tokens"])
+def kivi_dequantize_block_kernel(
+    k, v, k_scale, k_zero, v_scale, v_zero, kv_table, block_lens, ws_rows, k_ws, v_ws, first_page, block_tokens,
+    stride_table, stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, stride_wt, stride_wh,
+    BITS: tl.constexpr, PAGE: tl.constexpr, GROUP_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """One page of one sequence and KV head: keys and values dequantized into the dense workspace."""
+    i_b, i_pg, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if i_pg * PAGE >= tl.load(block_lens + i_b):
+        return
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + first_page + i_pg + tl.arange(0, 1)).to(tl.int64)
+    m_pages = tl.full([1], 1, tl.int1)
+    b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages, m_pages,
+                           o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, 1, BLOCK_D, HEAD_DIM)
+    b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages, m_pages,
+                           o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, 1, BLOCK_D, HEAD_DIM)
+    dst = tl.load(ws_rows + i_b).to(tl.int64) * block_tokens + i_pg * PAGE + tl.arange(0, PAGE)
+    p_w = dst[:, None] * stride_wt + i_h * stride_wh + o_d[None, :]
+    tl.store(k_ws + p_w, b_k.to(k_ws.dtype.element_ty), mask=m_d[None, :])
+    tl.store(v_ws + p_w, b_v.to(v_ws.dtype.element_ty), mask=m_d[None, :])
+
+
+def dequantize_block(
+    kv: PagedKV, kv_table: torch.Tensor, block_lens: torch.Tensor, ws_rows: torch.Tensor, first_key: int,
+    block_tokens: int, k_ws: torch.Tensor, v_ws: torch.Tensor,
+) -> None:
+    """Sequence b's KIVI keys first_key .. first_key + block_lens[b] - 1 (whole pages; first_key and block_tokens
+    multiples of the page), dequantized into workspace slots ws_rows[b] * block_tokens + j of k_ws, v_ws [slots, H, D]
+    (as naive_dequantize_block; block_lens, ws_rows int32 [B])."""
+    page = kv.page_tokens
+    if kv.kind != "kivi" or first_key % page or block_tokens % page or not _power_of_two(page):
+        raise ValueError(f"dequantize_block: a KIVI pool with a power-of-two page ({kv.kind}, page {page}), and "
+                         f"first_key {first_key} and block_tokens {block_tokens} multiples of it")
+    block_d = triton.next_power_of_2(max(kv.head_dim, 16))
+    if not (_power_of_two(kv.value_group) and block_d % kv.value_group == 0):
+        raise ValueError(f"dequantize_block: value group {kv.value_group} must be a power of two dividing {block_d}")
+    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
+    grid = (kv_table.shape[0], block_tokens // page, kv.num_kv_heads)
+    kivi_dequantize_block_kernel[grid](
+        kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero, kv_table, block_lens, ws_rows, k_ws, v_ws,
+        first_key // page, block_tokens, kv_table.stride(0), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        kv.k_scale.stride(0), kv.k_scale.stride(1), kv.v_scale.stride(0), kv.v_scale.stride(1),
+        k_ws.stride(0), k_ws.stride(1),
+        BITS=kv.bits, PAGE=page, GROUP_D=kv.value_group, BLOCK_D=block_d, HEAD_DIM=kv.head_dim,
     )

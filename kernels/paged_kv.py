@@ -13,6 +13,7 @@ for dense and fp8 page_tokens is 1 and the table holds token slots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,14 @@ from headroom.kernels.kv_quant import (
 )
 
 KV_KINDS = ("dense", "fp8", "kivi")
+# A sequence's quantized prefix is dequantized once per block of keys into a dense workspace (then read by the
+# dense kernel by every query tile) when its chunk has at least this many (token, head) query rows: the fused
+# dequantizing loads repeat the dequantization in each of the chunk's query tiles (128 rows a tile), the block
+# pass once. Below it (decode, short chunks) the fused loads are cheaper than a workspace round trip.
+BLOCKWISE_MIN_ROWS = 512
+# Dense tokens of the workspace (K and V, one layer at a time), shared by the sequences that take the block path:
+# 16,384 tokens of a 4-KV-head, 256-dim model are 64 MiB (the planner's dequant_transient line).
+BLOCKWISE_WORKSPACE_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,51 @@ class PagedKV:
     @property
     def head_dim(self) -> int:
         return self.k.shape[-1]
+
+
+@dataclass(frozen=True)
+class PrefixBlocks:
+    """How one pass reads its sequences' quantized prefixes (plan_prefix_blocks): direct_lens keys of each sequence
+    by the fused dequantizing kernel (0 for the block-path sequences), then blocks of block_tokens keys: in block
+    i, block_lens[i][b] keys of sequence b, from key i * block_tokens, dequantized into workspace row ws_rows[b]."""
+
+    direct_lens: list[int]
+    block_tokens: int
+    ws_rows: list[int]
+    block_lens: list[list[int]]
+
+
+def plan_prefix_blocks(
+    q_lens: list[int], prefix_lens: list[int], group: int, page_tokens: int,
+    workspace_tokens: int | None = None,
+) -> PrefixBlocks | None:
+    """The block path for sequences whose chunk has >= BLOCKWISE_MIN_ROWS query rows and a quantized prefix
+    (prefix_lens: whole pages); None when no sequence qualifies. The workspace is shared evenly, in whole pages."""
+    long = [q * group >= BLOCKWISE_MIN_ROWS and n > 0 for q, n in zip(q_lens, prefix_lens, strict=True)]
+    if not any(long):
+        return None
+    workspace_tokens = BLOCKWISE_WORKSPACE_TOKENS if workspace_tokens is None else workspace_tokens
+    block = max(page_tokens, workspace_tokens // sum(long) // page_tokens * page_tokens)
+    count = math.ceil(max(n for n, is_long in zip(prefix_lens, long, strict=True) if is_long) / block)
+    ws_rows = [sum(long[:b]) if is_long else 0 for b, is_long in enumerate(long)]
+    block_lens = [[min(max(n - i * block, 0), block) if is_long else 0 for n, is_long in zip(prefix_lens, long, strict=True)]
+                  for i in range(count)]
+    return PrefixBlocks([0 if is_long else n for n, is_long in zip(prefix_lens, long, strict=True)], block, ws_rows,
+                        block_lens)
+
+
+def naive_dequantize_block(
+    kv: PagedKV, kv_table: torch.Tensor, block_lens: torch.Tensor, ws_rows: torch.Tensor, first_key: int,
+    block_tokens: int, k_ws: torch.Tensor, v_ws: torch.Tensor,
+) -> None:
+    """Reference for dequantize_block: sequence b's keys first_key .. first_key + block_lens[b] - 1 (whole pages),
+    dequantized, into workspace slots ws_rows[b] * block_tokens + 0 .. block_lens[b] - 1."""
+    for b, n in enumerate(block_lens.tolist()):
+        if n:
+            pages = kv_table[b, first_key // kv.page_tokens:]
+            k, v = naive_gather_kv(kv, pages, n, k_ws.dtype)
+            dst = int(ws_rows[b]) * block_tokens
+            k_ws[dst:dst + n], v_ws[dst:dst + n] = k, v
 
 
 def naive_gather_kv(kv: PagedKV, table: torch.Tensor, num_keys: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

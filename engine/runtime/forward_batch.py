@@ -46,6 +46,9 @@ KV_WRITE_ROWS = "kv_write_rows"
 POOL_INDEX = "paged_attention.pool"
 # KIVI: (table over the flattened residual windows, lengths) of each sequence's open page, or None for none.
 WINDOW_INDEX = "paged_attention.window"
+# KIVI: the block path of the long chunks' prefixes (engine/layers/paged_attention.py PrefixBlockIndex) or None;
+# eager passes only (a graphed decode step has no chunk long enough).
+POOL_BLOCKS = "paged_attention.blocks"
 # KIVI decode graphs: (window rows, offsets in the page, pool page each step closes or -1) for KVPool.store_static.
 KIVI_WRITE = "kivi_write"
 GDN_SLOTS = "gdn.slots"

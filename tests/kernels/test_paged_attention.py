@@ -116,3 +116,54 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
             monkeypatch.setitem(table_, key, value)
     got, got_lse = paged_attention(*args)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+def test_continuing_an_earlier_range_equals_merging_the_two():
+    # The residual-window pass resumes the pool pass's softmax (prev) in place of a merge: same answer, written
+    # over the fp32 accumulator it read, or into a fresh bf16 output.
+    kv, table = make_pool("kivi", 4, 2, 64, [64], torch.bfloat16, seed=3)
+    window, _ = make_pool("dense", 16, 2, 64, [11], torch.bfloat16, seed=4)
+    window_table = torch.arange(11, dtype=torch.int32)[None]
+    q, positions, offsets = _batch([75], [13], 4, 64, torch.bfloat16)
+    one = torch.ones(1, dtype=torch.int32)
+    fp32 = (torch.empty(q.shape), torch.empty(q.shape[:2]))
+    o_pool, lse_pool = paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125, out=fp32[0],
+                                       out_lse=fp32[1])
+    o_tail, lse_tail = paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125,
+                                       out=torch.empty(q.shape), out_lse=torch.empty(q.shape[:2]))
+    want, want_lse = merge_two(o_pool, lse_pool, o_tail, lse_tail)
+    acc, acc_lse = torch.empty(q.shape), torch.empty(q.shape[:2])
+    paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125, out=acc, out_lse=acc_lse)
+    out = torch.empty_like(q)
+    got, got_lse = paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125,
+                                   prev=(acc, acc_lse), out=out, out_lse=acc_lse)
+    assert got is out and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-4, rtol=1e-4)
+    # In place over the accumulator, fp32 all the way: as exact as the merge.
+    paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125, out=acc, out_lse=acc_lse)
+    paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125, prev=(acc, acc_lse),
+                    out=acc, out_lse=acc_lse)
+    torch.testing.assert_close(acc, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one split"):
+        paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125, num_splits=2,
+                        prev=(acc, acc_lse))
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("head_dim", [64, 70])
+def test_dequantize_block_matches_naive(bits, head_dim):
+    # Two sequences' keys 32..95 (one short of a whole block: its last page is left alone) into rows 1 and 0.
+    from headroom.kernels.paged_attention import dequantize_block, naive_dequantize_block
+
+    kv, table = make_pool("kivi", bits, 2, head_dim, [128, 96], torch.bfloat16, seed=5)
+    lens, rows = torch.tensor([64, 32], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    got_k, got_v = torch.full((192, 2, head_dim), float("nan")), torch.full((192, 2, head_dim), float("nan"))
+    want_k, want_v = got_k.clone(), got_v.clone()
+    dequantize_block(kv, table, lens, rows, 32, 96, got_k, got_v)
+    naive_dequantize_block(kv, table, lens, rows, 32, 96, want_k, want_v)
+    torch.testing.assert_close(got_k, want_k, equal_nan=True, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got_v, want_v, equal_nan=True, atol=1e-6, rtol=1e-6)
+    assert torch.isfinite(got_k[96:160]).all() and torch.isfinite(got_k[:32]).all() and torch.isnan(got_k[32:96]).all()
+    with pytest.raises(ValueError, match="multiples of it"):
+        dequantize_block(kv, table, lens, rows, 16, 96, got_k, got_v)

@@ -1,0 +1,80 @@
+"""paged_attention_over_pool (CPU, the naive ops) on a KIVI pool: the fused pass, the block path of a long chunk's
+prefix and the residual window chained, against plain attention over each sequence's dequantized context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.engine.layers import paged_attention as layer
+from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
+from headroom.engine.sequence import Sequence
+from headroom.kernels import paged_kv
+from headroom.kernels.attention import naive_prefix_attention
+
+HEADS, KV_HEADS, DIM = 8, 2, 64
+
+
+def _batch_over_pool(kv_dtype: str) -> tuple[KVPool, ForwardBatch, torch.Tensor]:
+    """A 100-token chunk after 100 cached tokens, beside a decode step after 70: K/V stored, q random."""
+    gen = torch.Generator().manual_seed(7)
+    pool = KVPool(512, 1, KV_HEADS, DIM, kv_dtype, torch.float32, torch.device("cpu"), residual_rows=2)
+    long, short = Sequence("long", list(range(300))), Sequence("short", list(range(71)))
+    long.kv_slots, short.kv_slots = list(range(0, 224)), list(range(256, 352))
+    for seq, done, new in ((long, 100, 100), (short, 70, 1)):
+        k = torch.randn(done + new, KV_HEADS, DIM, generator=gen) * 2
+        v = torch.randn(done + new, KV_HEADS, DIM, generator=gen)
+        pool.store(0, seq, 0, k[:done], v[:done])
+        seq.num_computed_tokens = done
+        pool.store(0, seq, done, k[done:], v[done:])
+    batch = ForwardBatch.build([BatchItem(long, list(range(100))), BatchItem(short, [5])], torch.device("cpu"))
+    return pool, batch, torch.randn(101, HEADS, DIM, generator=gen)
+
+
+def _reference(pool: KVPool, batch: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(q)
+    for span in batch.spans:
+        rows = slice(span.offset, span.offset + span.length)
+        k, v = pool.context(0, span.seq, span.end)
+        out[rows] = naive_prefix_attention(q[rows], k, v, batch.positions[rows], DIM**-0.5)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
+@pytest.mark.parametrize("workspace", [64, 96, 16384])
+def test_block_path_and_window_chain_to_plain_attention(monkeypatch, kv_dtype, workspace):
+    # The 100-token chunk (400 query rows) takes the block path at this threshold; its 192 closed keys are 3, 2 or
+    # 1 blocks of the workspace; the decode step reads its 64 closed keys fused; both have open pages.
+    monkeypatch.setattr(paged_kv, "BLOCKWISE_MIN_ROWS", 256)
+    monkeypatch.setattr(paged_kv, "BLOCKWISE_WORKSPACE_TOKENS", workspace)
+    pool, batch, q = _batch_over_pool(kv_dtype)
+    blocks = batch.cached("paged_attention.blocks", lambda: layer._prefix_blocks(
+        batch, [192, 64], HEADS // KV_HEADS, pool.page_tokens, q.device))
+    assert blocks is not None and len(blocks.lens) == -(-192 // min(workspace, 16384))
+    assert blocks.direct_lens.tolist() == [0, 64]
+    got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
+    torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
+
+
+def test_without_the_block_path_the_answer_is_the_same(monkeypatch):
+    pool, batch, q = _batch_over_pool("int4")
+    monkeypatch.setattr(paged_kv, "BLOCKWISE_MIN_ROWS", 256)
+    with_blocks = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
+    monkeypatch.setattr(paged_kv, "BLOCKWISE_MIN_ROWS", 10**9)
+    _, batch, _ = _batch_over_pool("int4")
+    fused = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
+    assert batch.cached("paged_attention.blocks", lambda: "unset") is None
+    torch.testing.assert_close(with_blocks, fused, atol=1e-5, rtol=1e-5)
+
+
+def test_plan_prefix_blocks_shares_the_workspace_in_whole_pages():
+    plan = paged_kv.plan_prefix_blocks([4096, 1, 2048], [8192, 300, 4064], 4, 32, workspace_tokens=16384)
+    assert plan is not None
+    # Two long chunks share 16,384 tokens: 8,192 each; the decode step stays on the fused pass.
+    assert plan.block_tokens == 8192 and plan.ws_rows == [0, 0, 1] and plan.direct_lens == [0, 300, 0]
+    assert plan.block_lens == [[8192, 0, 4064]]
+    odd = paged_kv.plan_prefix_blocks([4096, 4096, 4096], [100 * 32, 64, 0], 4, 32, workspace_tokens=1000)
+    # 1000 // 2 long sequences (the third has no prefix) = 500 -> 480 tokens, 15 pages a block.
+    assert odd is not None and odd.block_tokens == 480 and len(odd.block_lens) == 7
+    assert [lens[0] for lens in odd.block_lens] == [480] * 6 + [320] and odd.block_lens[0][1] == 64
+    assert paged_kv.plan_prefix_blocks([1, 1], [64, 64], 4, 32) is None
