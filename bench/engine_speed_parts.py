@@ -421,6 +421,65 @@ def attention_tile_sweep() -> dict:
     return out
 
 
+def _block_path_case(context: int, chunk: int) -> dict:
+    """One int2 chunk at the end of `context` keys: the fused kernel against the block path."""
+    import gpu_kernels
+    from headroom.kernels import paged_attention as pa
+    from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS, PagedKV
+
+    block = BLOCKWISE_WORKSPACE_TOKENS
+    kv, table = gpu_kernels.filled_pool("int2", [context])
+    q, positions, offsets, table, starts, lens, kv, scale = gpu_kernels.attention_args(kv, table, [context], [chunk])
+    k_ws = q.new_empty((block, gpu_kernels.HKV, gpu_kernels.D))
+    v_ws = torch.empty_like(k_ws)
+    ws_table = torch.arange(block, device=DEV, dtype=torch.int32)[None]
+    rows = torch.zeros(1, dtype=torch.int32, device=DEV)
+    count = -(-context // block)
+    block_lens = [torch.tensor([min(block, context - i * block)], dtype=torch.int32, device=DEV) for i in range(count)]
+    block_starts = [torch.tensor([i * block], dtype=torch.int32, device=DEV) for i in range(count)]
+    acc, lse = torch.empty(q.shape, device=DEV), torch.empty(q.shape[:2], device=DEV)
+    final = torch.empty_like(q)
+    dense = PagedKV("dense", k_ws, v_ws)
+
+    def blocks() -> torch.Tensor:
+        prev = None
+        for i in range(count):
+            pa.dequantize_block(kv, table, block_lens[i], rows, i * block, block, k_ws, v_ws)
+            target = final if i == count - 1 else acc
+            pa.paged_attention(q, positions, offsets, ws_table, block_starts[i], block_lens[i], dense, scale,
+                               max_q_len=chunk, prev=prev, out=target, out_lse=lse)
+            prev = (target, lse)
+        return final
+
+    def fused() -> torch.Tensor:
+        return pa.paged_attention(q, positions, offsets, table, starts, lens, kv, scale, max_q_len=chunk)[0]
+
+    want = fused().clone()
+    got = blocks()
+    return {"fused_ms": _bench(fused), "blocks_ms": _bench(blocks), "blocks": count, "vs_fused": _diff(got, want)}
+
+
+def kivi_block_path() -> dict:
+    """The block path of a long KIVI chunk (engine/layers/paged_attention.py) against the fused dequantizing kernel:
+    an 8,192-query int2 chunk at the end of 32K and 128K keys; and dequantize_block against naive_dequantize_block
+    at a real block (16,384 keys of 4 heads x 256)."""
+    import gpu_kernels
+    from headroom.kernels import paged_attention as pa
+    from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
+
+    out: dict = {f"int2_chunk8192_ctx{c}": _block_path_case(c, 8192) for c in (32768, 131072)}
+    block = BLOCKWISE_WORKSPACE_TOKENS
+    kv, table = gpu_kernels.filled_pool("int2", [block + 4096])
+    want_k = torch.zeros(block, gpu_kernels.HKV, gpu_kernels.D, device=DEV, dtype=torch.bfloat16)
+    want_v, got_k, got_v = torch.zeros_like(want_k), torch.zeros_like(want_k), torch.zeros_like(want_k)
+    lens_t, rows = torch.tensor([block], dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV)
+    pa.dequantize_block(kv, table, lens_t, rows, 4096, block, got_k, got_v)
+    pa.naive_dequantize_block(kv, table, lens_t, rows, 4096, block, want_k, want_v)
+    out["dequantize_block_16k"] = {
+        "k": _diff(got_k, want_k), "v": _diff(got_v, want_v),
+        "ms": _bench(lambda: pa.dequantize_block(kv, table, lens_t, rows, 4096, block, got_k, got_v))}
+    return out
+
 def profile_passes(model: Path) -> dict:
     """Where the time goes, through the LLM API with decode graphs: one 8,192-token prefill (wall vs kernel
     time) and 32 graphed decode steps at batch 1."""
