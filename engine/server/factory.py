@@ -25,6 +25,7 @@ from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server.generate import ServerState
 from headroom.engine.server.metrics import EngineMetrics
 from headroom.engine.server.tokenizer import load_tokenizer
+from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,13 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     """Run a long prefill (>= 2 chunks) next to a decoding request, calibrate the cost model, start the loop."""
     loop = state.loop
     chunk = loop.scheduler.config.chunked_prefill_size
-    length = min(num_tokens or 2 * chunk + 1, state.context_length - 2)
+    longest = 2 * chunk + 1
+    pool = getattr(loop.runner, "kv_pool", None)
+    if loop.compiles_kernels and pool is not None and pool.is_kivi:
+        # On a GPU, long enough that its last chunk reads the quantized prefix in two workspace blocks: the block path's
+        # continuing pass (engine/layers/paged_attention.py) is then compiled here too.
+        longest = max(longest, BLOCKWISE_WORKSPACE_TOKENS + chunk + 1)
+    length = min(num_tokens or longest, state.context_length - 2)
     # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
     # bound needs the cost model this warm-up fits, so it applies from the first served pass on.
     max_pass_s = loop.scheduler.config.max_pass_s

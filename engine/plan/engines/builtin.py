@@ -175,7 +175,7 @@ class BuiltinEngine(EngineModel):
             "dequant_transient": workspace,
             "weight_dequant_transient": weight_copy,
             "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
-            "fragmentation": min(int(scale * activations), 700 * MiB),
+            "fragmentation": int(scale * activations),
         }
         if layout.tp > 1:
             lines["tp_communicator"] = _TP_COMMUNICATOR_BYTES

@@ -4,7 +4,6 @@ allocator slack follows the activations; and the H200 runs of the current engine
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
