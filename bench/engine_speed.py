@@ -285,7 +285,8 @@ def main() -> None:
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
-            "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path()}
+            "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
+            "attention_check": lambda s: __import__("gpu_kernels").check_attention()}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),
     # so that one device command ends inside its limit with every file written.
