@@ -17,6 +17,20 @@ def test_cache_modules_do_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_the_planner_does_not_import_torch():
+    # The operator and `headroom plan` run the planner where no torch is installed.
+    code = "import sys\nimport headroom.engine.plan, headroom.engine.plan.engines.builtin\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_the_planned_dequant_workspace_is_the_engines():
+    from headroom.engine.plan.engines.builtin import DEQUANT_BLOCK_TOKENS
+    from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
+
+    assert DEQUANT_BLOCK_TOKENS == BLOCKWISE_WORKSPACE_TOKENS
+
+
 def test_tokens_between_equals_a_slice_of_token_ids():
     from headroom.engine.sequence import Sequence
 
