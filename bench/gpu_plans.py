@@ -10,6 +10,7 @@ The plans pretend smaller GPUs (--gpu-memory) so the ledger, not the H200's 141 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ MODEL = Path("/tmp/headroom-q35-4b")
 # (gpu memory GiB, kv dtype, context length, running requests)
 CASES = [(16, "bf16", 32768, 4), (16, "int2", 65536, 4), (24, "fp8", 65536, 8), (24, "int4", 131072, 4),
          (32, "int8", 131072, 8)]
+# GPU_PLANS_KV=fp8,int2 runs only the cases of those KV formats (device time is scarce).
 
 
 def plan_for(gib: int, kv: str, context: int, running: int) -> dict:
@@ -75,7 +77,10 @@ def probe(plan_path: str) -> None:
 def main() -> None:
     target = Path(sys.argv[1])
     results: dict = {"command": "python3 bench/gpu_plans.py " + sys.argv[1], "cases": []}
+    only = [kv for kv in os.environ.get("GPU_PLANS_KV", "").split(",") if kv]
     for gib, kv, context, running in CASES:
+        if only and kv not in only:
+            continue
         case: dict = {"gpu_memory_gib": gib, "kv_dtype": kv, "context_length": context, "running": running}
         try:
             plan = plan_for(gib, kv, context, running)
