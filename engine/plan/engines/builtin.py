@@ -51,28 +51,22 @@ _ACTIVATION_SCALE = 1.95
 # Caching-allocator slack (torch's max reserved minus max allocated, the graphs' private pool aside, which the
 # graph line holds): blocks the allocator caches after one of the pass's transient tensors is freed and that a
 # later request of another size cannot reuse. Those blocks are the pass's own tensors, tokens x width, so they
-# scale with the chunk as the activations do, and not with the GPU or the pools (16, 24 and 32 GiB plans
-# measured alike): a multiple of the activations. How large a multiple depends on how many distinct transient
-# sizes a pass allocates, i.e. on the engine's kernels and the KV format's write and read paths; each factor
-# below comes from the latest engine measured with that path, and is kept until the H200 re-measures it:
-# - 16-bit token-granular KV (bf16): 0.64. The engine with issue 18's fused elementwise kernels
-#   (quant_weights.json, bf16 KV, chunk 8192, 1,258 MiB of activations) left 184 MiB of slack with bf16 weights,
-#   275 with fp8 and 508 with int4 (each weight dequantized for prefill interleaves its copy with the
-#   activations): x0.40 at the worst. The unfused engine before it left 620-950 MiB on the same plan shapes
-#   (gpu_plans_*.json), which x0.48 would put 1% above the plan; x0.64 keeps every measured run at or under its
-#   ledger (0.971-0.9996, bench/plan_calibration_check.py) until the H200 re-measures the current engine.
-# - fp8 KV: 0.85, not yet measured on the fused engine. Its only runs (unfused) also allocated 200-300 MiB
-#   above the activation line in the prefill (1,548-1,572 MiB against 1,267 at 64K context, 8 running), which
-#   this factor covered; lowering it waits for a measurement. SGLang's model (engines/sglang.py) uses it too.
-# - KIVI (int8/int4/int2): 1.2, whose page-sized quantize temporaries of many sizes fragment more (1,413-1,478
-#   MiB in all three unfused runs), not yet measured on the fused engine either.
+# scale with the chunk as the activations do: a multiple of them, plus, with quantized weights, the cached dense
+# copies of the linears a prefill-sized pass dequantizes one after another (several shapes, each cached after
+# its use; weight_dequant_transient holds the widest once). Measured on the current engine (H200, session 5
+# call 3, bench/results/session5/: chunk 8192, 1,258-1,266 MiB of activations, pool excluded): 113-129 MiB
+# with bf16 weights whatever the KV format (bf16, fp8, int2; x0.09-0.10), 184 MiB with fp8 weights and 424 MiB
+# with int4 (x4.1 of the 45 MiB widest copy over the bf16-weight slack). Engines before the session-4 kernels
+# left 3-10x more (gpu_plans_*.json; their unfused elementwise ops and KIVI's page-sized quantize temporaries).
+_SLACK_SCALE = 0.15
+_SLACK_WEIGHT_COPIES = 6
+# SGLang's own allocator and kernels were never measured here: its model (engines/sglang.py) keeps the
+# factor the first calibration of this engine found.
 _FRAGMENTATION_SCALE = 0.85
-_FRAGMENTATION_SCALE_BF16 = 0.64
 # Tensor parallel (tp > 1): NCCL's communicator buffers and its own device allocations, outside torch's
 # allocator, on every rank. An estimate (about 16-32 channels x a few 4 MiB buffers per peer, plus margin),
 # not yet measured here: bench/tp_speed.py reports each rank's peak against its ledger.
 _TP_COMMUNICATOR_BYTES = 512 * MiB
-_FRAGMENTATION_SCALE_KIVI = 1.2
 # The prefix cache's checkpoint policy (engine/cache/checkpoint_policy.py): SSM states one finished session
 # keeps once redundant ones are trimmed, and the most a running request takes during its prefill.
 CHECKPOINTS_PER_SESSION = 3
@@ -84,14 +78,6 @@ CHECKPOINT_STOPS_PER_REQUEST = 6
 # (a 4B model's fp32 states are 49 MiB a slot; with int2 KV, three of them outweigh 30K tokens of KV).
 DEFAULT_SESSION_FRACTION = 4
 DEFAULT_STATE_SHARE = 0.25
-
-
-def fragmentation_scale(kv_dtype: str) -> float:
-    """Allocator slack as a multiple of the activations, by the KV format's path (see _FRAGMENTATION_SCALE*)."""
-    fmt = kv_format(kv_dtype)
-    if fmt.is_kivi:
-        return _FRAGMENTATION_SCALE_KIVI
-    return _FRAGMENTATION_SCALE_BF16 if fmt.bits >= 16 else _FRAGMENTATION_SCALE
 
 
 def decode_graph_batch(sparse_moe: bool, running: int) -> int:
@@ -162,14 +148,13 @@ class BuiltinEngine(EngineModel):
         }
 
     def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
-        quantized = kv_format(layout.kv_dtype).bits < 16
-        workspace = dense_prefix_bytes(geometry, DEQUANT_BLOCK_TOKENS, layout.tp) if quantized else 0
+        # Only KIVI reads a long chunk's prefix through a dense workspace (fp8 dequantizes inside the kernel).
+        workspace = dense_prefix_bytes(geometry, DEQUANT_BLOCK_TOKENS, layout.tp) if kv_format(layout.kv_dtype).is_kivi else 0
         # Prefill-sized passes dequantize one quantized weight at a time (its rank's shard) for cuBLAS.
         weight_copy = 0
         if layout.chunk + layout.running >= WEIGHT_DEQUANT_MIN_ROWS:
             widest = largest_quantized_linear_params(geometry, geometry.weight_quant)
             weight_copy = -(-widest // layout.tp) * geometry.dtype_bytes
-        scale = fragmentation_scale(layout.kv_dtype)
         activations = int(_ACTIVATION_SCALE * activation_bytes(geometry, layout.chunk, layout.running, layout.tp))
         graphs = decode_graph_count(geometry, layout)
         lines = {
@@ -178,7 +163,7 @@ class BuiltinEngine(EngineModel):
             "dequant_transient": workspace,
             "weight_dequant_transient": weight_copy,
             "graph_reserve": _GRAPH_BASE_BYTES + graphs * _GRAPH_BYTES_EACH if graphs else 0,
-            "fragmentation": int(scale * activations),
+            "fragmentation": int(_SLACK_SCALE * activations) + _SLACK_WEIGHT_COPIES * weight_copy,
         }
         if layout.tp > 1:
             lines["tp_communicator"] = _TP_COMMUNICATOR_BYTES
