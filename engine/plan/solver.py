@@ -79,7 +79,9 @@ def price(request: PlanRequest, model: EngineModel, layout: Layout) -> Plan:
     need_outside = sum(non_static.values())
     fraction_max = _floor_fraction((base - need_outside) / base)
     fraction = pin.mem_fraction_static if pin.mem_fraction_static is not None else fraction_max
-    if fraction > fraction_max:
+    # A pinned fraction is what the engine will use, to any precision: refused only if it truly leaves too little
+    # outside (the three-decimal floor is for choosing one; it would refuse e.g. 0.92578 where 0.92585 fits).
+    if fraction > (base - need_outside) / base:
         transient = non_static.get("dequant_transient", 0)
         squeezed = transient > 0 and need_outside - transient <= (1 - fraction) * base
         items = ", ".join(f"{k} {format_bytes(v)}" for k, v in non_static.items() if v)
