@@ -43,13 +43,6 @@ def _block_m(rows: int) -> int:
 
 
 @triton.jit
-def _codes_to_float(codes):
-    """int32 codes < 2**23 -> fp32, exactly: OR them into the mantissa of 2**23 and subtract it (two full-rate ops;
-    the integer-to-float conversion runs at a quarter of the rate, and KIVI tiles convert every element)."""
-    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
 def _load_tile(
     base, scale_ptr, zero_ptr, page, row, i_h, o_d, m_rows, m_tile,
     stride_p, stride_r, stride_h, stride_sp, stride_sh,
@@ -81,7 +74,7 @@ def _load_tile(
             p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + (o_d // GROUP_D)[None, :]
             b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
             b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-        return _codes_to_float(codes) * b_s + b_z
+        return codes.to(tl.float32) * b_s + b_z
     p_x = base + page[:, None] * stride_p + i_h * stride_h + o_d[None, :]
     if KIND == 1:
         codes = tl.load(p_x, mask=m_tile, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -138,7 +131,7 @@ def _load_kivi_pages(
         b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
         b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
-    return _codes_to_float(codes) * b_s + b_z
+    return codes.to(tl.float32) * b_s + b_z
 
 
 # NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
