@@ -156,6 +156,8 @@ WARMUP_CONCURRENT = (8, 64)
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
 # Prefill tokens of each of the two timed passes the pass-cost fit uses on a GPU.
 TIMING_PASS_TOKENS = 2048
+# The smallest prefill pass the fit takes a marginal rate against (a 1-token pass is all overhead).
+MARGINAL_MIN_TOKENS = 256
 
 
 def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
@@ -226,8 +228,11 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             # at 2.7K tokens/s, and the pass bound cut 8K prompts into three passes): time clean ones for the fit.
             decodes = [t for t in timings if t.num_prefill_tokens == 0]
             timings.clear()
-            size = min(chunk, TIMING_PASS_TOKENS, state.context_length - 2)
-            for i in range(2):
+            # Two sizes, a mid-sized pass and a full chunk, for the marginal rate (fit_cost_model); one size twice
+            # when the chunk is that small already.
+            longest_timed = min(chunk, state.context_length - 2)
+            sizes = sorted({min(TIMING_PASS_TOKENS, longest_timed), longest_timed})
+            for i, size in enumerate(sizes * 2 if len(sizes) == 1 else sizes):
                 # Without checkpoint stops: a prompt's last pass runs its Gated DeltaNet layers in rounds between
                 # them, each round a fla call per layer at a fixed cost (H200, 4B model: a lone 256-token prompt's
                 # pass with 3 stops took 199 ms, a 30-token one's with none 81 ms); fitted on such passes the rate
@@ -287,15 +292,33 @@ def _compile_reporter(state: ServerState, before_ready: int):
 def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
     """Fixed cost from the quickest decode-only pass; prefill rate from the fastest of the big prefill passes
     (at least half the biggest's tokens). The first full chunk compiles the kernels (seconds on a cold GPU):
-    fitted on it, the rate came out several times too low and the pass bound cut the H200's chunks."""
+    fitted on it, the rate came out several times too low and the pass bound cut the H200's chunks.
+
+    With a clean pass of at most half as many tokens (>= MARGINAL_MIN_TOKENS) beside them, the rate is the
+    marginal one between the two sizes and the difference goes to prefill_fixed_s: on a GPU a mid-sized eager
+    pass is bound by its kernel launches (~45-60 ms of Python for a 2,048-token pass of the 4B model, against a
+    4 ms graphed decode), and a rate fitted through the decode's fixed cost alone came out at half the real
+    one on a slower host (28K tok/s where 8K chunks ran at 50K)."""
     decode_only = [t.seconds for t in timings if t.num_prefill_tokens == 0 and t.num_decodes > 0]
     prefills = [t for t in timings if t.num_prefill_tokens > 0]
     if not decode_only or not prefills:
         return PassCostModel()
     fixed = min(decode_only)
     biggest = max(t.num_prefill_tokens for t in prefills)
-    rate = max(t.num_prefill_tokens / max(t.seconds - fixed, 1e-6) for t in prefills
-               if 2 * t.num_prefill_tokens >= biggest)
+    big = [t for t in prefills if 2 * t.num_prefill_tokens >= biggest]
+    rate = max(t.num_prefill_tokens / max(t.seconds - fixed, 1e-6) for t in big)
+    small = [t for t in prefills if MARGINAL_MIN_TOKENS <= t.num_prefill_tokens and 2 * t.num_prefill_tokens < biggest]
+    if small:
+        fast_big = min(big, key=lambda t: t.seconds / t.num_prefill_tokens)
+        size = max(t.num_prefill_tokens for t in small)
+        fast_small = min((t for t in small if t.num_prefill_tokens == size), key=lambda t: t.seconds)
+        extra = fast_big.seconds - fast_small.seconds
+        if extra > 0:
+            marginal = (fast_big.num_prefill_tokens - fast_small.num_prefill_tokens) / extra
+            prefill_fixed = fast_small.seconds - fixed - fast_small.num_prefill_tokens / marginal
+            if marginal > rate and prefill_fixed > 0:
+                return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=marginal, decode_s=0.0,
+                                     prefill_fixed_s=prefill_fixed)
     return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=rate, decode_s=0.0)
 
 

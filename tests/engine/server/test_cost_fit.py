@@ -29,6 +29,26 @@ def test_small_passes_do_not_set_the_rate():
     assert fit_cost_model(timings).prefill_tokens_per_s == pytest.approx(4096 / 0.496)
 
 
+def test_a_mid_sized_pass_gives_the_marginal_rate_and_the_eager_overhead():
+    """H200, session 5: a lone 2,048-token pass took 77 ms (launch-bound) and an 8,192-token one 165 ms, against a
+    4 ms graphed decode. Through the decode's fixed cost alone the rate came out at 28K tokens/s; the marginal
+    rate and the eager pass's own overhead predict both passes."""
+    timings = [StepStats(seconds=0.077, num_prefill_tokens=2048, num_decodes=0),
+               StepStats(seconds=0.165, num_prefill_tokens=8192, num_decodes=0),
+               StepStats(seconds=0.004, num_prefill_tokens=0, num_decodes=1)]
+    model = fit_cost_model(timings)
+    assert model.prefill_tokens_per_s == pytest.approx(6144 / 0.088)
+    assert model.pass_seconds(2048, 0) == pytest.approx(0.077)
+    assert model.pass_seconds(8192, 0) == pytest.approx(0.165)
+    assert model.pass_seconds(0, 1) == pytest.approx(0.004)
+    # A 100 ms bound gets what the line between the two passes gives (3,653 tokens); the 8K pass alone through
+    # the decode's fixed cost would allow 4,885, a pass of about 116 ms.
+    assert model.prefill_tokens_within(0.1, 0) == 3653
+    # A small pass that is not launch-bound (no overhead beyond the decode's) keeps the plain fit.
+    plain = fit_cost_model([StepStats(seconds=0.0446, num_prefill_tokens=2048, num_decodes=0), *timings[1:]])
+    assert plain.prefill_fixed_s == 0 and plain.prefill_tokens_per_s == pytest.approx(8192 / 0.161)
+
+
 def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     """warm_up on a device that compiles kernels fits the pass cost on two timed passes run after everything
     has compiled, never on the warm-up's own (compiling) prefills; on a CPU it fits the warm-up's passes."""
