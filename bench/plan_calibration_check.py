@@ -26,7 +26,7 @@ MiB = 1024**2
 # decode-graph capture warmed on one stream; quant_weights.json (session 3) the engine after both.
 SOURCES = ("gpu_plans_before_calibration.json", "gpu_plans_after_first_calibration.json",
            "gpu_plans_recalibrated.json", "quant_weights.json", "session5/gpu_plans_call3.json",
-           "session5/quant_weights_call3.json")
+           "session5/quant_weights_call3.json", "session5/quant_weights_call6.json")
 ENGINE = {
     "gpu_plans_before_calibration.json": "before fused kernels",
     "gpu_plans_after_first_calibration.json": "before fused kernels",
@@ -34,9 +34,10 @@ ENGINE = {
     "quant_weights.json": "fused kernels (session 3)",
     "session5/gpu_plans_call3.json": "current (session 5)",
     "session5/quant_weights_call3.json": "current (session 5)",
+    "session5/quant_weights_call6.json": "current, planned so (s5)",
 }
 # The engine the planner models: its runs must land at 0.97-1.0 of their plans.
-CURRENT = ("session5/gpu_plans_call3.json", "session5/quant_weights_call3.json")
+CURRENT = ("session5/gpu_plans_call3.json", "session5/quant_weights_call3.json", "session5/quant_weights_call6.json")
 # bench/quant_weights.py's probe: a 24 GiB plan, 32K context, 4 running, bf16 KV, of the same model in three
 # weight formats. The quantization_config dicts are engine/runtime/quant_checkpoint.py's fp8_block_config() and
 # int4_pack_config(128, symmetric=True), copied so that this script needs no torch.

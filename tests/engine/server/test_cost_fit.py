@@ -45,7 +45,7 @@ def test_a_mid_sized_pass_gives_the_marginal_rate_and_the_eager_overhead():
     # the decode's fixed cost would allow 4,885, a pass of about 116 ms.
     assert model.prefill_tokens_within(0.1, 0) == 3653
     # A small pass that is not launch-bound (no overhead beyond the decode's) keeps the plain fit.
-    plain = fit_cost_model([StepStats(seconds=0.0446, num_prefill_tokens=2048, num_decodes=0), *timings[1:]])
+    plain = fit_cost_model([StepStats(seconds=0.040, num_prefill_tokens=2048, num_decodes=0), *timings[1:]])
     assert plain.prefill_fixed_s == 0 and plain.prefill_tokens_per_s == pytest.approx(8192 / 0.161)
 
 
