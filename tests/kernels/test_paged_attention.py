@@ -67,14 +67,19 @@ def test_split_keys_merge_to_the_same_answer(num_splits):
     _close(out, ref, lse, ref_lse)
 
 
+def _pool_and_window(bits: int):
+    """64 closed KIVI tokens in the pool and 11 open ones in a dense window (positions 64..74), and a 13-token
+    chunk at 62..74 that straddles both."""
+    kv, table = make_pool("kivi", bits, 2, 64, [64], torch.bfloat16, seed=3)
+    window, _ = make_pool("dense", 16, 2, 64, [11], torch.bfloat16, seed=4)
+    q, positions, offsets = _batch([75], [13], 4, 64, torch.bfloat16)
+    return kv, table, window, torch.arange(11, dtype=torch.int32)[None], q, positions, offsets, torch.ones(1, dtype=torch.int32)
+
+
 def test_pool_prefix_merged_with_residual_window_equals_whole_context():
     # KIVI: 64 closed tokens in the pool, 11 open ones in a dense window at positions 64..74; a 13-token chunk
     # at 62..74 straddles both, so its first rows see no residual key at all.
-    kv, table = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16, seed=3)
-    window, _ = make_pool("dense", 16, 2, 64, [11], torch.bfloat16, seed=4)
-    window_table = torch.arange(11, dtype=torch.int32)[None]
-    q, positions, offsets = _batch([75], [13], 4, 64, torch.bfloat16)
-    one = torch.ones(1, dtype=torch.int32)
+    kv, table, window, window_table, q, positions, offsets, one = _pool_and_window(2)
     o_pool, lse_pool = paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125)
     o_tail, lse_tail = paged_attention(q, positions, offsets, window_table, 64 * one, 11 * one, window, 0.125)
     assert torch.isinf(lse_tail[:2]).all() and (o_tail[:2] == 0).all()
@@ -121,11 +126,7 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
 def test_continuing_an_earlier_range_equals_merging_the_two():
     # The residual-window pass resumes the pool pass's softmax (prev) in place of a merge: same answer, written
     # over the fp32 accumulator it read, or into a fresh bf16 output.
-    kv, table = make_pool("kivi", 4, 2, 64, [64], torch.bfloat16, seed=3)
-    window, _ = make_pool("dense", 16, 2, 64, [11], torch.bfloat16, seed=4)
-    window_table = torch.arange(11, dtype=torch.int32)[None]
-    q, positions, offsets = _batch([75], [13], 4, 64, torch.bfloat16)
-    one = torch.ones(1, dtype=torch.int32)
+    kv, table, window, window_table, q, positions, offsets, one = _pool_and_window(4)
     fp32 = (torch.empty(q.shape), torch.empty(q.shape[:2]))
     o_pool, lse_pool = paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125, out=fp32[0],
                                        out_lse=fp32[1])
