@@ -1,11 +1,12 @@
 """Issue 15's contention scenario on the real scheduler with a pass-cost model fitted to H200 measurements.
 
-Cost model (Qwen3.5-4B-shaped bf16 on one H200, through `headroom serve`, issue 15 and docs/gpu.md):
-a lone 16K prompt prefilled at 29,280 tok/s in 8,192-token passes (0.280 s a pass) and the fair split's
-1,024-token passes at 13,520 tok/s (0.0757 s): a pass carrying prefill costs 46.5 ms + tokens / 35,100 tok/s.
-A decode-only pass replays a CUDA graph: 8.8 ms idle (docs/gpu.md: 7.7 ms at batch 1, 16.8 ms at 64, so
-~0.14 ms a decode). These are simulated figures from fitted costs, not GPU measurements
-(bench/gpu_contention.sh measures the same scenario through the server).
+Cost model (Qwen3.5-4B-shaped bf16 on one H200, through `headroom serve`, session 5 call 5,
+bench/results/session5/): lone prompts of 2,048 and 8,192 tokens took 76.9 and 162.8 ms a pass (the first from
+the warm-up's timed pass, the second the server's own pass time for an 8K prompt), so a pass carrying prefill
+costs 48.3 ms + tokens / 71,500 tok/s: the eager pass's kernel launches are most of a mid-sized pass. A
+decode-only pass replays a CUDA graph: 3.5 ms at batch 1 and 4.5 at 16 (LLM API, call 5), ~0.07 ms a decode.
+These are simulated figures from fitted costs, not GPU measurements (bench/gpu_contention.sh measures the same
+scenario through the server).
 
 Scenarios: (1) four 16,000-token prompts at t = 0 and a 30-token question at t = 1 s (8 arrival phases);
 (2) a lone 16K prompt; (3) four decoding streams while two 16K prompts prefill: their decode gaps.
@@ -26,7 +27,7 @@ from headroom.engine.scheduler.capacity import CountingCapacity
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import PassCostModel, SchedRequest, SchedulerConfig
 
-COST = PassCostModel(fixed_s=0.0088, prefill_fixed_s=0.0377, prefill_tokens_per_s=35_100.0, decode_s=0.00014)
+COST = PassCostModel(fixed_s=0.0035, prefill_fixed_s=0.0448, prefill_tokens_per_s=71_500.0, decode_s=0.00007)
 CHUNK, RUNNING, POOL, LONG, SHORT = 8192, 16, 200_000, 16_000, 30
 SHORT_AT_S = [1.0 + 0.037 * k for k in range(8)]
 ITL_TARGETS_S = [None, 0.3, 0.2, 0.15, 0.1, 0.075, 0.05]
