@@ -18,7 +18,14 @@ import triton.language as tl
 from headroom.kernels.attention_merge_triton import merge_splits_into
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
-from headroom.kernels.paged_kv import PagedKV, naive_dequantize_block, naive_paged_attention
+from headroom.kernels.paged_kv import (
+    PagedKV,
+    blockwise_supported,
+    groups_tile_head,
+    naive_dequantize_block,
+    naive_paged_attention,
+    power_of_two,
+)
 
 __all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
            "paged_attention_fwd", "paged_attention_fwd_kernel"]
@@ -31,10 +38,6 @@ _MAX_SPLITS = 32
 # block_m for extend): set only by bench/engine_speed.py's tile sweep; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def _block_m(rows: int) -> int:
@@ -273,10 +276,10 @@ def paged_attention_fwd(
     block_d = triton.next_power_of_2(max(head_dim, 16))
     is_kivi = kv.kind == "kivi"
     # Scales broadcast over a channel group by reshape: the group must tile BLOCK_D.
-    groups_tile = is_kivi and _power_of_two(kv.value_group) and block_d % kv.value_group == 0
+    groups_tile = is_kivi and groups_tile_head(head_dim, kv.value_group)
     group_scales = group_scales and groups_tile
     # Key ranges start at page-aligned offsets (splits are whole tiles), so a tile of PAGE * n keys is n pages.
-    page_tile = page_tile and groups_tile and _power_of_two(kv.page_tokens) and block_n % kv.page_tokens == 0
+    page_tile = page_tile and groups_tile and power_of_two(kv.page_tokens) and block_n % kv.page_tokens == 0
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -351,7 +354,8 @@ def paged_attention(
 
     q [N, Hq, D]; q_positions [N] absolute positions; q_offsets [B+1] int32: sequence b owns rows
     q_offsets[b]..q_offsets[b+1]-1. kv_table [B, max_pages] int32 pages (slots when page_tokens is 1);
-    sequence b's keys are j = 0..kv_lens[b]-1 at absolute positions kv_start[b] + j, in page kv_table[b, j // P].
+    sequence b's keys are j = 0..kv_lens[b]-1 at absolute positions kv_start[b] + j, in page kv_table[b, j // P]
+    (KIVI: whole pages, as the engine's closed pages are; a tile reads every row of the pages it touches).
     A query at position p sees keys at positions <= p. Returns (out [N, Hq, D] in q's dtype, lse [N, Hq] fp32,
     natural log; -inf and out 0 where a row sees no key). max_q_len: longest chunk (read from q_offsets if None);
     num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write (out
@@ -365,14 +369,18 @@ def paged_attention(
     out_lse = q.new_empty(q.shape[:2], dtype=torch.float32) if out_lse is None else out_lse
     if out.shape != q.shape or out.stride(-1) != 1 or out_lse.shape != q.shape[:2] or out_lse.dtype != torch.float32:
         raise ValueError(f"out {tuple(out.shape)} must be {tuple(q.shape)}; out_lse {tuple(out_lse.shape)} fp32 {tuple(q.shape[:2])}")
+    if prev is not None and (prev[0].shape != q.shape or prev[1].shape != q.shape[:2] or prev[0].stride(-1) != 1
+                             or prev[1].dtype != torch.float32 or prev[1].stride(-1) != 1):
+        raise ValueError(f"prev out {tuple(prev[0].shape)} and lse {tuple(prev[1].shape)} ({prev[1].dtype}) must be "
+                         f"{tuple(q.shape)} and fp32 {tuple(q.shape[:2])}, last dimensions contiguous")
     if q.shape[0] == 0 or max_q_len == 0:
+        if prev is not None:
+            # No key in this range: the earlier range's answer stands.
+            return out.copy_(prev[0]), out_lse.copy_(prev[1])
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
         num_splits = 1 if prev is not None else default_num_splits(
             kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads)
-    if prev is not None and (prev[0].shape != q.shape or prev[1].shape != q.shape[:2] or prev[0].stride(-1) != 1):
-        raise ValueError(f"prev out {tuple(prev[0].shape)} and lse {tuple(prev[1].shape)} must be {tuple(q.shape)} "
-                         f"and {tuple(q.shape[:2])}")
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev
     )
@@ -411,12 +419,12 @@ def dequantize_block(
     multiples of the page), dequantized into workspace slots ws_rows[b] * block_tokens + j of k_ws, v_ws [slots, H, D]
     (as naive_dequantize_block; block_lens, ws_rows int32 [B])."""
     page = kv.page_tokens
-    if kv.kind != "kivi" or first_key % page or block_tokens % page or not _power_of_two(page):
-        raise ValueError(f"dequantize_block: a KIVI pool with a power-of-two page ({kv.kind}, page {page}), and "
-                         f"first_key {first_key} and block_tokens {block_tokens} multiples of it")
+    if kv.kind != "kivi" or not blockwise_supported(kv.head_dim, page, kv.value_group) or first_key % page \
+            or block_tokens % page:
+        raise ValueError(f"dequantize_block: a KIVI pool whose pages and value groups tile ({kv.kind}, page {page}, "
+                         f"head_dim {kv.head_dim}, value group {kv.value_group}), and first_key {first_key} and "
+                         f"block_tokens {block_tokens} multiples of the page")
     block_d = triton.next_power_of_2(max(kv.head_dim, 16))
-    if not (_power_of_two(kv.value_group) and block_d % kv.value_group == 0):
-        raise ValueError(f"dequantize_block: value group {kv.value_group} must be a power of two dividing {block_d}")
     assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
     grid = (kv_table.shape[0], block_tokens // page, kv.num_kv_heads)
     kivi_dequantize_block_kernel[grid](

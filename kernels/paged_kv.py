@@ -107,14 +107,31 @@ class PrefixBlocks:
     block_lens: list[list[int]]
 
 
+def power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def groups_tile_head(head_dim: int, value_group: int) -> bool:
+    """Whether KIVI value scales broadcast over whole channel groups of the kernels' padded head (the next power
+    of two, at least 16): the group must be a power of two dividing it."""
+    return power_of_two(value_group) and (1 << (max(head_dim, 16) - 1).bit_length()) % value_group == 0
+
+
+def blockwise_supported(head_dim: int, page_tokens: int, value_group: int) -> bool:
+    """Whether dequantize_block takes this pool: whole-page tiles (a power-of-two page) whose groups tile the head."""
+    return power_of_two(page_tokens) and groups_tile_head(head_dim, value_group)
+
+
 def plan_prefix_blocks(
-    q_lens: list[int], prefix_lens: list[int], group: int, page_tokens: int,
+    q_lens: list[int], prefix_lens: list[int], group: int, page_tokens: int, head_dim: int, value_group: int,
     workspace_tokens: int | None = None,
 ) -> PrefixBlocks | None:
     """The block path for sequences whose chunk has >= BLOCKWISE_MIN_ROWS query rows and a quantized prefix
-    (prefix_lens: whole pages); None when no sequence qualifies. The workspace is shared evenly, in whole pages."""
+    (prefix_lens: whole pages); None when no sequence qualifies or the pool's geometry is not one
+    dequantize_block takes (blockwise_supported; the fused kernel reads those). The workspace is shared evenly, in
+    whole pages."""
     long = [q * group >= BLOCKWISE_MIN_ROWS and n > 0 for q, n in zip(q_lens, prefix_lens, strict=True)]
-    if not any(long):
+    if not any(long) or not blockwise_supported(head_dim, page_tokens, value_group):
         return None
     workspace_tokens = BLOCKWISE_WORKSPACE_TOKENS if workspace_tokens is None else workspace_tokens
     block = max(page_tokens, workspace_tokens // sum(long) // page_tokens * page_tokens)

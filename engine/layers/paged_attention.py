@@ -43,8 +43,8 @@ def _int32(values: list[int], device: torch.device) -> torch.Tensor:
     return to_device(values, torch.int32, device)
 
 
-def _prefix_blocks(batch: ForwardBatch, closed: list[int], group: int, page: int, device) -> PrefixBlockIndex | None:
-    plan = plan_prefix_blocks([s.length for s in batch.spans], closed, group, page)
+def _prefix_blocks(batch: ForwardBatch, closed: list[int], kv: PagedKV, group: int, device) -> PrefixBlockIndex | None:
+    plan = plan_prefix_blocks([s.length for s in batch.spans], closed, group, kv.page_tokens, kv.head_dim, kv.value_group)
     if plan is None:
         return None
     block = plan.block_tokens
@@ -96,7 +96,7 @@ def paged_attention_over_pool(
 
     group = q.shape[1] // kv.num_kv_heads
     blocks = None if batch.is_static else batch.cached(
-        POOL_BLOCKS, lambda: _prefix_blocks(batch, closed_keys(), group, page, device))
+        POOL_BLOCKS, lambda: _prefix_blocks(batch, closed_keys(), kv, group, device))
     passes: list[_Pass] = []
     if blocks is None:
         passes.append(pool_pass(closed_t))

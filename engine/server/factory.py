@@ -20,12 +20,13 @@ from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_mod
 from headroom.engine.loop.engine_loop import EngineLoop
 from headroom.engine.loop.step import StepStats, TokenEvent
 from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
+from headroom.engine.plan.engines.builtin import DEQUANT_BLOCK_TOKENS
+from headroom.engine.plan.kv_format import kv_format
 from headroom.engine.scheduler.types import PassCostModel, SchedulerConfig
 from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server.generate import ServerState
 from headroom.engine.server.metrics import EngineMetrics
 from headroom.engine.server.tokenizer import load_tokenizer
-from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
 WARMUP_CONCURRENT = (8, 64)
 # After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
-# Prefill tokens of each of the two timed passes the pass-cost fit uses on a GPU.
+# Prefill tokens of the smaller of the two timed passes the pass-cost fit uses on a GPU (the other is a full chunk).
 TIMING_PASS_TOKENS = 2048
 # The smallest prefill pass the fit takes a marginal rate against (a 1-token pass is all overhead).
 MARGINAL_MIN_TOKENS = 256
@@ -165,11 +166,11 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop = state.loop
     chunk = loop.scheduler.config.chunked_prefill_size
     longest = 2 * chunk + 1
-    pool = getattr(loop.runner, "kv_pool", None)
-    if loop.compiles_kernels and pool is not None and pool.is_kivi:
-        # On a GPU, long enough that its last chunk reads the quantized prefix in two workspace blocks: the block path's
-        # continuing pass (engine/layers/paged_attention.py) is then compiled here too.
-        longest = max(longest, BLOCKWISE_WORKSPACE_TOKENS + chunk + 1)
+    if loop.compiles_kernels and kv_format(str((state.plan or {}).get("kv_dtype", "bf16"))).is_kivi:
+        # On a GPU, long enough that a chunk reads the quantized prefix in two workspace blocks (the plan's
+        # DEQUANT_BLOCK_TOKENS, the engine's block): the block path's continuing pass
+        # (engine/layers/paged_attention.py) is then compiled here too.
+        longest = max(longest, DEQUANT_BLOCK_TOKENS + chunk + 1)
     length = min(num_tokens or longest, state.context_length - 2)
     # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
     # bound needs the cost model this warm-up fits, so it applies from the first served pass on.

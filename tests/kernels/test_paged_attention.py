@@ -166,5 +166,5 @@ def test_dequantize_block_matches_naive(bits, head_dim):
     torch.testing.assert_close(got_k, want_k, equal_nan=True, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(got_v, want_v, equal_nan=True, atol=1e-6, rtol=1e-6)
     assert torch.isfinite(got_k[96:160]).all() and torch.isfinite(got_k[:32]).all() and torch.isnan(got_k[32:96]).all()
-    with pytest.raises(ValueError, match="multiples of it"):
+    with pytest.raises(ValueError, match="multiples of the page"):
         dequantize_block(kv, table, lens, rows, 16, 96, got_k, got_v)

@@ -160,10 +160,17 @@ def req_to_token_table_bytes(running: int, context_length: int) -> int:
     return running * context_length * 4
 
 
+def fraction_flag(value: float) -> str:
+    """A memory fraction as a flag: the shortest text that reads back as the same float, so the engine (and
+    `headroom serve`'s re-plan) gets exactly the fraction the plan validated: 0.925 for a computed one, all of a
+    pinned 0.861524 (three rounded decimals would give 0.862, which may not fit)."""
+    return repr(float(value))
+
+
 def planned_memory_flags(values: dict[str, int | float | str]) -> list[str]:
     """The five jointly planned flags in SGLang's spelling, which `headroom serve` shares."""
     return [
-        "--mem-fraction-static", f"{values['mem_fraction_static']:.3f}",
+        "--mem-fraction-static", fraction_flag(float(values["mem_fraction_static"])),
         "--max-total-tokens", str(values["max_total_tokens"]),
         "--chunked-prefill-size", str(values["chunked_prefill_size"]),
         "--context-length", str(values["context_length"]),

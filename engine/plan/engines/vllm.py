@@ -28,6 +28,7 @@ from headroom.engine.plan.engines.base import (
     Layout,
     MiB,
     activation_bytes,
+    fraction_flag,
     req_to_token_table_bytes,
 )
 from headroom.engine.plan.geometry import ModelGeometry
@@ -140,7 +141,7 @@ class VLLMEngine(EngineModel):
 
     def render(self, values: dict[str, int | float | str]) -> list[str]:
         args = [
-            "--gpu-memory-utilization", f"{values['mem_fraction_static']:.3f}",
+            "--gpu-memory-utilization", fraction_flag(float(values["mem_fraction_static"])),
             "--kv-cache-memory-bytes", str(values["kv_cache_memory_bytes"]),
             "--max-model-len", str(values["context_length"]),
             "--max-num-batched-tokens", str(values["chunked_prefill_size"]),

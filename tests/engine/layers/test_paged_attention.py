@@ -48,8 +48,9 @@ def test_block_path_and_window_chain_to_plain_attention(monkeypatch, kv_dtype, w
     monkeypatch.setattr(paged_kv, "BLOCKWISE_MIN_ROWS", 256)
     monkeypatch.setattr(paged_kv, "BLOCKWISE_WORKSPACE_TOKENS", workspace)
     pool, batch, q = _batch_over_pool(kv_dtype)
+    kv = layer.PagedKV.from_store(pool.layers[0], pool.kv_dtype, pool.bits, pool.page_tokens, pool.value_group)
     blocks = batch.cached("paged_attention.blocks", lambda: layer._prefix_blocks(
-        batch, [192, 64], HEADS // KV_HEADS, pool.page_tokens, q.device))
+        batch, [192, 64], kv, HEADS // KV_HEADS, q.device))
     assert blocks is not None and len(blocks.lens) == -(-192 // min(workspace, 16384))
     assert blocks.direct_lens.tolist() == [0, 64]
     got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
@@ -68,13 +69,18 @@ def test_without_the_block_path_the_answer_is_the_same(monkeypatch):
 
 
 def test_plan_prefix_blocks_shares_the_workspace_in_whole_pages():
-    plan = paged_kv.plan_prefix_blocks([4096, 1, 2048], [8192, 300, 4064], 4, 32, workspace_tokens=16384)
+    plan = paged_kv.plan_prefix_blocks([4096, 1, 2048], [8192, 300, 4064], 4, 32, 256, 32, workspace_tokens=16384)
     assert plan is not None
     # Two long chunks share 16,384 tokens: 8,192 each; the decode step stays on the fused pass.
     assert plan.block_tokens == 8192 and plan.ws_rows == [0, 0, 1] and plan.direct_lens == [0, 300, 0]
     assert plan.block_lens == [[8192, 0, 4064]]
-    odd = paged_kv.plan_prefix_blocks([4096, 4096, 4096], [100 * 32, 64, 0], 4, 32, workspace_tokens=1000)
+    odd = paged_kv.plan_prefix_blocks([4096, 4096, 4096], [100 * 32, 64, 0], 4, 32, 128, 32, workspace_tokens=1000)
     # 1000 // 2 long sequences (the third has no prefix) = 500 -> 480 tokens, 15 pages a block.
     assert odd is not None and odd.block_tokens == 480 and len(odd.block_lens) == 7
     assert [lens[0] for lens in odd.block_lens] == [480] * 6 + [320] and odd.block_lens[0][1] == 64
-    assert paged_kv.plan_prefix_blocks([1, 1], [64, 64], 4, 32) is None
+    assert paged_kv.plan_prefix_blocks([1, 1], [64, 64], 4, 32, 256, 32) is None
+    # Heads the block dequantizer cannot tile (the value group must divide the head padded to a power of two, at
+    # least 16): the fused kernel reads those prefixes, as the default model's 16-dim heads with 32-channel groups.
+    for head_dim, value_group in ((16, 32), (8, 32), (96, 48)):
+        assert paged_kv.plan_prefix_blocks([4096], [8192], 4, 32, head_dim, value_group) is None
+    assert paged_kv.plan_prefix_blocks([4096], [8192], 4, 32, 70, 32) is not None

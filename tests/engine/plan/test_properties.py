@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import pytest
 from headroom.engine.plan import (
     ModelGeometry,
     Pinned,
@@ -180,3 +181,21 @@ def test_pinned_fraction_refusal_names_it():
         assert "0.990" in refusal.message
     else:
         raise AssertionError("a 0.99 static fraction cannot leave room for activations on 12 GB")
+
+
+@pytest.mark.parametrize("engine", ["builtin", "sglang", "vllm"])
+def test_the_rendered_fraction_is_the_validated_one(engine):
+    """A pinned fraction with more than three decimals reaches the engine as pinned: rounded to 0.862, a pinned
+    0.861524 that fits would have become one the solver never checked (and `headroom serve`'s re-plan refuses)."""
+    from headroom.engine.plan import Pinned, Targets, geometry_from_config
+    from headroom.engine.plan.presets import preset_config
+
+    request = PlanRequest(geometry=geometry_from_config(preset_config("qwen3.5-4b")[0]), gpu_memory_bytes=24 * 1024**3,
+                          kv_dtype="fp8", engine=engine,
+                          targets=Targets(context_length=32768, max_running_requests=4, max_new_tokens=256))
+    free = make_plan(request, with_alternatives=False)
+    for fraction in (free.mem_fraction_static, free.mem_fraction_static - 0.000476):
+        plan = make_plan(replace(request, pinned=Pinned(mem_fraction_static=fraction)), with_alternatives=False)
+        flag = plan.engine_args[plan.engine_args.index(
+            "--gpu-memory-utilization" if engine == "vllm" else "--mem-fraction-static") + 1]
+        assert float(flag) == plan.mem_fraction_static == fraction
