@@ -94,3 +94,23 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     assert not any(n.startswith(("warmup-alone-", "warmup-together-")) for n in names[0])
     # The timed passes take no checkpoint stops (the rounds between stops would price into the rate).
     assert declined == ["warmup-timing-0", "warmup-timing-1"]
+
+
+def test_on_a_gpu_the_timed_passes_are_a_mid_sized_one_and_a_full_chunk(tmp_path, monkeypatch):
+    from headroom.engine.default_model import ensure_default_model
+    from headroom.engine.loop.engine_loop import EngineLoop
+    from headroom.engine.server import factory
+    from headroom.engine.server.factory import ServeOptions, build_state, warm_up
+
+    seen: list[list[StepStats]] = []
+    real_fit = factory.fit_cost_model
+    monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
+    monkeypatch.setattr(factory, "TIMING_PASS_TOKENS", 48)
+    monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self: True))
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=1024,
+                                     max_total_tokens=8192, chunked_prefill_size=128, max_running_requests=4,
+                                     max_new_tokens=64))
+    warm_up(state)
+    assert state.ready.is_set()
+    state.loop.stop()
+    assert sorted(t.num_prefill_tokens for t in seen[0] if t.num_prefill_tokens) == [48, 128]
