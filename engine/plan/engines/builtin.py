@@ -149,7 +149,9 @@ class BuiltinEngine(EngineModel):
 
     def non_static(self, geometry: ModelGeometry, layout: Layout, gpu_memory: int) -> dict[str, int]:
         # Only KIVI reads a long chunk's prefix through a dense workspace (fp8 dequantizes inside the kernel).
-        workspace = dense_prefix_bytes(geometry, DEQUANT_BLOCK_TOKENS, layout.tp) if kv_format(layout.kv_dtype).is_kivi else 0
+        # The workspace holds K and V in the model's dtype (dense_prefix_bytes counts 2 bytes an element).
+        workspace = (dense_prefix_bytes(geometry, DEQUANT_BLOCK_TOKENS, layout.tp) * geometry.dtype_bytes // 2
+                     if kv_format(layout.kv_dtype).is_kivi else 0)
         # Prefill-sized passes dequantize one quantized weight at a time (its rank's shard) for cuBLAS.
         weight_copy = 0
         if layout.chunk + layout.running >= WEIGHT_DEQUANT_MIN_ROWS:
