@@ -203,7 +203,8 @@ def test_infeasible_spec_is_refused_at_admission(cluster: LocalCluster) -> None:
     geometry, server = example_docs()
     server = json.loads(json.dumps(server))
     server["metadata"]["name"] = "too-big"
-    server["spec"]["gpu"]["memory"] = "1Gi"
+    # Less than the CUDA context alone (704 MiB): no plan fits whatever the other lines.
+    server["spec"]["gpu"]["memory"] = "512Mi"
     refused = cluster.kubectl_apply(geometry, server, check=False)
     assert refused.returncode != 0
     assert 'admission webhook "validate.inferenceservers.headroom.dev" denied the request' in refused.stderr
