@@ -3,7 +3,9 @@ and warm transformers, on the same Qwen3.5-4B-shaped random bf16 weights, in one
 
 Run on the H200 from the repo root (see bench/device_env.sh):
     python3 bench/engine_speed.py OUTDIR [parts...]
-parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also logits_4b
+parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also serve_int2
+(the INT2 plan over HTTP: 128K context, 8 running; prefill 32K/120K, decode at 32K), kivi_blocks (the KIVI block
+path against the fused kernel), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
@@ -72,16 +74,24 @@ def headroom_cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
 
 
-def part_serve(state: dict, cold_start_only: bool = False) -> dict:
+def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> dict:
     """Cold start to /ready, then prefill and decode over HTTP (24 GiB plan, bf16 KV, 32K context, 16 running).
     cold_start_only: another first start, with an empty Triton compile cache (TRITON_CACHE_DIR) and the fla
     configs that kernels/fla_tuned_configs.json now holds (the fla_configs part writes it): the cold start of a
-    fresh machine running this checkout with the shipped configs."""
+    fresh machine running this checkout with the shipped configs.
+    kv="int2": issue 18's INT2 plan instead (128K context, 8 running): prefill of 32K and 120K prompts and
+    decode at batch 1 and 8 with 32K of context each, over HTTP (the rows stay the LLM API's)."""
     import httpx
 
-    args = ["serve", "--model", str(MODEL), "--device", "cuda", "--gpu-memory", "24GiB", "--context-length", "32768",
-            "--max-new-tokens", "512", "--max-running-requests", "16", "--port", str(PORT)]
-    log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else "/tmp/engine_speed_serve.log")
+    if kv == "int2":
+        args = ["serve", "--model", str(MODEL), "--device", "cuda", "--gpu-memory", "24GiB", "--context-length",
+                "131072", "--kv-cache-dtype", "int2", "--max-new-tokens", "512", "--max-running-requests", "8",
+                "--port", str(PORT)]
+    else:
+        args = ["serve", "--model", str(MODEL), "--device", "cuda", "--gpu-memory", "24GiB", "--context-length",
+                "32768", "--max-new-tokens", "512", "--max-running-requests", "16", "--port", str(PORT)]
+    log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else
+                    f"/tmp/engine_speed_serve{'_' + kv if kv != 'bf16' else ''}.log")
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
     env = dict(os.environ)
     if cold_start_only:
@@ -93,7 +103,7 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
             while True:
                 if server.poll() is not None:
-                    raise RuntimeError("headroom serve exited: " + Path("/tmp/engine_speed_serve.log").read_text()[-2000:])
+                    raise RuntimeError("headroom serve exited: " + log_path.read_text()[-2000:])
                 try:
                     if client.get("/ready").status_code == 200:
                         break
@@ -107,8 +117,9 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
             if cold_start_only:
                 state["cold_start_tuned_s"] = out["cold_start_s"]
                 return out
-            state["rows"]["cold_start_s"]["tok_per_s"] = None
-            state["cold_start_s"] = out["cold_start_s"]
+            if kv == "bf16":
+                state["rows"]["cold_start_s"]["tok_per_s"] = None
+                state["cold_start_s"] = out["cold_start_s"]
 
             def complete(tokens: list[int], max_tokens: int) -> float:
                 t0 = time.perf_counter()
@@ -120,8 +131,8 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
                     raise RuntimeError(f"asked for {max_tokens} tokens, got {got}")
                 return time.perf_counter() - t0
 
-            def concurrent(batch: int, max_tokens: int) -> float:
-                prompts = [http_prompt(256) for _ in range(batch)]
+            def concurrent(batch: int, max_tokens: int, context: int = 256) -> float:
+                prompts = [http_prompt(context) for _ in range(batch)]
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(batch) as pool:
                     list(pool.map(lambda p: complete(p, max_tokens), prompts))
@@ -135,19 +146,25 @@ def part_serve(state: dict, cold_start_only: bool = False) -> dict:
                 return {key: float(line.split()[-1]) for line in lines for key in keys if line.startswith(key + " ")}
 
             complete(http_prompt(8192), 1)  # a full chunk: a shape class the warm-up may not have compiled
-            for name, n in (("prompt_30", 30), ("prompt_256", 256), ("prefill_8k", 8192), ("prefill_32k", 32000)):
+            prompts = (("prompt_30", 30), ("prompt_256", 256), ("prefill_8k", 8192), ("prefill_32k", 32000))
+            if kv == "int2":
+                prompts = (("prompt_30", 30), ("prefill_32k", 32000), ("prefill_120k", 120000))
+            for name, n in prompts:
                 before = server_seconds()
                 seconds = complete(http_prompt(n), 1)
                 after = server_seconds()
-                out[name] = {"seconds": seconds, "tokens": n,
+                out[name] = {"seconds": seconds, "tokens": n, "tok_per_s": n / seconds,
                              "server": {key: after[key] - before.get(key, 0.0) for key in after}}
-                if name in state["rows"]:
+                if name in state["rows"] and kv == "bf16":
                     state["rows"][name]["tok_per_s"] = n / seconds
-            for batch in (1, 8, 16):
-                concurrent(batch, 3)
-                t1, t65 = concurrent(batch, 1), concurrent(batch, 65)
-                out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65}
-                state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
+            for batch in ((1, 8) if kv == "int2" else (1, 8, 16)):
+                context = 32000 if kv == "int2" else 256
+                concurrent(batch, 3, context)
+                t1, t65 = concurrent(batch, 1, context), concurrent(batch, 65, context)
+                out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65, "context": context,
+                                            "tok_per_s": batch * 64 / (t65 - t1)}
+                if kv == "bf16":
+                    state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
             out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
             compiles = [line for line in out["metrics"] if line.startswith("headroom_kernel_compiles_after_ready_total")]
             out["kernel_compiles_after_ready"] = float(compiles[0].split()[-1]) if compiles else None
@@ -285,6 +302,7 @@ def main() -> None:
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
+            "serve_int2": lambda s: part_serve(s, kv="int2"),
             "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention()}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
