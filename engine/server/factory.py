@@ -252,7 +252,8 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         state.warmup_error = "warm-up failed: " + "; ".join(failures)
         logger.error("%s", state.warmup_error)
         return
-    config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings), max_pass_s=max_pass_s)
+    config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings, marginal=loop.compiles_kernels),
+                     max_pass_s=max_pass_s)
     loop.scheduler.config = config
     cost = config.cost_model
     logger.info("scheduler: policy %s%s, chunk %d, max pass %s, ITL target %s; pass cost fitted by the warm-up: "
@@ -290,16 +291,18 @@ def _compile_reporter(state: ServerState, before_ready: int):
     return report
 
 
-def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
+def fit_cost_model(timings: list[StepStats], marginal: bool = False) -> PassCostModel:
     """Fixed cost from the quickest decode-only pass; prefill rate from the fastest of the big prefill passes
     (at least half the biggest's tokens). The first full chunk compiles the kernels (seconds on a cold GPU):
     fitted on it, the rate came out several times too low and the pass bound cut the H200's chunks.
 
-    With a clean pass of at most half as many tokens (>= MARGINAL_MIN_TOKENS) beside them, the rate is the
-    marginal one between the two sizes and the difference goes to prefill_fixed_s: on a GPU a mid-sized eager
+    marginal (the GPU warm-up's clean timed passes): with a pass of at most half as many tokens
+    (>= MARGINAL_MIN_TOKENS) beside them, the rate is the marginal one between the two sizes and the
+    difference goes to prefill_fixed_s: on a GPU a mid-sized eager
     pass is bound by its kernel launches (~45-60 ms of Python for a 2,048-token pass of the 4B model, against a
     4 ms graphed decode), and a rate fitted through the decode's fixed cost alone came out at half the real
-    one on a slower host (28K tok/s where 8K chunks ran at 50K)."""
+    one on a slower host (28K tok/s where 8K chunks ran at 50K). Off for a CPU's warm-up passes, of mixed
+    batches and checkpoint stops, where a difference of two passes is no rate."""
     decode_only = [t.seconds for t in timings if t.num_prefill_tokens == 0 and t.num_decodes > 0]
     prefills = [t for t in timings if t.num_prefill_tokens > 0]
     if not decode_only or not prefills:
@@ -308,7 +311,8 @@ def fit_cost_model(timings: list[StepStats]) -> PassCostModel:
     biggest = max(t.num_prefill_tokens for t in prefills)
     big = [t for t in prefills if 2 * t.num_prefill_tokens >= biggest]
     rate = max(t.num_prefill_tokens / max(t.seconds - fixed, 1e-6) for t in big)
-    small = [t for t in prefills if MARGINAL_MIN_TOKENS <= t.num_prefill_tokens and 2 * t.num_prefill_tokens < biggest]
+    small = [t for t in prefills if marginal and MARGINAL_MIN_TOKENS <= t.num_prefill_tokens
+             and 2 * t.num_prefill_tokens < biggest]
     if small:
         fast_big = min(big, key=lambda t: t.seconds / t.num_prefill_tokens)
         size = max(t.num_prefill_tokens for t in small)

@@ -36,7 +36,7 @@ def test_a_mid_sized_pass_gives_the_marginal_rate_and_the_eager_overhead():
     timings = [StepStats(seconds=0.077, num_prefill_tokens=2048, num_decodes=0),
                StepStats(seconds=0.165, num_prefill_tokens=8192, num_decodes=0),
                StepStats(seconds=0.004, num_prefill_tokens=0, num_decodes=1)]
-    model = fit_cost_model(timings)
+    model = fit_cost_model(timings, marginal=True)
     assert model.prefill_tokens_per_s == pytest.approx(6144 / 0.088)
     assert model.pass_seconds(2048, 0) == pytest.approx(0.077)
     assert model.pass_seconds(8192, 0) == pytest.approx(0.165)
@@ -45,7 +45,10 @@ def test_a_mid_sized_pass_gives_the_marginal_rate_and_the_eager_overhead():
     # the decode's fixed cost would allow 4,885, a pass of about 116 ms.
     assert model.prefill_tokens_within(0.1, 0) == 3653
     # A small pass that is not launch-bound (no overhead beyond the decode's) keeps the plain fit.
-    plain = fit_cost_model([StepStats(seconds=0.040, num_prefill_tokens=2048, num_decodes=0), *timings[1:]])
+    plain = fit_cost_model([StepStats(seconds=0.040, num_prefill_tokens=2048, num_decodes=0), *timings[1:]],
+                           marginal=True)
+    # A CPU's warm-up passes (mixed batches, stops) keep the plain fit whatever their sizes.
+    assert fit_cost_model(timings).prefill_fixed_s == 0
     assert plain.prefill_fixed_s == 0 and plain.prefill_tokens_per_s == pytest.approx(8192 / 0.161)
 
 
@@ -71,7 +74,7 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(factory, "Sequence", sequence)
     real_fit = factory.fit_cost_model
-    monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
+    monkeypatch.setattr(factory, "fit_cost_model", lambda timings, **kw: seen.append(list(timings)) or real_fit(timings, **kw))
     for gpu in (False, True):
         monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self, gpu=gpu: gpu))
         names.append([])
@@ -104,7 +107,7 @@ def test_on_a_gpu_the_timed_passes_are_a_mid_sized_one_and_a_full_chunk(tmp_path
 
     seen: list[list[StepStats]] = []
     real_fit = factory.fit_cost_model
-    monkeypatch.setattr(factory, "fit_cost_model", lambda timings: seen.append(list(timings)) or real_fit(timings))
+    monkeypatch.setattr(factory, "fit_cost_model", lambda timings, **kw: seen.append(list(timings)) or real_fit(timings, **kw))
     monkeypatch.setattr(factory, "TIMING_PASS_TOKENS", 48)
     monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self: True))
     state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=1024,
