@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,20 @@ def complete(url: str, prompt: str, max_tokens: int = 8) -> dict[str, Any]:
     return dict(rsp.json())
 
 
-def served_plan(url: str) -> dict[str, Any]:
-    """The plan the engine behind `url` runs (its /plan endpoint)."""
-    rsp = httpx.get(f"{url}/plan", timeout=30, trust_env=False)
+def served_plan(url: str, settle_s: float = 15.0) -> dict[str, Any]:
+    """The plan the engine behind `url` runs (its /plan endpoint). Connections refused or reset are retried for
+    up to settle_s: right after a promotion or a rollback the Service's selector moves to the new revision, and
+    the node agent (as kube-proxy) routes to it on its next sync; until then a connection finds no ready
+    endpoint and is reset (seen once in four clean-clone runs). An HTTP error status is not retried."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            rsp = httpx.get(f"{url}/plan", timeout=30, trust_env=False)
+            break
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
     rsp.raise_for_status()
     return dict(rsp.json())
 
