@@ -370,7 +370,7 @@ def attention_tile_sweep() -> dict:
     from headroom.kernels import paged_attention as pa
 
     configs = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
-               {"page_tile": 0, "group_scales": 1}, {"block_n": 32, "num_stages": 3}]
+               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -393,9 +393,9 @@ def attention_tile_sweep() -> dict:
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
     # page_tile 0: KIVI's per-element gather instead of whole-page tiles (kernels/paged_attention.py
-    # _load_kivi_pages); group_scales: that gather with value scales per channel group. bf16 ignores both.
+    # _load_kivi_pages); bf16 ignores it.
     # splits_x: that many times the default split count (pa.default_num_splits) of the key range.
-    decode_configs = [{}, {"page_tile": 0, "group_scales": 1}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
+    decode_configs = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
                       {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4}]
     for kind in ("bf16", "int2"):
         for batch in (8, 1):

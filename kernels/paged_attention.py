@@ -21,10 +21,8 @@ from headroom.kernels.attention_merge_triton import merge_splits_into
 from headroom.kernels.paged_kv import (
     PagedKV,
     blockwise_supported,
-    groups_tile_head,
     naive_dequantize_block,
     naive_paged_attention,
-    power_of_two,
 )
 
 __all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
@@ -50,7 +48,6 @@ def _load_tile(
     base, scale_ptr, zero_ptr, page, row, i_h, o_d, m_rows, m_tile,
     stride_p, stride_r, stride_h, stride_sp, stride_sh,
     KIND: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
     """A [BLOCK_N, BLOCK_D] fp32 tile of keys (PER_CHANNEL) or values, dequantized; one gathered address per
     element (any tile size, any page size). KIVI tiles of whole pages take _load_kivi_pages instead."""
@@ -60,23 +57,10 @@ def _load_tile(
         codes = (tl.load(p_x, mask=m_tile, other=0).to(tl.int32) >> ((row % per_byte) * BITS)[:, None]) & ((1 << BITS) - 1)
         if PER_CHANNEL:
             p_s = page[:, None] * stride_sp + i_h * stride_sh + o_d[None, :]
-            b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-            b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-        elif GROUP_SCALES:
-            # One load per (row, channel group), broadcast over the group's channels: the per-channel gather
-            # below repeats each address GROUP_D times, and its loads cannot be vectorised.
-            BLOCK_G: tl.constexpr = BLOCK_D // GROUP_D
-            o_g = tl.arange(0, BLOCK_G)
-            p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + o_g[None, :]
-            m_g = m_rows[:, None] & (o_g * GROUP_D < HEAD_DIM)[None, :]
-            b_s = tl.load(scale_ptr + p_s, mask=m_g, other=0).to(tl.float32)
-            b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
-            b_s = tl.reshape(tl.broadcast_to(b_s[:, :, None], (BLOCK_N, BLOCK_G, GROUP_D)), (BLOCK_N, BLOCK_D))
-            b_z = tl.reshape(tl.broadcast_to(b_z[:, :, None], (BLOCK_N, BLOCK_G, GROUP_D)), (BLOCK_N, BLOCK_D))
         else:
             p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + (o_d // GROUP_D)[None, :]
-            b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-            b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+        b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
+        b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
         return codes.to(tl.float32) * b_s + b_z
     p_x = base + page[:, None] * stride_p + i_h * stride_h + o_d[None, :]
     if KIND == 1:
@@ -149,7 +133,7 @@ def paged_attention_fwd_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, GROUP_SCALES: tl.constexpr, PAGE_TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
     CONTINUE: tl.constexpr,
 ):
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -207,8 +191,7 @@ def paged_attention_fwd_kernel(
             row = o_j % PAGE
             m_tile = m_j[:, None] & m_d[None, :]
             b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                             stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                             GROUP_SCALES)
+                             stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D)
         if ROUND_TILES:
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
@@ -226,8 +209,7 @@ def paged_attention_fwd_kernel(
                                    BLOCK_D, HEAD_DIM)
         else:
             b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
-                             stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D, BLOCK_N, BLOCK_D, HEAD_DIM,
-                             GROUP_SCALES)
+                             stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
         if ROUND_TILES:
             b_v = b_v.to(q.dtype.element_ty)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
@@ -267,19 +249,17 @@ def paged_attention_fwd(
         if kv.kind == "kivi":
             num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
-    # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`); the per-element
-    # gather path may load value scales per channel group instead (`group_scales`, off by default).
-    page_tile, group_scales = bool(tuning.get("page_tile", 1)), bool(tuning.get("group_scales", 0))
+    # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`).
+    page_tile = bool(tuning.get("page_tile", 1))
     if tuning:
         block_m, block_n = tuning.get("block_m", block_m), tuning.get("block_n", block_n)
         num_warps, num_stages = tuning.get("num_warps", num_warps), tuning.get("num_stages", num_stages)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     is_kivi = kv.kind == "kivi"
-    # Scales broadcast over a channel group by reshape: the group must tile BLOCK_D.
-    groups_tile = is_kivi and groups_tile_head(head_dim, kv.value_group)
-    group_scales = group_scales and groups_tile
-    # Key ranges start at page-aligned offsets (splits are whole tiles), so a tile of PAGE * n keys is n pages.
-    page_tile = page_tile and groups_tile and power_of_two(kv.page_tokens) and block_n % kv.page_tokens == 0
+    # Value scales broadcast over a channel group by reshape (the group must tile BLOCK_D); key ranges start at
+    # page-aligned offsets (splits are whole tiles), so a tile of PAGE * n keys is n pages.
+    page_tile = page_tile and is_kivi and blockwise_supported(head_dim, kv.page_tokens, kv.value_group) \
+        and block_n % kv.page_tokens == 0
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
     if num_splits == 1:
@@ -307,7 +287,7 @@ def paged_attention_fwd(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda, GROUP_SCALES=group_scales, PAGE_TILE=page_tile, CONTINUE=prev is not None,
+        ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:

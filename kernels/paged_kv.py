@@ -111,15 +111,12 @@ def power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def groups_tile_head(head_dim: int, value_group: int) -> bool:
-    """Whether KIVI value scales broadcast over whole channel groups of the kernels' padded head (the next power
-    of two, at least 16): the group must be a power of two dividing it."""
-    return power_of_two(value_group) and (1 << (max(head_dim, 16) - 1).bit_length()) % value_group == 0
-
-
 def blockwise_supported(head_dim: int, page_tokens: int, value_group: int) -> bool:
-    """Whether dequantize_block takes this pool: whole-page tiles (a power-of-two page) whose groups tile the head."""
-    return power_of_two(page_tokens) and groups_tile_head(head_dim, value_group)
+    """Whether a KIVI pool's whole pages tile (_load_kivi_pages, dequantize_block): a power-of-two page, and value
+    scales that broadcast over whole channel groups of the kernels' padded head (the next power of two, at least
+    16), so a power-of-two group dividing it."""
+    padded_head = 1 << (max(head_dim, 16) - 1).bit_length()
+    return power_of_two(page_tokens) and power_of_two(value_group) and padded_head % value_group == 0
 
 
 def plan_prefix_blocks(

@@ -100,15 +100,13 @@ def test_bad_shapes_name_the_field():
         paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
 
 
-# Tuning overrides of the KIVI loads: the per-element gather (page_tile 0), and it with value scales per channel
-# group (group_scales 1), against the default whole-page tiles.
-@pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"page_tile": 0, "group_scales": 1}], ids=str)
+# The tuning override of the KIVI loads: the per-element gather (page_tile 0) against the default whole-page tiles.
+@pytest.mark.parametrize("tuning", [{"page_tile": 0}], ids=str)
 @pytest.mark.parametrize("bits", [8, 2])
 @pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [40, 9], [5, 9]), (256, [33, 64], [1, 1])])
 def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_lens, q_lens):
     """Whole-page KIVI tiles (one load per packed byte, key scales per page, value scales per channel group) give
-    exactly the per-element gathers' answer: decode (64-key tiles of two pages at head_dim 64, one page at 256)
-    and extend, partial value groups (head_dim 70), pages past the key range inside a tile."""
+    exactly the per-element gathers' answer: decode and extend (64-key tiles, two pages), partial value groups (head_dim 70), pages past the key range inside a tile."""
     from headroom.kernels import paged_attention as pa
 
     kv, table = make_pool("kivi", bits, 2, head_dim, kv_lens, torch.bfloat16)
