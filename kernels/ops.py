@@ -42,7 +42,7 @@ kivi_dequantize_values = naive_kivi_dequantize_values
 __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
-    "kivi_quantize_keys", "kivi_quantize_values", "merge_two", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
+    "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
     "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
 ]
 
@@ -119,17 +119,6 @@ def gdn_gates(b, a, neg_a, dt_bias) -> tuple[torch.Tensor, torch.Tensor]:
 
         return run(b, a, neg_a, dt_bias)
     return naive_gdn_gates(b, a, neg_a, dt_bias)
-
-
-def merge_two(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over two disjoint key ranges merged by lse (out [N, H, D] in out_a's dtype, lse [N, H])."""
-    if _fused(out_a):
-        from headroom.kernels.attention_merge_triton import merge_splits_into
-
-        out, lse = torch.empty_like(out_a), torch.empty_like(lse_a)
-        merge_splits_into(torch.stack((out_a.float(), out_b.float())), torch.stack((lse_a, lse_b)), out, lse)
-        return out, lse
-    return naive_merge_two(out_a, lse_a, out_b, lse_b)
 
 
 def gated_delta_decode(q, k, v, g, beta, states, slots) -> torch.Tensor | None:

@@ -83,7 +83,7 @@ def paged_attention_over_pool(
             q, positions, offsets, table, zeros, lens, kv, scale, max_q_len=max_q_len, prev=prev, out=out, out_lse=lse)
 
     if not kv_pool.is_kivi:
-        return pool_pass(closed_t)(None, torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32))[0]
+        return _chain([pool_pass(closed_t)], q)
 
     def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
         # Rows of the flattened window buffer [rows x page, H, D] holding each sequence's open page; every

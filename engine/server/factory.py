@@ -298,8 +298,7 @@ def fit_cost_model(timings: list[StepStats], marginal: bool = False) -> PassCost
 
     marginal (the GPU warm-up's clean timed passes): with a pass of at most half as many tokens
     (>= MARGINAL_MIN_TOKENS) beside them, the rate is the marginal one between the two sizes and the
-    difference goes to prefill_fixed_s: on a GPU a mid-sized eager
-    pass is bound by its kernel launches (~45-60 ms of Python for a 2,048-token pass of the 4B model, against a
+    difference goes to prefill_fixed_s: on a GPU a mid-sized eager pass is bound by its kernel launches (~45-60 ms of Python for a 2,048-token pass of the 4B model, against a
     4 ms graphed decode), and a rate fitted through the decode's fixed cost alone came out at half the real
     one on a slower host (28K tok/s where 8K chunks ran at 50K). Off for a CPU's warm-up passes, of mixed
     batches and checkpoint stops, where a difference of two passes is no rate."""
@@ -319,10 +318,10 @@ def fit_cost_model(timings: list[StepStats], marginal: bool = False) -> PassCost
         fast_small = min((t for t in small if t.num_prefill_tokens == size), key=lambda t: t.seconds)
         extra = fast_big.seconds - fast_small.seconds
         if extra > 0:
-            marginal = (fast_big.num_prefill_tokens - fast_small.num_prefill_tokens) / extra
-            prefill_fixed = fast_small.seconds - fixed - fast_small.num_prefill_tokens / marginal
-            if marginal > rate and prefill_fixed > 0:
-                return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=marginal, decode_s=0.0,
+            marginal_rate = (fast_big.num_prefill_tokens - fast_small.num_prefill_tokens) / extra
+            prefill_fixed = fast_small.seconds - fixed - fast_small.num_prefill_tokens / marginal_rate
+            if marginal_rate > rate and prefill_fixed > 0:
+                return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=marginal_rate, decode_s=0.0,
                                      prefill_fixed_s=prefill_fixed)
     return PassCostModel(fixed_s=fixed, prefill_tokens_per_s=rate, decode_s=0.0)
 
