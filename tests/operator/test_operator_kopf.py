@@ -123,9 +123,15 @@ async def test_restart_mid_smoke_resumes_and_validates(operator: OperatorHarness
     await api.mark_deployment_ready("qwen")
     await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Validating")
     await operator.stop()
-    release.set()
-    await operator.start(passing_smoke)
-    body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Ready")
+    # The first operator's smoke stays blocked until the second has validated: a pass of the first
+    # already in its worker thread when the operator was cancelled runs to its end, and were the
+    # smoke released now, that pass could still record the first result (a real result in a real
+    # cluster, but this test's is a marker that must not win).
+    try:
+        await operator.start(passing_smoke)
+        body = await api.wait_for(f"{ISVC}/qwen", lambda o: o.get("status", {}).get("phase") == "Ready")
+    finally:
+        release.set()
     assert condition(body, "Validated")["status"] == "True"
     assert body["status"]["lastSmoke"]["summary"].startswith("fake smoke passed")
 
