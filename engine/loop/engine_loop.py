@@ -52,6 +52,9 @@ class EngineLoop:
         self._streams: dict[str, RequestStream] = {}
         self.steps = StepRunner(runner, scheduler_config, self._emit)
         self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
+        # Aborts taken from the inbox mid-pass: applied once the pass ends, since it may be writing their pages.
+        self._deferred_aborts: list[str] = []
+        self.steps.poll_arrivals = self._poll_arrivals
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -128,14 +131,30 @@ class EngineLoop:
         self.runner.close()
 
     def drain_inbox(self) -> None:
+        """Between passes: every arrival and abort, in order (aborts held back mid-pass first)."""
+        deferred, self._deferred_aborts = self._deferred_aborts, []
+        for request_id in deferred:
+            self.steps.abort(request_id)
+        self._take_inbox(defer_aborts=False)
+
+    def _poll_arrivals(self) -> bool:
+        """Between two layers of a pass (StepRunner's interjection): arrivals in now, aborts after the pass.
+        True when a request arrived. Costs a queue check when nothing did (it runs once a layer)."""
+        return not self._inbox.empty() and self._take_inbox(defer_aborts=True)
+
+    def _take_inbox(self, defer_aborts: bool) -> bool:
+        added = False
         while True:
             try:
                 kind, payload = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return added
             if kind == "add":
                 assert isinstance(payload, tuple)
                 self.steps.add(payload[0], payload[1])
+                added = True
+            elif defer_aborts:
+                self._deferred_aborts.append(str(payload))
             else:
                 self.steps.abort(str(payload))
 
@@ -149,6 +168,8 @@ class EngineLoop:
     def _step(self) -> StepStats:
         stats = self.steps.step()
         if self.on_step is not None:
+            for inner in stats.interjected:
+                self.on_step(inner, self)
             self.on_step(stats, self)
         return stats
 

@@ -1,11 +1,14 @@
 """One engine step: ask the scheduler for a pass, bind it to the caches, run the model, sample, finish.
 
 Kept apart from the thread and queue plumbing (engine_loop.py) so it can be driven synchronously
-(warm-up, tests). Events go out through `emit(request_id, event)`.
+(warm-up, tests). Events go out through `emit(request_id, event)`. While a long pass runs, short requests
+that arrive (poll_arrivals) may be run in a pass of their own between two of its layers
+(scheduler/interjection.py says why that is safe).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +21,8 @@ from headroom.engine.runtime.sampling import sample
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
 from headroom.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("headroom.engine")
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,14 @@ class TokenEvent:
 
 @dataclass
 class StepStats:
-    """What the last pass did, for metrics and the cost model. Seconds are wall time."""
+    """What the last pass did, for metrics and the cost model. Seconds are wall time, less the passes
+    interjected between its layers (listed in `interjected`, each with its own seconds)."""
 
     seconds: float = 0.0
     num_prefill_tokens: int = 0
     num_decodes: int = 0
     admitted: list[str] = field(default_factory=list)
+    interjected: list[StepStats] = field(default_factory=list)
 
 
 class StepRunner:
@@ -59,6 +66,9 @@ class StepRunner:
                                   scheduler_config.chunked_prefill_size)
         self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
         self.scheduler = Scheduler(scheduler_config, self.capacity)
+        # Called between two layers of an interruptible pass: takes newly arrived requests in (add) and says
+        # whether any came; None (the default, as in warm-up and tests) never interjects.
+        self.poll_arrivals: Callable[[], bool] | None = None
 
     def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
         """Queue seq; one that could never fit the KV pool, even alone, is refused at once with the numbers."""
@@ -96,15 +106,40 @@ class StepRunner:
         plan = self.scheduler.schedule()
         for request in plan.preempted:
             self._release(self.sequences[request.request_id])
+        return self._execute(plan, started, interruptible=True)
+
+    def _execute(self, plan: ScheduledPass, started: float, interruptible: bool) -> StepStats:
         for request in list(plan.admitted):
             self._admit(plan, request)
         items = [item for item in plan.items if self._reserve(plan, item)]
         stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
                           admitted=[r.request_id for r in plan.admitted])
         if items:
-            self._run(plan, items)
-        stats.seconds = time.perf_counter() - started
+            self._run(plan, items, self._interjection_hook(plan, stats) if interruptible else None)
+        stats.seconds = time.perf_counter() - started - sum(inner.seconds for inner in stats.interjected)
         return stats
+
+    def _interjection_hook(self, outer: ScheduledPass, stats: StepStats) -> Callable[[], None] | None:
+        """What runs between two layers of `outer`: new arrivals in, and a pass of short ones if the scheduler
+        plans one. None where outer cannot be interrupted (scheduler policy, a short pass, tensor parallel)."""
+        poll = self.poll_arrivals
+        if poll is None or not self.runner.supports_interjection or not self.scheduler.is_interruptible(outer):
+            return None
+
+        def between_layers() -> None:
+            if not poll():
+                return
+            inner = self.scheduler.schedule_interjection(outer)
+            if inner is None:
+                return
+            try:
+                stats.interjected.append(self._execute(inner, time.perf_counter(), interruptible=False))
+            except Exception:  # noqa: BLE001 - a bug here must fail the short requests, not the long pass
+                logger.exception("an interjected pass failed outside its model call; failing its requests")
+                for request in inner.scheduled_requests:
+                    self.abort(request.request_id, "error", "interjected pass failed")
+
+        return between_layers
 
     def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
         seq = self.sequences[request.request_id]
@@ -132,7 +167,7 @@ class StepRunner:
         plan.remove_item(item.request)
         return False
 
-    def _run(self, plan: ScheduledPass, items: list[PassItem]) -> None:
+    def _run(self, plan: ScheduledPass, items: list[PassItem], between_layers: Callable[[], None] | None = None) -> None:
         batch, captures = [], []
         for item in items:
             seq = self.sequences[item.request.request_id]
@@ -144,7 +179,8 @@ class StepRunner:
                                    tuple((stop - item.start, slot) for stop, slot in taken)))
         sampling = [i for i, item in enumerate(items) if item.samples]
         try:
-            logits = self.runner.forward(batch)
+            logits = self.runner.forward(batch) if between_layers is None else \
+                self.runner.forward(batch, between_layers=between_layers)
             tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
                                                                   for i in sampling]), strict=True)) if sampling else {}
         except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server

@@ -3,6 +3,8 @@ and Qwen3-Next (Qwen3.5's mixers with fused GDN projections and sparse MoE MLPs)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from headroom.engine.layers.attention import FullAttention
 from headroom.engine.layers.linear import linear, linear_weight
@@ -88,13 +90,18 @@ class CausalLM:
 
     @torch.inference_mode()
     def __call__(
-        self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None, all_positions: bool = False
+        self, batch: ForwardBatch, kv_pool: KVPool | None, ssm_pool: SSMPool | None, all_positions: bool = False,
+        between_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions."""
+        """-> logits (fp32) [num_items, vocab] at each item's last token, or [num_tokens, vocab] if all_positions.
+        between_layers() runs after every layer but the last (another pass may run there: engine/loop/step.py)."""
         x = vocab_parallel_embedding(batch.token_ids, self.embed, self.tp)
         delta = None
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
             x, delta = layer(x, delta, batch, kv_pool, ssm_pool)
+            if between_layers is not None and index < last:
+                between_layers()
         assert delta is not None, "a model has at least one layer"
         if not all_positions:
             x, delta = x[batch.last_rows], delta[batch.last_rows]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +26,29 @@ from headroom.kernels.gdn_fla import use_tuned_fla_configs
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# Layers the host may run ahead of the GPU in an interruptible pass: enough to keep the GPU fed (a layer of an 8K
+# chunk is ~3.6 ms of GPU work against ~1.3 ms to launch it on the H200), few enough that an interjected pass
+# is not queued behind the rest of the long one.
+INTERJECTION_LAG = 2
+
+
+def bounded_lag(hook: Callable[[], None], device: torch.device, lag: int = INTERJECTION_LAG) -> Callable[[], None]:
+    """hook, preceded on a GPU by a wait until the device has finished all but the last `lag` layers."""
+    if device.type != "cuda":
+        return hook
+    recorded: deque[torch.cuda.Event] = deque()
+
+    def between_layers() -> None:
+        event = torch.cuda.Event()
+        event.record()
+        recorded.append(event)
+        if len(recorded) > lag:
+            recorded.popleft().synchronize()
+        hook()
+
+    return between_layers
 
 
 class CapacityError(RuntimeError):
@@ -155,12 +180,22 @@ class ModelRunner:
             if total < assumed:
                 raise CapacityError(f"the plan assumed {assumed} bytes of GPU memory; {self.device} has {total}")
 
-    def forward(self, items: list[BatchItem], all_positions: bool = False) -> torch.Tensor:
+    @property
+    def supports_interjection(self) -> bool:
+        """Whether forward() may run another pass from between_layers. Not with tensor parallelism: the other
+        ranks run the pass they were sent in lockstep (its collectives), and a pass sent mid-pass would wedge them."""
+        return self.tp is None
+
+    def forward(self, items: list[BatchItem], all_positions: bool = False,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Run one mixed batch -> logits [num_items, vocab] at each item's last token
         ([num_tokens, vocab] over the flattened items if all_positions, for tests and scoring).
 
         Each item's sequence must hold kv_slots for all its positions and (hybrid) an SSM slot; a sequence
         starting at position 0 gets a zeroed SSM state. Advances each seq.num_computed_tokens.
+        between_layers: called after each layer but the last of an eager pass (loop/step.py runs interjected
+        passes from it); on a GPU the host is then kept at most INTERJECTION_LAG layers ahead of the device, so
+        that what it interjects waits for about that many layers, not for everything queued before it.
         """
         for item in items:
             seq = item.seq
@@ -180,7 +215,8 @@ class ModelRunner:
             logits = self.decode_graphs.run(items)
         else:
             batch = ForwardBatch.build(items, self.device)
-            logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions)
+            hook = None if between_layers is None else bounded_lag(between_layers, self.device)
+            logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions, hook)
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.vocab_size)
         for item in items:

@@ -123,16 +123,27 @@ class CountingCapacity:
 
 def run_counted_pass(scheduler: Scheduler, capacity: CountingCapacity) -> ScheduledPass:
     """One pass without a model, for tests and simulations: schedule, account memory, finish at max_new_tokens."""
-    plan = scheduler.schedule()
+    plan = start_counted_pass(scheduler, capacity, scheduler.schedule())
+    finish_counted_pass(scheduler, capacity, plan)
+    return plan
+
+
+def start_counted_pass(scheduler: Scheduler, capacity: CountingCapacity, plan: ScheduledPass) -> ScheduledPass:
+    """Before `plan` runs (schedule()'s, or an interjection's): release what it preempted and take its memory,
+    as the engine reserves a pass's KV before running it."""
     for request in plan.preempted:
         capacity.release(request)
-    finished: set[str] = set()
     for item in plan.items:
         capacity.allocate(item.request, item.num_tokens)
-        if item.samples and item.request.num_generated + 1 >= item.request.max_new_tokens:
-            finished.add(item.request.request_id)
+    return plan
+
+
+def finish_counted_pass(scheduler: Scheduler, capacity: CountingCapacity, plan: ScheduledPass) -> set[str]:
+    """After `plan` ran: complete it, finishing requests at max_new_tokens; returns their ids (released)."""
+    finished = {item.request.request_id for item in plan.items
+                if item.samples and item.request.num_generated + 1 >= item.request.max_new_tokens}
     scheduler.complete(plan, finished)
     for item in plan.items:
         if item.request.request_id in finished:
             capacity.release(item.request)
-    return plan
+    return finished

@@ -143,15 +143,9 @@ class PrefillPlanner:
                 continue
             for earlier in skipped:
                 earlier.times_overtaken += 1
-            scheduler.waiting.remove(request)
-            scheduler.running.append(request)
-            request.phase = Phase.PREFILL
-            request.num_cached = cached
-            request.num_computed = cached
-            self.plan.admitted.append(request)
+            scheduler.move_to_running(self.plan, request, cached, chunk)
             self.kv_free -= locked
             self._take(request, chunk)
-            self.plan.add_item(request, chunk)
 
     def _promised_after_this_pass(self) -> int:
         """Prompt tokens running prefills still need after the chunks already in this pass."""

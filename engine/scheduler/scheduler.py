@@ -13,6 +13,7 @@ import logging
 from collections import Counter
 
 from headroom.engine.scheduler.capacity import Capacity
+from headroom.engine.scheduler.interjection import is_interruptible, plan_interjection
 from headroom.engine.scheduler.prefill import PrefillPlanner
 from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass, SchedulerConfig
 
@@ -75,6 +76,25 @@ class Scheduler:
             planner = PrefillPlanner(self, plan, budget, planner.kv_free + freed)
             planner.run()
         return plan
+
+    def is_interruptible(self, plan: ScheduledPass) -> bool:
+        """Whether short arrivals may be interjected between the layers of `plan` (scheduler/interjection.py)."""
+        return is_interruptible(self.config, plan)
+
+    def schedule_interjection(self, outer: ScheduledPass) -> ScheduledPass | None:
+        """A pass of waiting short requests to run between two layers of `outer`, which is in flight; complete()
+        it like any pass. None when there is nothing to interject (scheduler/interjection.py)."""
+        return plan_interjection(self, outer)
+
+    def move_to_running(self, plan: ScheduledPass, request: SchedRequest, cached: int, chunk: int) -> None:
+        """Admit `request` into `plan`: it starts from its `cached` prefix and computes `chunk` positions."""
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.phase = Phase.PREFILL
+        request.num_cached = cached
+        request.num_computed = cached
+        plan.admitted.append(request)
+        plan.add_item(request, chunk)
 
     def complete(self, plan: ScheduledPass, finished_ids: set[str] | frozenset[str] = frozenset()) -> None:
         """Record that `plan` ran; requests in finished_ids leave (the caller releases their memory)."""

@@ -72,6 +72,10 @@ class SchedulerConfig:
         carrying a short prefill adds at most min_prefill_tokens of long prompts, so it stays short. "fair":
         the even split with the contended cap above (the seed's answer).
     short_prefill_tokens: what counts as short (None: chunked_prefill_size // 4).
+    interject_short: short_first only: a short request that arrives while a pass carrying more than short_limit
+        prefill tokens runs is prefilled between two of that pass's layers, in a pass of its own (whole, within
+        short_limit tokens in all, nothing preempted), instead of waiting for the long pass to end; the long pass
+        ends that much later (scheduler/interjection.py, loop/step.py).
     """
 
     chunked_prefill_size: int = 8192
@@ -91,6 +95,7 @@ class SchedulerConfig:
     log_rejections: bool = False
     policy: str = "short_first"
     short_prefill_tokens: int | None = None
+    interject_short: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scheduling.add_argument("--strict-fcfs", action="store_true", help="old admission: whole prompt, stop at misfit")
     scheduling.add_argument("--scheduler-policy", choices=("short_first", "fair"), default="short_first",
                             help="short prefills first, long prompts back to back (default); or the even split")
+    scheduling.add_argument("--no-interjection", dest="interject_short", action="store_false",
+                            help="short_first: a short request arriving during a long pass waits for the pass to end "
+                                 "instead of running between its layers")
 
     diagnostics = parser.add_argument_group("diagnostics")
     diagnostics.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
@@ -102,7 +105,7 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms, max_pass_ms=args.max_pass_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
-        policy=args.scheduler_policy,
+        policy=args.scheduler_policy, interject_short=args.interject_short,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
         tensor_parallel_size=args.tensor_parallel_size,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,

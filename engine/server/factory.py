@@ -59,6 +59,8 @@ class ServeOptions:
     skip_ahead_limit: int = 16
     strict_fcfs: bool = False
     policy: str = "short_first"
+    # short_first: short requests arriving during a long pass run between its layers (scheduler/interjection.py).
+    interject_short: bool = True
     log_rejections: bool = False
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
@@ -112,7 +114,7 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
     return SchedulerConfig(chunked_prefill_size=plan.chunked_prefill_size,
                            max_running_requests=plan.max_running_requests, skip_ahead_limit=options.skip_ahead_limit,
                            itl_target_s=itl, max_pass_s=max_pass, log_rejections=options.log_rejections,
-                           policy=options.policy)
+                           policy=options.policy, interject_short=options.interject_short)
 
 
 def build_state(options: ServeOptions) -> ServerState:
@@ -257,7 +259,10 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop.scheduler.config = config
     cost = config.cost_model
     logger.info("scheduler: policy %s%s, chunk %d, max pass %s, ITL target %s; pass cost fitted by the warm-up: "
-                "%.1f ms + %.0f prefill tokens/s", config.policy, " (strict FCFS)" if config.judge_whole_prompt else "",
+                "%.1f ms + %.0f prefill tokens/s", config.policy, " (strict FCFS)" if config.judge_whole_prompt else
+                " (short requests interjected between a long pass's layers)"
+                if config.policy == "short_first" and config.interject_short and loop.runner.supports_interjection
+                else "",
                 config.chunked_prefill_size, f"{max_pass_s * 1000:.0f} ms" if max_pass_s else "none",
                 f"{config.itl_target_s * 1000:.0f} ms" if config.itl_target_s else "none", cost.fixed_s * 1000,
                 cost.prefill_tokens_per_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import httpx
 import pytest
@@ -108,7 +109,12 @@ def test_metrics_split_working_and_checkpoint_slots_and_count_the_cache(server):
     prompt = ids(500, 31)
     complete(server, prompt)
     complete(server, prompt[:400] + ids(40, 32))
-    text = server.get("/metrics").text
+    # The last token reaches the client just before the engine thread releases the request's slot: wait for idle.
+    for _ in range(100):
+        text = server.get("/metrics").text
+        if metric(text, "headroom_ssm_used_slots") == 0:
+            break
+        time.sleep(0.05)
     # Idle: no running request holds a slot; the checkpoints are counted apart.
     assert metric(text, "headroom_ssm_used_slots") == 0
     assert metric(text, "headroom_ssm_checkpoint_slots") > 0

@@ -1,0 +1,68 @@
+"""Interjection: short requests prefilled between two layers of a long pass that is already running.
+
+A pass cannot be interrupted, so under short_first a question that arrives just after an 8K-token chunk was
+launched waits for that whole chunk (163 ms on the H200) and then for its own pass (48 ms): 2.7x its idle TTFT
+(bench/scheduling_h200.py). Shrinking the chunk shortens the wait but pays the eager pass's fixed cost more
+often, which is what kept issue 15's TTFT and throughput goals apart. A pass is, however, a sequence of
+layers, and the requests of one pass touch only their own KV pages and SSM slots: between layer i and i+1 the
+engine can run a whole pass for newly arrived short requests and then carry on with layer i+1 (loop/step.py).
+The question then waits about one layer of the long pass, and the long pass loses only the short pass's own
+time, which short_first spends anyway.
+
+What an interjected pass may do, since the outer pass's requests are mid-pass: admit waiting short requests
+whole (one pass reaches their first token), within short_limit tokens together; never preempt, never touch a
+running request; keep the decode reserve admission keeps. Its memory sits on top of the outer pass's live
+tensors at a layer boundary (the residual stream and the last MLP output, two [tokens, hidden] tensors), so the
+two together stay below the outer pass's own peak inside a layer, which the plan's activation line prices.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headroom.engine.scheduler.types import ScheduledPass, SchedulerConfig
+
+if TYPE_CHECKING:
+    from headroom.engine.scheduler.scheduler import Scheduler
+
+
+def is_interruptible(config: SchedulerConfig, outer: ScheduledPass) -> bool:
+    """Whether short requests arriving during `outer` may be interjected between its layers: short_first with
+    interjection on, and a pass long enough (more than short_limit prefill tokens) that waiting for it hurts."""
+    return config.policy == "short_first" and config.interject_short and outer.num_prefill_tokens > config.short_limit
+
+
+def plan_interjection(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPass | None:
+    """The waiting short requests (arrival order) that one pass can prefill whole now, between two of `outer`'s
+    layers; None when outer is not interruptible or none fits. The capacity seen already holds outer's
+    reservations (the engine reserves a pass's KV before it runs)."""
+    config, capacity = scheduler.config, scheduler.capacity
+    if not is_interruptible(config, outer):
+        return None
+    plan = ScheduledPass()
+    budget, kv_free = config.short_limit, capacity.free_kv_tokens()
+    reserve = config.decode_reserve_tokens * (scheduler.num_decoding + 1)
+    passed_over = []
+    for request in list(scheduler.waiting):
+        cached = capacity.cached_prefix_len(request)
+        whole = request.num_tokens - cached
+        if whole > config.short_limit:
+            # A long request waits for a normal pass; once overtaken too often it bars the way (aging).
+            if request.times_overtaken >= config.max_times_overtaken:
+                break
+            passed_over.append(request)
+            continue
+        if whole > budget or len(scheduler.running) >= config.max_running_requests:
+            break
+        if capacity.free_ssm_slots() - len(plan.admitted) < 1:
+            break
+        locked = capacity.kv_tokens_locked_by_admission(request) if cached else 0
+        need = capacity.kv_tokens_to_extend(request, whole) + locked
+        if need + reserve > kv_free:
+            break
+        for earlier in passed_over:
+            earlier.times_overtaken += 1
+        scheduler.move_to_running(plan, request, cached, whole)
+        budget -= whole
+        kv_free -= need
+    return plan if plan.prefills else None

@@ -1,0 +1,90 @@
+"""Interjection: short requests planned into a pass of their own while a long pass is in flight. CPU, no model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headroom.engine.scheduler.capacity import CountingCapacity, finish_counted_pass, start_counted_pass
+from headroom.engine.scheduler.scheduler import Scheduler
+from headroom.engine.scheduler.types import Phase, SchedRequest, SchedulerConfig
+
+CONFIG = SchedulerConfig(chunked_prefill_size=8192, max_running_requests=16)
+
+
+def in_flight(config: SchedulerConfig = CONFIG, pool: int = 1_000_000, slots: int = 64, longs: int = 4):
+    """A scheduler whose first pass (long prompts) has started: its memory taken, not yet completed."""
+    capacity = CountingCapacity(pool, slots)
+    scheduler = Scheduler(config, capacity)
+    for k in range(longs):
+        scheduler.add(SchedRequest(f"long{k}", prompt_len=16_000, max_new_tokens=2))
+    outer = start_counted_pass(scheduler, capacity, scheduler.schedule())
+    return scheduler, capacity, outer
+
+
+def chunks(plan) -> dict[str, int]:
+    return {item.request.request_id: item.num_tokens for item in plan.prefills}
+
+
+def test_a_question_arriving_mid_pass_gets_a_pass_of_its_own_whole():
+    scheduler, capacity, outer = in_flight()
+    assert scheduler.is_interruptible(outer)
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    inner = scheduler.schedule_interjection(outer)
+    assert inner is not None and chunks(inner) == {"question": 30} and not inner.decodes and not inner.preempted
+    start_counted_pass(scheduler, capacity, inner)
+    finish_counted_pass(scheduler, capacity, inner)
+    question = next(r for r in scheduler.running if r.request_id == "question")
+    assert question.phase is Phase.DECODE and question.num_generated == 1
+    # The long pass then completes as planned, untouched.
+    finish_counted_pass(scheduler, capacity, outer)
+    assert chunks(outer) == {"long0": 8192}
+    assert next(r for r in scheduler.running if r.request_id == "long0").num_computed == 8192
+
+
+def test_only_short_requests_within_the_short_budget_are_interjected():
+    scheduler, _, outer = in_flight()
+    limit = CONFIG.short_limit
+    for name, length in (("a", 1000), ("big", limit + 1), ("b", limit - 1000), ("c", 1001)):
+        scheduler.add(SchedRequest(name, prompt_len=length, max_new_tokens=4))
+    inner = scheduler.schedule_interjection(outer)
+    # a and b fit the 2,048-token budget together; the long one waits for a normal pass; c no longer fits.
+    assert inner is not None and chunks(inner) == {"a": 1000, "b": limit - 1000}
+    assert [r.request_id for r in scheduler.waiting] == ["long1", "long2", "long3", "big", "c"]
+
+
+def test_nothing_is_interjected_into_a_short_pass_or_under_another_policy():
+    scheduler, _, outer = in_flight(longs=0)
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    assert not scheduler.is_interruptible(outer) and scheduler.schedule_interjection(outer) is None
+    for config in (replace(CONFIG, interject_short=False), replace(CONFIG, policy="fair"),
+                   SchedulerConfig.strict_fcfs(8192, 16, 8192)):
+        scheduler, _, outer = in_flight(config)
+        scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+        assert not scheduler.is_interruptible(outer) and scheduler.schedule_interjection(outer) is None
+
+
+def test_an_interjection_never_preempts_and_respects_every_limit():
+    # The running limit: the first long prompt holds the only place.
+    scheduler, _, outer = in_flight(replace(CONFIG, max_running_requests=1))
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    assert scheduler.schedule_interjection(outer) is None
+    # SSM slots: the long prompt holds the only one.
+    scheduler, _, outer = in_flight(slots=1)
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    assert scheduler.schedule_interjection(outer) is None
+    # KV: the first chunk left 8,192 + 40 - 8,192 tokens, less than the question and the decode reserve need.
+    scheduler, capacity, outer = in_flight(pool=8192 + 40)
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    assert capacity.free_kv_tokens() == 40 and scheduler.schedule_interjection(outer) is None
+    assert [r.request_id for r in scheduler.running] == ["long0"] and scheduler.num_preemptions == 0
+
+
+def test_a_long_request_overtaken_too_often_bars_interjections_too():
+    config = replace(CONFIG, max_times_overtaken=2)
+    scheduler, _, outer = in_flight(config, longs=1)
+    scheduler.add(SchedRequest("waiting-long", prompt_len=16_000, max_new_tokens=2))
+    for k in range(3):
+        scheduler.add(SchedRequest(f"q{k}", prompt_len=30, max_new_tokens=4))
+        inner = scheduler.schedule_interjection(outer)
+        assert (inner is not None) == (k < 2)
+    assert scheduler.waiting[0].request_id == "waiting-long" and scheduler.waiting[0].times_overtaken == 2
