@@ -10,7 +10,14 @@ scenario through the server).
 
 Scenarios: (1) four 16,000-token prompts at t = 0 and a 30-token question at t = 1 s (8 arrival phases);
 (2) a lone 16K prompt; (3) four decoding streams while two 16K prompts prefill: their decode gaps.
-Policies: fair (the old default), strict FCFS, short_first (the new default) over the ITL target knob.
+Policies: fair (the old default), strict FCFS, short_first without interjection, and short_first (the default,
+with interjection) over the ITL target knob.
+
+Interjection (scheduler/interjection.py): a pass is LAYERS equal layers; a short request arriving during an
+interruptible pass runs in a pass of its own at the first layer boundary at least INTERJECTION_LAG layers after
+its arrival (the engine keeps the host that many layers ahead of the GPU: what it interjects waits for those), and
+the long pass ends that much later. With an ITL target, a long pass defers its decodes to decode steps (graph
+replays) at the boundaries where the target falls due.
 
     .venv/bin/python bench/scheduling_h200.py      # writes bench/results/scheduling_h200.json, prints tables
 """
@@ -23,20 +30,24 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from headroom.engine.scheduler.capacity import CountingCapacity
+from headroom.engine.runtime.model_runner import INTERJECTION_LAG
+from headroom.engine.scheduler.capacity import CountingCapacity, finish_counted_pass, start_counted_pass
+from headroom.engine.scheduler.interjection import decode_step_due
 from headroom.engine.scheduler.scheduler import Scheduler
-from headroom.engine.scheduler.types import PassCostModel, SchedRequest, SchedulerConfig
+from headroom.engine.scheduler.types import PassCostModel, ScheduledPass, SchedRequest, SchedulerConfig
 
 COST = PassCostModel(fixed_s=0.0035, prefill_fixed_s=0.0448, prefill_tokens_per_s=71_500.0, decode_s=0.00007)
 CHUNK, RUNNING, POOL, LONG, SHORT = 8192, 16, 200_000, 16_000, 30
+LAYERS = 32  # the Qwen3.5-4B shape's: 24 Gated DeltaNet and 8 attention layers
 SHORT_AT_S = [1.0 + 0.037 * k for k in range(8)]
-ITL_TARGETS_S = [None, 0.3, 0.2, 0.15, 0.1, 0.075, 0.05]
+ITL_TARGETS_S = [None, 0.3, 0.2, 0.15, 0.1, 0.075, 0.05, 0.03, 0.02, 0.012]
 
 
 def policies() -> dict[str, SchedulerConfig]:
     base = SchedulerConfig(chunked_prefill_size=CHUNK, max_running_requests=RUNNING, cost_model=COST)
     found = {"fair (old default)": replace(base, policy="fair"),
-             "strict FCFS": replace(SchedulerConfig.strict_fcfs(CHUNK, RUNNING, CHUNK), cost_model=COST)}
+             "strict FCFS": replace(SchedulerConfig.strict_fcfs(CHUNK, RUNNING, CHUNK), cost_model=COST),
+             "short_first, no interjection": replace(base, interject_short=False)}
     for target in ITL_TARGETS_S:
         name = "short_first" + ("" if target is None else f", ITL target {target * 1000:.0f} ms")
         found[name] = replace(base, itl_target_s=target)
@@ -49,27 +60,46 @@ def simulate(config: SchedulerConfig, arrivals: list[tuple[float, SchedRequest]]
     capacity = CountingCapacity(POOL, 64)
     scheduler = Scheduler(config, capacity)
     pending, clock, tokens = sorted(arrivals, key=lambda a: a[0]), 0.0, {}
-    while clock < until_s and (pending or scheduler.has_work):
-        while pending and pending[0][0] <= clock:
+    last_decode = [0.0]  # when the last pass carrying decodes ended (StepRunner.last_decode_at)
+
+    def arrive(until: float) -> bool:
+        arrived = bool(pending) and pending[0][0] <= until
+        while pending and pending[0][0] <= until:
             scheduler.add(pending.pop(0)[1])
+        return arrived
+
+    def finish(plan: ScheduledPass, at: float) -> None:
+        for item in plan.items:
+            if item.samples:
+                tokens.setdefault(item.request.request_id, []).append(at)
+        if plan.decodes:
+            last_decode[0] = at
+        finish_counted_pass(scheduler, capacity, plan)
+
+    while clock < until_s and (pending or scheduler.has_work):
+        arrive(clock)
         if not scheduler.has_work:
             clock = pending[0][0]
             continue
-        plan = scheduler.schedule()
-        for request in plan.preempted:
-            capacity.release(request)
-        clock += COST.pass_seconds(plan.num_prefill_tokens, len(plan.decodes))
-        finished = set()
-        for item in plan.items:
-            capacity.allocate(item.request, item.num_tokens)
-            if item.samples:
-                tokens.setdefault(item.request.request_id, []).append(clock)
-                if item.request.num_generated + 1 >= item.request.max_new_tokens:
-                    finished.add(item.request.request_id)
-        scheduler.complete(plan, finished)
-        for item in plan.items:
-            if item.request.request_id in finished:
-                capacity.release(item.request)
+        plan = start_counted_pass(scheduler, capacity, scheduler.schedule())
+        seconds = COST.pass_seconds(plan.num_prefill_tokens, len(plan.decodes))
+        if scheduler.is_interruptible(plan):
+            # Layer by layer; the engine polls its inbox at every boundary (EngineLoop._poll_arrivals).
+            layer = seconds / LAYERS
+            for _ in range(LAYERS - 1):
+                clock += layer
+                if arrive(clock - INTERJECTION_LAG * layer) and (inner := scheduler.schedule_interjection(plan)):
+                    start_counted_pass(scheduler, capacity, inner)
+                    clock += COST.pass_seconds(inner.num_prefill_tokens, 0)
+                    finish(inner, clock)
+                due = decode_step_due(config, clock - last_decode[0], scheduler.num_decoding, layer)
+                if plan.deferred_decodes and due and (step := scheduler.schedule_decode_step(plan)):
+                    start_counted_pass(scheduler, capacity, step)
+                    clock += COST.pass_seconds(0, len(step.decodes))
+                    finish(step, clock)
+            seconds = layer
+        clock += seconds
+        finish(plan, clock)
         if stop is not None and stop <= tokens.keys():
             break
     return tokens

@@ -18,6 +18,7 @@ from headroom.engine.loop.capacity import CacheCapacity
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.runtime.sampling import sample
+from headroom.engine.scheduler.interjection import decode_step_due
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
 from headroom.engine.sequence import Sequence, SequenceStatus
@@ -69,6 +70,9 @@ class StepRunner:
         # Called between two layers of an interruptible pass: takes newly arrived requests in (add) and says
         # whether any came; None (the default, as in warm-up and tests) never interjects.
         self.poll_arrivals: Callable[[], bool] | None = None
+        # When the last pass carrying decodes ended (perf_counter): interjected decode steps fall due from then.
+        # (A request's first token comes from a prefill: the decodes' gap runs from their own last token.)
+        self.last_decode_at = time.perf_counter()
 
     def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
         """Queue seq; one that could never fit the KV pool, even alone, is refused at once with the numbers."""
@@ -120,26 +124,37 @@ class StepRunner:
         return stats
 
     def _interjection_hook(self, outer: ScheduledPass, stats: StepStats) -> Callable[[], None] | None:
-        """What runs between two layers of `outer`: new arrivals in, and a pass of short ones if the scheduler
-        plans one. None where outer cannot be interrupted (scheduler policy, a short pass, tensor parallel)."""
-        poll = self.poll_arrivals
-        if poll is None or not self.runner.supports_interjection or not self.scheduler.is_interruptible(outer):
+        """What runs between two layers of `outer`: new arrivals in and a pass of short ones if the scheduler plans
+        one; a decode step of the decodes outer deferred when the ITL target is due. None where outer cannot be
+        interrupted (scheduler policy, a short pass, tensor parallel)."""
+        if not self.runner.supports_interjection or not self.scheduler.is_interruptible(outer):
             return None
+        poll, config = self.poll_arrivals, self.scheduler.config
+        if poll is None and not outer.deferred_decodes:
+            return None
+        # The decode-step decision needs how long one more layer takes: the pass's cost over its layers.
+        layer_s = config.cost_model.pass_seconds(outer.num_prefill_tokens, 0) / self.runner.model_config.num_layers
 
         def between_layers() -> None:
-            if not poll():
-                return
-            inner = self.scheduler.schedule_interjection(outer)
-            if inner is None:
-                return
-            try:
-                stats.interjected.append(self._execute(inner, time.perf_counter(), interruptible=False))
-            except Exception:  # noqa: BLE001 - a bug here must fail the short requests, not the long pass
-                logger.exception("an interjected pass failed outside its model call; failing its requests")
-                for request in inner.scheduled_requests:
-                    self.abort(request.request_id, "error", "interjected pass failed")
+            if poll is not None and poll():
+                self._interject(self.scheduler.schedule_interjection(outer), stats)
+            if outer.deferred_decodes and decode_step_due(config, time.perf_counter() - self.last_decode_at,
+                                                          self.scheduler.num_decoding, layer_s):
+                self._interject(self.scheduler.schedule_decode_step(outer), stats)
 
         return between_layers
+
+    def _interject(self, inner: ScheduledPass | None, outer_stats: StepStats) -> bool:
+        """Run `inner` now, in the middle of the outer pass; True if it ran."""
+        if inner is None:
+            return False
+        try:
+            outer_stats.interjected.append(self._execute(inner, time.perf_counter(), interruptible=False))
+        except Exception:  # noqa: BLE001 - a bug here must fail the interjected requests, not the long pass
+            logger.exception("an interjected pass failed outside its model call; failing its requests")
+            for request in inner.scheduled_requests:
+                self.abort(request.request_id, "error", "interjected pass failed")
+        return True
 
     def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
         seq = self.sequences[request.request_id]
@@ -208,6 +223,8 @@ class StepRunner:
             if reason is not None:
                 finished.add(seq.request_id)
         self.scheduler.complete(plan, finished)
+        if plan.decodes:
+            self.last_decode_at = time.perf_counter()
         for request_id in finished:
             seq = self.sequences.pop(request_id)
             self.eos_ids.pop(request_id, None)

@@ -9,6 +9,11 @@ engine can run a whole pass for newly arrived short requests and then carry on w
 The question then waits about one layer of the long pass, and the long pass loses only the short pass's own
 time, which short_first spends anyway.
 
+The same boundary serves decode gaps: with an ITL target, a long pass that can be interrupted carries no
+decodes; a decode step of every running decode is interjected whenever waiting one more layer would overshoot
+the target (decode_step_due), on a GPU a CUDA-graph replay of a few ms. Prefill keeps its full chunks instead of
+shrinking them to the target, where each extra pass costs the eager pass's fixed ~48 ms.
+
 What an interjected pass may do, since the outer pass's requests are mid-pass: admit waiting short requests
 whole (one pass reaches their first token), within short_limit tokens together; never preempt, never touch a
 running request; keep the decode reserve admission keeps. Its memory sits on top of the outer pass's live
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headroom.engine.scheduler.types import ScheduledPass, SchedulerConfig
+from headroom.engine.scheduler.types import Phase, ScheduledPass, SchedulerConfig
 
 if TYPE_CHECKING:
     from headroom.engine.scheduler.scheduler import Scheduler
@@ -30,6 +35,37 @@ def is_interruptible(config: SchedulerConfig, outer: ScheduledPass) -> bool:
     """Whether short requests arriving during `outer` may be interjected between its layers: short_first with
     interjection on, and a pass long enough (more than short_limit prefill tokens) that waiting for it hurts."""
     return config.policy == "short_first" and config.interject_short and outer.num_prefill_tokens > config.short_limit
+
+
+def interjects_decodes(config: SchedulerConfig) -> bool:
+    """Whether the ITL target is kept by decode steps interjected into long passes (rather than short passes)."""
+    return config.policy == "short_first" and config.interject_short and config.itl_target_s is not None
+
+
+def decode_step_due(config: SchedulerConfig, since_last_s: float, num_decodes: int, layer_s: float) -> bool:
+    """At a layer boundary, since_last_s after the decodes' last token: step now, since waiting one more layer
+    (layer_s) and then stepping would overshoot the ITL target under the cost model."""
+    target = config.itl_target_s
+    if target is None or num_decodes == 0:
+        return False
+    return since_last_s + layer_s + config.cost_model.pass_seconds(0, num_decodes) > target
+
+
+def plan_decode_step(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPass | None:
+    """One token for every running decode that `outer` does not carry (those it deferred, and requests an
+    interjection has brought to their first token since), oldest first, as far as their KV fits without
+    preempting; None when there is none."""
+    if not outer.deferred_decodes:
+        return None
+    capacity, plan = scheduler.capacity, ScheduledPass()
+    kv_free, busy = capacity.free_kv_tokens(), {id(r) for r in outer.scheduled_requests}
+    for request in scheduler.running:
+        if request.phase is Phase.DECODE and id(request) not in busy:
+            need = capacity.kv_tokens_to_extend(request, 1)
+            if need <= kv_free:
+                kv_free -= need
+                plan.add_item(request, 1)
+    return plan if plan.decodes else None
 
 
 def plan_interjection(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPass | None:

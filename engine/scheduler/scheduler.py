@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 
 from headroom.engine.scheduler.capacity import Capacity
-from headroom.engine.scheduler.interjection import is_interruptible, plan_interjection
+from headroom.engine.scheduler.interjection import interjects_decodes, is_interruptible, plan_decode_step, plan_interjection
 from headroom.engine.scheduler.prefill import PrefillPlanner
 from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass, SchedulerConfig
 
@@ -66,7 +66,9 @@ class Scheduler:
         """
         plan = ScheduledPass()
         free_kv = self._schedule_decodes(plan, self.capacity.free_kv_tokens())
-        budget = self._prefill_budget(len(plan.decodes))
+        # Decode steps interjected into a long pass keep the ITL target: the chunk need not shrink for it.
+        interjecting = bool(plan.decodes) and interjects_decodes(self.config)
+        budget = self._prefill_budget(0 if interjecting else len(plan.decodes))
         plan.prefill_budget = budget
         planner = PrefillPlanner(self, plan, budget, free_kv)
         planner.run()
@@ -75,6 +77,11 @@ class Scheduler:
             freed = self._preempt(plan, self.running[-1])
             planner = PrefillPlanner(self, plan, budget, planner.kv_free + freed)
             planner.run()
+        if interjecting and not plan.preempted and is_interruptible(self.config, plan) and \
+                self.config.cost_model.pass_seconds(plan.num_prefill_tokens, len(plan.decodes)) > self.config.itl_target_s:
+            # A pass within the target carries its decodes; a longer one leaves them to steps between its layers.
+            plan.deferred_decodes = [item.request for item in plan.decodes]
+            plan.decodes = []
         return plan
 
     def is_interruptible(self, plan: ScheduledPass) -> bool:
@@ -85,6 +92,11 @@ class Scheduler:
         """A pass of waiting short requests to run between two layers of `outer`, which is in flight; complete()
         it like any pass. None when there is nothing to interject (scheduler/interjection.py)."""
         return plan_interjection(self, outer)
+
+    def schedule_decode_step(self, outer: ScheduledPass) -> ScheduledPass | None:
+        """A decode step of the running decodes `outer` does not carry, to run between two of its layers when
+        decode_step_due says so; None when there are none or their KV does not fit (scheduler/interjection.py)."""
+        return plan_decode_step(self, outer)
 
     def move_to_running(self, plan: ScheduledPass, request: SchedRequest, cached: int, chunk: int) -> None:
         """Admit `request` into `plan`: it starts from its `cached` prefix and computes `chunk` positions."""

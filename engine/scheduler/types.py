@@ -58,8 +58,10 @@ class SchedulerConfig:
         stop at the first request that does not fit).
     judge_whole_prompt: admission needs room for the whole prompt (the old behaviour) instead of the next chunk.
     max_times_overtaken: a waiting request overtaken this often becomes a barrier nobody may pass (aging).
-    itl_target_s: with decodes running, bound a pass's prefill tokens so the pass (= one decode
-        inter-token gap) stays within this target under `cost_model`; None leaves passes unbounded.
+    itl_target_s: with decodes running, keep decode gaps within this target under `cost_model`. Where a long
+        pass can be interrupted (interject_short), it carries no decodes: they run as decode steps interjected
+        between its layers whenever the target is due, and prefill keeps its full chunks. Elsewhere a pass's
+        prefill tokens are bounded so the pass (= one decode gap) stays within the target. None: no target.
     max_pass_s: bound every pass carrying prefill to about this long under `cost_model`, decodes or not: a
         request that arrives during a pass waits for it (a pass cannot be interrupted), so this bounds a
         short question's wait behind a long prompt. None leaves passes unbounded (the chunk alone).
@@ -206,6 +208,9 @@ class ScheduledPass:
     admitted: list[SchedRequest] = field(default_factory=list)
     preempted: list[SchedRequest] = field(default_factory=list)
     prefill_budget: int = 0
+    # Running decodes left out of this (interruptible) pass: decode steps interjected between its layers take
+    # them (scheduler/interjection.py).
+    deferred_decodes: list[SchedRequest] = field(default_factory=list)
 
     @property
     def items(self) -> list[PassItem]:

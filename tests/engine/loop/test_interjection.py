@@ -151,3 +151,25 @@ def test_the_hook_runs_between_every_two_layers_and_the_logits_do_not_change(mod
         logits.append(steps.runner.forward([BatchItem(seq, seq.tokens_between(0, CHUNK), ())], between_layers=hook))
     assert len(calls) == steps.runner.model_config.num_layers - 1
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+def test_decode_steps_interjected_into_a_long_pass_keep_the_chats_tokens(model_dir):
+    """With an ITL target a long pass carries no decodes; steps between its layers advance them (every boundary
+    here: the target is far below any pass), and every token equals the request's solo run."""
+    loop = make_loop(model_dir, itl_target_ms=0.001)
+    log = record(loop)
+    chats = [request(f"chat{k}", 10 + k, 5, new_tokens=12) for k in range(2)]
+    for chat in chats:
+        loop.steps.add(chat, frozenset())
+    loop._step()  # both chats prefill and take their first token
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    stats = loop._step()
+    layers = loop.steps.runner.model_config.num_layers
+    assert stats.num_decodes == 0 and stats.num_prefill_tokens == CHUNK
+    assert [inner.num_decodes for inner in stats.interjected] == [2] * (layers - 1)
+    assert all(len(seq.output_token_ids) == layers for seq in chats)
+    loop.run_until_idle()
+    for seq in chats:
+        assert tokens(log, seq.request_id) == solo(model_dir, request(seq.request_id, 10 + int(seq.request_id[-1]), 5,
+                                                                      new_tokens=12))
+    assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))

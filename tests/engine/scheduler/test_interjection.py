@@ -88,3 +88,46 @@ def test_a_long_request_overtaken_too_often_bars_interjections_too():
         inner = scheduler.schedule_interjection(outer)
         assert (inner is not None) == (k < 2)
     assert scheduler.waiting[0].request_id == "waiting-long" and scheduler.waiting[0].times_overtaken == 2
+
+
+def decoding_then_long(config: SchedulerConfig):
+    """Four chats decoding, then a long document: its first pass is planned (not yet run)."""
+    capacity = CountingCapacity(1_000_000, 64)
+    scheduler = Scheduler(config, capacity)
+    for k in range(4):
+        scheduler.add(SchedRequest(f"chat{k}", prompt_len=10, max_new_tokens=200))
+    finish_counted_pass(scheduler, capacity, start_counted_pass(scheduler, capacity, scheduler.schedule()))
+    scheduler.add(SchedRequest("document", prompt_len=30_000, max_new_tokens=2))
+    return scheduler, capacity, start_counted_pass(scheduler, capacity, scheduler.schedule())
+
+
+def test_with_an_itl_target_a_long_pass_keeps_its_chunk_and_defers_the_decodes_to_steps_between_its_layers():
+    config = replace(CONFIG, itl_target_s=0.05)
+    scheduler, capacity, outer = decoding_then_long(config)
+    assert chunks(outer) == {"document": 8192} and not outer.decodes
+    assert [r.request_id for r in outer.deferred_decodes] == [f"chat{k}" for k in range(4)]
+    step = scheduler.schedule_decode_step(outer)
+    assert step is not None and not step.prefills
+    assert [item.request.request_id for item in step.decodes] == [f"chat{k}" for k in range(4)]
+    start_counted_pass(scheduler, capacity, step)
+    finish_counted_pass(scheduler, capacity, step)
+    assert all(r.num_generated == 2 for r in scheduler.running if r.request_id.startswith("chat"))
+    finish_counted_pass(scheduler, capacity, outer)
+    # Without interjection the ITL target shrinks the chunk, and the pass carries the decodes.
+    _, _, shrunk = decoding_then_long(replace(config, interject_short=False))
+    assert len(shrunk.decodes) == 4 and shrunk.num_prefill_tokens < 8192
+    # Without a target the long pass carries the decodes, as it always did.
+    _, _, mixed = decoding_then_long(CONFIG)
+    assert len(mixed.decodes) == 4 and not mixed.deferred_decodes and chunks(mixed) == {"document": 8192}
+
+
+def test_a_decode_step_is_due_when_one_more_layer_would_overshoot_the_target():
+    from headroom.engine.scheduler.interjection import decode_step_due
+    from headroom.engine.scheduler.types import PassCostModel
+
+    config = replace(CONFIG, itl_target_s=0.030, cost_model=PassCostModel(fixed_s=0.004, decode_s=0.0005))
+    step = 0.004 + 4 * 0.0005
+    assert not decode_step_due(config, 0.030 - step - 0.0051, 4, layer_s=0.005)
+    assert decode_step_due(config, 0.030 - step - 0.0049, 4, layer_s=0.005)
+    assert not decode_step_due(config, 1.0, 0, layer_s=0.005)
+    assert not decode_step_due(replace(config, itl_target_s=None), 1.0, 4, layer_s=0.005)

@@ -66,8 +66,10 @@ def test_every_pass_carries_the_running_decodes_alongside_prefill():
 
 
 def test_decode_inter_token_latency_stays_within_the_target():
+    """Where passes cannot be interrupted (no interjection: the fair policy, tensor parallel), the chunk shrinks."""
     cost = PassCostModel(fixed_s=0.05, prefill_tokens_per_s=1000.0, decode_s=0.005)
-    bounded = SchedulerConfig(chunked_prefill_size=4096, max_running_requests=8, itl_target_s=0.3, cost_model=cost)
+    bounded = SchedulerConfig(chunked_prefill_size=4096, max_running_requests=8, itl_target_s=0.3, cost_model=cost,
+                              interject_short=False)
     for config, expect_within in ((bounded, True), (SchedulerConfig(chunked_prefill_size=4096, cost_model=cost), False)):
         scheduler, capacity = make(config)
         for index in range(4):
@@ -86,7 +88,8 @@ def test_decode_inter_token_latency_stays_within_the_target():
 
 def test_itl_bound_never_stops_prefill_progress():
     cost = PassCostModel(fixed_s=0.5, prefill_tokens_per_s=1000.0, decode_s=0.0)
-    config = SchedulerConfig(chunked_prefill_size=4096, itl_target_s=0.1, min_prefill_tokens=64, cost_model=cost)
+    config = SchedulerConfig(chunked_prefill_size=4096, itl_target_s=0.1, min_prefill_tokens=64, cost_model=cost,
+                             interject_short=False)
     scheduler, capacity = make(config)
     scheduler.add(SchedRequest("chat", prompt_len=10, max_new_tokens=100))
     run_counted_pass(scheduler, capacity)
