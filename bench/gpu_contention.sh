@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15's contention scenario on the H200 through `headroom serve`, three schedulers in one run:
-# fair (the old default), --strict-fcfs, short_first (the new default). The 4B-shaped random bf16 model
+# Issue 15's contention scenario on the H200 through `headroom serve`, the schedulers in one run:
+# fair (the old default), --strict-fcfs, short_first without and with interjection (the default), and an ITL target. The 4B-shaped random bf16 model
 # (built by bench/gpu_engine.py's build section), a 24 GiB plan, chunk 8192, 16 running, as in the issue.
 # From the repo root on the GPU machine:
 #   source bench/device_env.sh && bash bench/gpu_contention.sh "$OUT"
@@ -12,12 +12,20 @@ repo=$PWD
 # server itself: twice a shell function wrapped it in a second subshell, `kill` stopped only that, and the
 # later runs measured the first server again (H200, sessions 2 and 3).
 serve_cmd='import sys; from headroom.main import main; sys.exit(main())'
-[ -f /tmp/headroom-q35-4b/config.json ] || python3 bench/gpu_engine.py "$out/build.json" build > "$out/build.log" 2>&1
-base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
-base="$base --max-running-requests 16 --chunked-prefill-size 8192"
+# CONTENTION_BASE replaces the server flags below (bench/cpu_contention.sh runs the same scenario on a CPU).
+if [ -z "${CONTENTION_BASE:-}" ]; then
+  [ -f /tmp/headroom-q35-4b/config.json ] || python3 bench/gpu_engine.py "$out/build.json" build > "$out/build.log" 2>&1
+  base="--model /tmp/headroom-q35-4b --device cuda --gpu-memory 24GiB --context-length 32768 --max-new-tokens 512"
+  base="$base --max-running-requests 16 --chunked-prefill-size 8192"
+else
+  base=$CONTENTION_BASE
+fi
 port=18080
-# CONTENTION_RUNS: label:flags entries separated by '|' (default the three schedulers), e.g. a --max-pass-ms sweep.
-IFS='|' read -r -a runs <<< "${CONTENTION_RUNS:-fair:--scheduler-policy fair|fcfs:--strict-fcfs|short_first:}"
+# CONTENTION_RUNS: label:flags entries separated by '|' (default: the old default, strict FCFS, short_first without
+# and with interjection (the default), and the default with a 50 ms ITL target), e.g. a --max-pass-ms sweep.
+default_runs="fair:--scheduler-policy fair|fcfs:--strict-fcfs|short_first_plain:--no-interjection|short_first:"
+default_runs="$default_runs|short_first_itl50:--itl-target-ms 50"
+IFS='|' read -r -a runs <<< "${CONTENTION_RUNS:-$default_runs}"
 for run in "${runs[@]}"; do
   label=${run%%:*}; flags=${run#*:}; port=$((port + 1))
   # shellcheck disable=SC2086
@@ -40,7 +48,10 @@ python3 - "$out" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 runs = {p.stem.split("_", 1)[1]: json.loads(p.read_text()) for p in sorted(out.glob("contention_*.json"))}
-(out / "contention.json").write_text(json.dumps({"command": "bash bench/gpu_contention.sh OUT", "runs": runs}, indent=2))
+import os
+env = {k: os.environ[k] for k in ("CONTENTION_BASE", "CONTENTION_RUNS", "CONTENTION_LONG_TOKENS") if k in os.environ}
+(out / "contention.json").write_text(json.dumps({"command": "bash bench/gpu_contention.sh OUT", "env": env, "runs": runs},
+                                                indent=2))
 for label, r in runs.items():
     c, g = r["contention"], r["decode_gaps"]
     print(label, "short", round(c["short_ttft_s"], 3), c.get("question_ttfts_s"), "idle", round(r["idle"]["short_ttft_s"], 3),

@@ -193,10 +193,4 @@ class EngineLoop:
     def _fail_running(self) -> None:
         """Abort every running request after a failed step; one abort failing must not end the thread."""
         for request in list(self.scheduler.running):
-            try:
-                self.steps.abort(request.request_id, "error", "engine step failed")
-            except Exception:  # noqa: BLE001 - the thread is the server's only engine
-                logger.exception("aborting request %s after a failed step failed too", request.request_id)
-                self.scheduler.abort(request.request_id)
-                self.steps.sequences.pop(request.request_id, None)
-                self.steps.emit(request.request_id, TokenEvent([], "error", "engine step failed"))
+            self.steps.fail(request.request_id, "engine step failed")

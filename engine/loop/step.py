@@ -39,14 +39,15 @@ class TokenEvent:
 
 @dataclass
 class StepStats:
-    """What the last pass did, for metrics and the cost model. Seconds are wall time, less the passes
-    interjected between its layers (listed in `interjected`, each with its own seconds)."""
+    """What the last pass did, for metrics and the cost model. Seconds are wall time, less the interjected_s
+    spent on passes between its layers (those that ran are in `interjected`, each with its own seconds)."""
 
     seconds: float = 0.0
     num_prefill_tokens: int = 0
     num_decodes: int = 0
     admitted: list[str] = field(default_factory=list)
     interjected: list[StepStats] = field(default_factory=list)
+    interjected_s: float = 0.0
 
 
 class StepRunner:
@@ -120,13 +121,13 @@ class StepRunner:
                           admitted=[r.request_id for r in plan.admitted])
         if items:
             self._run(plan, items, self._interjection_hook(plan, stats) if interruptible else None)
-        stats.seconds = time.perf_counter() - started - sum(inner.seconds for inner in stats.interjected)
+        stats.seconds = time.perf_counter() - started - stats.interjected_s
         return stats
 
     def _interjection_hook(self, outer: ScheduledPass, stats: StepStats) -> Callable[[], None] | None:
         """What runs between two layers of `outer`: new arrivals in and a pass of short ones if the scheduler plans
         one; a decode step of the decodes outer deferred when the ITL target is due. None where outer cannot be
-        interrupted (scheduler policy, a short pass, tensor parallel)."""
+        interrupted (scheduler policy, a short pass, tensor parallel). Nothing here may fail the outer pass."""
         if not self.runner.supports_interjection or not self.scheduler.is_interruptible(outer):
             return None
         poll, config = self.poll_arrivals, self.scheduler.config
@@ -134,27 +135,47 @@ class StepRunner:
             return None
         # The decode-step decision needs how long one more layer takes: the pass's cost over its layers.
         layer_s = config.cost_model.pass_seconds(outer.num_prefill_tokens, 0) / self.runner.model_config.num_layers
+        spent_on_prefill = [0.0]
 
         def between_layers() -> None:
-            if poll is not None and poll():
-                self._interject(self.scheduler.schedule_interjection(outer), stats)
-            if outer.deferred_decodes and decode_step_due(config, time.perf_counter() - self.last_decode_at,
-                                                          self.scheduler.num_decoding, layer_s):
-                self._interject(self.scheduler.schedule_decode_step(outer), stats)
+            try:
+                if poll is not None and poll():
+                    spent_on_prefill[0] += self._interject(
+                        lambda: self.scheduler.schedule_interjection(outer, spent_on_prefill[0]), stats)
+                if outer.deferred_decodes and decode_step_due(config, time.perf_counter() - self.last_decode_at,
+                                                              self.scheduler.num_decoding, layer_s):
+                    self._interject(lambda: self.scheduler.schedule_decode_step(outer), stats)
+            except Exception:  # noqa: BLE001 - the pass it interrupts must go on
+                logger.exception("interjection between two layers failed; the pass goes on")
 
         return between_layers
 
-    def _interject(self, inner: ScheduledPass | None, outer_stats: StepStats) -> bool:
-        """Run `inner` now, in the middle of the outer pass; True if it ran."""
-        if inner is None:
-            return False
+    def _interject(self, plan_inner: Callable[[], ScheduledPass | None], outer_stats: StepStats) -> float:
+        """Plan and run a pass now, in the middle of the outer one; the seconds it took (0 when none ran). A
+        failure outside its model call (which _run contains) fails its own requests only."""
+        started, inner = time.perf_counter(), None
         try:
-            outer_stats.interjected.append(self._execute(inner, time.perf_counter(), interruptible=False))
+            inner = plan_inner()
+            if inner is not None:
+                outer_stats.interjected.append(self._execute(inner, started, interruptible=False))
         except Exception:  # noqa: BLE001 - a bug here must fail the interjected requests, not the long pass
             logger.exception("an interjected pass failed outside its model call; failing its requests")
-            for request in inner.scheduled_requests:
-                self.abort(request.request_id, "error", "interjected pass failed")
-        return True
+            for request in inner.scheduled_requests if inner is not None else []:
+                self.fail(request.request_id, "interjected pass failed")
+        spent = time.perf_counter() - started if inner is not None else 0.0
+        outer_stats.interjected_s += spent
+        return spent
+
+    def fail(self, request_id: str, error: str) -> None:
+        """End a request with an error even when its abort fails too (then only the bookkeeping is dropped)."""
+        try:
+            self.abort(request_id, "error", error)
+        except Exception:  # noqa: BLE001 - the caller is a pass or the engine thread: both must go on
+            logger.exception("aborting request %s after a failure failed too", request_id)
+            self.scheduler.abort(request_id)
+            self.sequences.pop(request_id, None)
+            self.eos_ids.pop(request_id, None)
+            self.emit(request_id, TokenEvent([], "error", error))
 
     def _admit(self, plan: ScheduledPass, request: SchedRequest) -> None:
         seq = self.sequences[request.request_id]

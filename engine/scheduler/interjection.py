@@ -68,18 +68,28 @@ def plan_decode_step(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPas
     return plan if plan.decodes else None
 
 
-def plan_interjection(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPass | None:
+def interjection_budget_s(config: SchedulerConfig, outer: ScheduledPass) -> float:
+    """Seconds of short passes one pass takes in between its layers: its own expected length, so a stream of
+    short requests can at most double a long pass, never stall it."""
+    return config.cost_model.pass_seconds(outer.num_prefill_tokens, len(outer.decodes))
+
+
+def plan_interjection(scheduler: Scheduler, outer: ScheduledPass, spent_s: float = 0.0) -> ScheduledPass | None:
     """The waiting short requests (arrival order) that one pass can prefill whole now, between two of `outer`'s
-    layers; None when outer is not interruptible or none fits. The capacity seen already holds outer's
-    reservations (the engine reserves a pass's KV before it runs)."""
+    layers; None when outer is not interruptible, its interjections have spent_s of their budget, or none fits.
+    The capacity seen already holds outer's reservations (the engine reserves a pass's KV before it runs). The
+    requests are chosen first and moved to running together, so a failure while choosing changes nothing."""
     config, capacity = scheduler.config, scheduler.capacity
-    if not is_interruptible(config, outer):
+    if not is_interruptible(config, outer) or spent_s >= interjection_budget_s(config, outer):
         return None
-    plan = ScheduledPass()
     budget, kv_free = config.short_limit, capacity.free_kv_tokens()
     reserve = config.decode_reserve_tokens * (scheduler.num_decoding + 1)
-    passed_over = []
-    for request in list(scheduler.waiting):
+    slots = min(capacity.free_ssm_slots(), config.max_running_requests - len(scheduler.running))
+    passed_over, chosen = [], []
+    for request in scheduler.waiting:
+        if request in outer.preempted:
+            # Preempted to make room for the pass in flight: taking it back would undo that.
+            continue
         cached = capacity.cached_prefix_len(request)
         whole = request.num_tokens - cached
         if whole > config.short_limit:
@@ -88,17 +98,18 @@ def plan_interjection(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPa
                 break
             passed_over.append(request)
             continue
-        if whole > budget or len(scheduler.running) >= config.max_running_requests:
-            break
-        if capacity.free_ssm_slots() - len(plan.admitted) < 1:
-            break
         locked = capacity.kv_tokens_locked_by_admission(request) if cached else 0
         need = capacity.kv_tokens_to_extend(request, whole) + locked
-        if need + reserve > kv_free:
+        if whole > budget or len(chosen) >= slots or need + reserve > kv_free:
             break
-        for earlier in passed_over:
-            earlier.times_overtaken += 1
-        scheduler.move_to_running(plan, request, cached, whole)
+        chosen.append((request, cached, whole, list(passed_over)))
         budget -= whole
         kv_free -= need
-    return plan if plan.prefills else None
+    if not chosen:
+        return None
+    plan = ScheduledPass()
+    for request, cached, whole, overtook in chosen:
+        for earlier in overtook:
+            earlier.times_overtaken += 1
+        scheduler.move_to_running(plan, request, cached, whole)
+    return plan

@@ -88,10 +88,11 @@ class Scheduler:
         """Whether short arrivals may be interjected between the layers of `plan` (scheduler/interjection.py)."""
         return is_interruptible(self.config, plan)
 
-    def schedule_interjection(self, outer: ScheduledPass) -> ScheduledPass | None:
-        """A pass of waiting short requests to run between two layers of `outer`, which is in flight; complete()
-        it like any pass. None when there is nothing to interject (scheduler/interjection.py)."""
-        return plan_interjection(self, outer)
+    def schedule_interjection(self, outer: ScheduledPass, spent_s: float = 0.0) -> ScheduledPass | None:
+        """A pass of waiting short requests to run between two layers of `outer`, which is in flight and whose
+        earlier interjections took spent_s; complete() it like any pass. None when there is nothing to
+        interject (scheduler/interjection.py)."""
+        return plan_interjection(self, outer, spent_s)
 
     def schedule_decode_step(self, outer: ScheduledPass) -> ScheduledPass | None:
         """A decode step of the running decodes `outer` does not carry, to run between two of its layers when

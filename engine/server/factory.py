@@ -190,6 +190,8 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
 
     loop.on_step = lambda stats, _: timings.append(stats)
     loop.steps.emit = record
+    # A request sent before /ready must not be interjected into the timed passes the cost model is fitted on.
+    previous_poll, loop.steps.poll_arrivals = loop.steps.poll_arrivals, None
 
     def add(name: str, size: int, new_tokens: int, stride: int, offset: int, checkpoints: bool = True) -> None:
         """A warm-up request of `size` tokens, each family its own token pattern (no prefix hits between them)."""
@@ -248,7 +250,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:
-        loop.on_step, loop.steps.emit = previous_step, previous_emit
+        loop.on_step, loop.steps.emit, loop.steps.poll_arrivals = previous_step, previous_emit, previous_poll
     if failures:
         # A server that cannot run its own warm-up is not usable: never ready, and not live either.
         state.warmup_error = "warm-up failed: " + "; ".join(failures)

@@ -173,3 +173,47 @@ def test_decode_steps_interjected_into_a_long_pass_keep_the_chats_tokens(model_d
         assert tokens(log, seq.request_id) == solo(model_dir, request(seq.request_id, 10 + int(seq.request_id[-1]), 5,
                                                                       new_tokens=12))
     assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))
+
+
+def test_a_failure_while_planning_an_interjection_fails_neither_pass_nor_request(model_dir):
+    loop = make_loop(model_dir)
+    log = record(loop)
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    loop.submit(request("question", 2, 9), frozenset(), stream())
+    real = loop.steps.scheduler.schedule_interjection
+
+    def broken(outer, spent_s=0.0):
+        raise RuntimeError("planning bug (simulated)")
+
+    loop.steps.scheduler.schedule_interjection = broken
+    stats = loop._step()
+    assert not stats.interjected and loop.steps.sequences["long"].num_computed_tokens == CHUNK
+    # The question arrived (poll took it in) and waits for a normal pass; nothing was half-admitted.
+    assert [r.request_id for r in loop.scheduler.waiting] == ["question"]
+    loop.steps.scheduler.schedule_interjection = real
+    loop.run_until_idle()
+    assert [e.finish_reason for _, e, _ in log if e.finish_reason] == ["length", "length"]
+    assert tokens(log, "question") == solo(model_dir, request("question", 2, 9))
+
+
+def test_a_failure_after_an_interjected_pass_ran_fails_only_its_request(model_dir):
+    loop = make_loop(model_dir)
+    log = record(loop)
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    loop.submit(request("question", 2, 9, new_tokens=1), frozenset(), stream())
+    runner = loop.steps.runner
+    real_release = runner.release
+
+    def release(seq):
+        real_release(seq)
+        if seq.request_id == "question":
+            raise RuntimeError("release bug (simulated)")
+
+    runner.release = release
+    stats = loop._step()
+    assert stats.interjected_s > 0 and loop.steps.sequences["long"].num_computed_tokens == CHUNK
+    runner.release = real_release
+    loop.run_until_idle()
+    finishes = {rid: e.finish_reason for rid, e, _ in log if e.finish_reason}
+    assert finishes["long"] == "length" and "question" not in loop.steps.sequences
+    assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))

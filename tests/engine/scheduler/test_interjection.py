@@ -131,3 +131,25 @@ def test_a_decode_step_is_due_when_one_more_layer_would_overshoot_the_target():
     assert decode_step_due(config, 0.030 - step - 0.0049, 4, layer_s=0.005)
     assert not decode_step_due(config, 1.0, 0, layer_s=0.005)
     assert not decode_step_due(replace(config, itl_target_s=None), 1.0, 4, layer_s=0.005)
+
+
+def test_a_request_the_pass_in_flight_preempted_is_not_taken_back_by_an_interjection():
+    scheduler, _, outer = in_flight()
+    victim = SchedRequest("victim", prompt_len=30, max_new_tokens=4)
+    scheduler.add(victim)
+    outer.preempted.append(victim)  # as if schedule() had preempted it to make room for this pass
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    inner = scheduler.schedule_interjection(outer)
+    assert inner is not None and chunks(inner) == {"question": 30}
+    assert victim in scheduler.waiting
+
+
+def test_interjections_take_at_most_the_long_pass_s_own_length():
+    from headroom.engine.scheduler.interjection import interjection_budget_s
+
+    scheduler, _, outer = in_flight()
+    budget = interjection_budget_s(CONFIG, outer)
+    assert budget == CONFIG.cost_model.pass_seconds(8192, 0)
+    scheduler.add(SchedRequest("question", prompt_len=30, max_new_tokens=4))
+    assert scheduler.schedule_interjection(outer, spent_s=budget) is None
+    assert scheduler.schedule_interjection(outer, spent_s=budget * 0.99) is not None

@@ -152,3 +152,23 @@ def test_http_flags_become_the_transports_limits():
     assert (limits.header_timeout_s, limits.body_timeout_s, limits.max_connections, limits.keep_alive_s) == (3, 7, 50, 2)
     defaults = http_limits_from_args(_parse([]))
     assert defaults.header_timeout_s == 10 and defaults.body_timeout_s == 60 and defaults.max_connections == 1024
+
+
+@pytest.mark.parametrize("flags,interjects", [([], True), (["--no-interjection"], False),
+                                              (["--scheduler-policy", "fair"], False), (["--strict-fcfs"], False)])
+def test_interjection_is_the_default_and_its_flag_switches_it_off(rendered, flags, interjects):
+    from headroom.engine.scheduler.types import ScheduledPass
+
+    model_dir, plan = rendered
+    state = build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, *flags])))
+    config = state.loop.scheduler.config
+    long_pass = ScheduledPass()
+    long_pass.add_item(_long_request(config.short_limit + 1), config.short_limit + 1)
+    assert state.loop.scheduler.is_interruptible(long_pass) is interjects
+    state.loop.stop()
+
+
+def _long_request(tokens: int):
+    from headroom.engine.scheduler.types import SchedRequest
+
+    return SchedRequest("long", prompt_len=tokens, max_new_tokens=1)
