@@ -76,3 +76,47 @@ def test_usage_keeps_the_first_prefix_hit_after_a_preemption(tmp_path, seed):
         steps.step()
     assert not steps.scheduler.has_work and steps.scheduler.num_preemptions >= 1
     assert all(event.num_cached_tokens < event.num_prompt_tokens for event in last.values())
+
+
+@pytest.mark.parametrize("itl_target_ms", [None, 0.001])
+def test_short_arrivals_interjected_under_pressure_all_finish_and_leak_nothing(tmp_path, itl_target_ms):
+    """Long prompts fill the pool while short requests keep arriving mid-pass (one at every layer boundary until
+    24 came): some are interjected, some wait for a normal pass, some are preempted; every one finishes."""
+    import asyncio
+
+    from headroom.engine.loop.engine_loop import RequestStream
+
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=256,
+                                     max_total_tokens=512, chunked_prefill_size=128, max_new_tokens=40,
+                                     itl_target_ms=itl_target_ms))
+    loop, steps = state.loop, state.loop.steps
+    finished: dict[str, TokenEvent] = {}
+    steps.emit = lambda rid, event: finished.__setitem__(rid, event) if event.finish_reason else None
+    for index in range(4):
+        steps.add(Sequence(f"long{index}", _prompt(index, 200), SamplingParams(max_new_tokens=20, ignore_eos=True)),
+                  frozenset())
+    poll, shorts = steps.poll_arrivals, []
+
+    def arrivals() -> bool:
+        if len(shorts) < 24:
+            name = f"short{len(shorts)}"
+            shorts.append(name)
+            loop.submit(Sequence(name, _prompt(100 + len(shorts), 20), SamplingParams(max_new_tokens=8, ignore_eos=True)),
+                        frozenset(), RequestStream(asyncio.new_event_loop(), asyncio.Queue()))
+        return poll()
+
+    steps.poll_arrivals = arrivals
+    interjected, num_passes = 0, 0
+    while steps.scheduler.has_work or len(shorts) < 24:
+        loop.drain_inbox()
+        stats = loop._step()
+        interjected += len(stats.interjected)
+        num_passes += 1
+        assert num_passes < 3000
+    assert interjected > 0, 'no short request was interjected'
+    assert steps.scheduler.num_preemptions >= 1, 'the pool was never short: no pressure'
+    expected = {f"long{i}": "length" for i in range(4)} | {name: "length" for name in shorts}
+    assert {rid: event.finish_reason for rid, event in finished.items()} == expected
+    cache = steps.cache
+    assert cache.kv_allocator.num_free_tokens + cache.radix.evictable_tokens() == 512
+    assert cache.ssm_allocator.num_used == cache.radix.num_checkpoints
