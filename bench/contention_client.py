@@ -83,11 +83,26 @@ async def decode_gaps(client: OpenAIClient, label: str) -> dict:
             "num_gaps": len(gaps), "window_s": end - sent, "prefill_tok_s": 2 * LONG / (end - sent)}
 
 
+COUNTERS = ("headroom_interjected_passes_total", "headroom_forward_passes_total", "headroom_preemptions")
+
+
+async def counters(client: OpenAIClient) -> dict[str, float]:
+    """The server's own count of passes, interjected passes and preemptions over the whole run (/metrics)."""
+    response = await client.get("/metrics")
+    found: dict[str, float] = {}
+    for line in (response.text if response is not None else "").splitlines():
+        name, _, value = line.partition(" ")
+        if name in COUNTERS:
+            found[name] = float(value)
+    return found
+
+
 async def main(url: str, label: str, out: Path) -> None:
     async with OpenAIClient(url, timeout_s=300) as client:
         await client.resolve_model()
         figures = {"label": label, "idle": await idle(client, label), "contention": await contention(client, label),
                    "lone": await lone(client, label), "decode_gaps": await decode_gaps(client, label)}
+        figures["server_counters"] = await counters(client)
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures))
 

@@ -55,6 +55,9 @@ class EngineMetrics:
         self.generated_tokens = Counter("headroom_generation_tokens", "tokens generated", registry=r)
         self.prefill_tokens = Counter("headroom_prefill_tokens_computed", "prefill tokens computed", registry=r)
         self.passes = Counter("headroom_forward_passes", "forward passes run", registry=r)
+        self.interjected = Counter("headroom_interjected_passes",
+                                   "passes run between two layers of a longer one (short prefills, decode steps)",
+                                   registry=r)
         self.rejections = Gauge("headroom_admission_rejections", "admission rejections by reason",
                                 ["reason"], registry=r)
         self.preemptions = Gauge("headroom_preemptions", "requests preempted (recomputed later)", registry=r)
@@ -82,6 +85,8 @@ class EngineMetrics:
     def observe_step(self, stats: StepStats, loop: EngineLoop) -> None:
         """Called on the engine thread after each pass."""
         self.passes.inc()
+        # Interjected passes come through here too, before the pass they ran in, which lists them.
+        self.interjected.inc(len(stats.interjected))
         self.pass_seconds.observe(stats.seconds)
         self.prefill_tokens.inc(stats.num_prefill_tokens)
         self.refresh(loop)

@@ -217,3 +217,17 @@ def test_a_failure_after_an_interjected_pass_ran_fails_only_its_request(model_di
     finishes = {rid: e.finish_reason for rid, e, _ in log if e.finish_reason}
     assert finishes["long"] == "length" and "question" not in loop.steps.sequences
     assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))
+
+
+def test_metrics_count_the_interjected_passes_once(model_dir):
+    from headroom.engine.server.metrics import EngineMetrics
+
+    loop = make_loop(model_dir)
+    record(loop)
+    metrics = EngineMetrics(with_gpu=False)
+    loop.on_step = metrics.observe_step
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    loop.submit(request("question", 2, 9), frozenset(), stream())
+    loop._step()
+    assert metrics.registry.get_sample_value("headroom_interjected_passes_total") == 1
+    assert metrics.registry.get_sample_value("headroom_forward_passes_total") == 2
