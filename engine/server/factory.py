@@ -268,6 +268,13 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
                 config.chunked_prefill_size, f"{max_pass_s * 1000:.0f} ms" if max_pass_s else "none",
                 f"{config.itl_target_s * 1000:.0f} ms" if config.itl_target_s else "none", cost.fixed_s * 1000,
                 cost.prefill_tokens_per_s)
+    step_s = cost.pass_seconds(0, config.max_running_requests)
+    if config.itl_target_s is not None and step_s >= config.itl_target_s:
+        # Nothing can keep such a target: a long pass then steps its decodes at every layer boundary (or shrinks
+        # to min_prefill_tokens), and its prefill runs at a fraction of its rate.
+        logger.warning("ITL target %.0f ms is below one decode pass of %d requests here (%.0f ms, fitted): decode "
+                       "gaps cannot be kept under it, and long prompts prefill slowly", config.itl_target_s * 1000,
+                       config.max_running_requests, step_s * 1000)
     # Everything alive now (imports, weights' Python objects, the model) lives as long as the server: move it
     # out of the collector's sight, so that a full collection set off by a request's objects (a 30,000-part
     # body parses into as many dicts) scans those alone instead of pausing every thread for the whole heap.

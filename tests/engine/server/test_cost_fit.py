@@ -117,3 +117,19 @@ def test_on_a_gpu_the_timed_passes_are_a_mid_sized_one_and_a_full_chunk(tmp_path
     assert state.ready.is_set()
     state.loop.stop()
     assert sorted(t.num_prefill_tokens for t in seen[0] if t.num_prefill_tokens) == [48, 128]
+
+
+def test_an_itl_target_below_one_decode_pass_is_named_at_start_up(tmp_path, caplog):
+    import logging
+
+    from headroom.engine.default_model import ensure_default_model
+    from headroom.engine.server.factory import ServeOptions, build_state, warm_up
+
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=512,
+                                     max_total_tokens=4096, chunked_prefill_size=128, max_running_requests=4,
+                                     max_new_tokens=64, itl_target_ms=0.001))
+    with caplog.at_level(logging.WARNING, logger="headroom.engine.server.factory"):
+        warm_up(state)
+    state.loop.stop()
+    warned = [r.getMessage() for r in caplog.records if "ITL target" in r.getMessage()]
+    assert warned and "below one decode pass of 4 requests" in warned[0]
