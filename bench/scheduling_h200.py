@@ -34,7 +34,7 @@ from headroom.engine.runtime.model_runner import INTERJECTION_LAG
 from headroom.engine.scheduler.capacity import CountingCapacity, finish_counted_pass, start_counted_pass
 from headroom.engine.scheduler.interjection import decode_step_due
 from headroom.engine.scheduler.scheduler import Scheduler
-from headroom.engine.scheduler.types import PassCostModel, ScheduledPass, SchedRequest, SchedulerConfig
+from headroom.engine.scheduler.types import PassCostModel, SchedRequest, ScheduledPass, SchedulerConfig
 
 COST = PassCostModel(fixed_s=0.0035, prefill_fixed_s=0.0448, prefill_tokens_per_s=71_500.0, decode_s=0.00007)
 CHUNK, RUNNING, POOL, LONG, SHORT = 8192, 16, 200_000, 16_000, 30

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headroom.engine.scheduler.types import Phase, ScheduledPass, SchedulerConfig
+from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass, SchedulerConfig
 
 if TYPE_CHECKING:
     from headroom.engine.scheduler.scheduler import Scheduler
@@ -85,7 +85,9 @@ def plan_interjection(scheduler: Scheduler, outer: ScheduledPass, spent_s: float
     budget, kv_free = config.short_limit, capacity.free_kv_tokens()
     reserve = config.decode_reserve_tokens * (scheduler.num_decoding + 1)
     slots = min(capacity.free_ssm_slots(), config.max_running_requests - len(scheduler.running))
-    passed_over, chosen = [], []
+    passed_over: list[SchedRequest] = []
+    # (request, its cached prefix, the tokens to compute, the long requests it overtakes)
+    chosen: list[tuple[SchedRequest, int, int, list[SchedRequest]]] = []
     for request in scheduler.waiting:
         if request in outer.preempted:
             # Preempted to make room for the pass in flight: taking it back would undo that.

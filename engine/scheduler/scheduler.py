@@ -13,7 +13,12 @@ import logging
 from collections import Counter
 
 from headroom.engine.scheduler.capacity import Capacity
-from headroom.engine.scheduler.interjection import interjects_decodes, is_interruptible, plan_decode_step, plan_interjection
+from headroom.engine.scheduler.interjection import (
+    interjects_decodes,
+    is_interruptible,
+    plan_decode_step,
+    plan_interjection,
+)
 from headroom.engine.scheduler.prefill import PrefillPlanner
 from headroom.engine.scheduler.types import Phase, SchedRequest, ScheduledPass, SchedulerConfig
 

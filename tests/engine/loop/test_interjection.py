@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+
 import pytest
 from headroom.engine.default_model import ensure_default_model
 from headroom.engine.loop.engine_loop import RequestStream
