@@ -114,6 +114,11 @@ class StepRunner:
         return self._execute(plan, started, interruptible=True)
 
     def _execute(self, plan: ScheduledPass, started: float, interruptible: bool) -> StepStats:
+        if plan.deferred_decodes and not (interruptible and self.runner.supports_interjection):
+            # No hook will step them (tensor parallel): the decodes ride in the pass, as without a target.
+            for request in plan.deferred_decodes:
+                plan.add_item(request, 1)
+            plan.deferred_decodes = []
         for request in list(plan.admitted):
             self._admit(plan, request)
         items = [item for item in plan.items if self._reserve(plan, item)]

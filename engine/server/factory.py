@@ -176,8 +176,9 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     length = min(num_tokens or longest, state.context_length - 2)
     # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
     # bound needs the cost model this warm-up fits, so it applies from the first served pass on.
-    max_pass_s = loop.scheduler.config.max_pass_s
-    loop.scheduler.config = replace(loop.scheduler.config, max_pass_s=None)
+    max_pass_s, itl_target_s = loop.scheduler.config.max_pass_s, loop.scheduler.config.itl_target_s
+    # Nor do decode steps interject into warm-up passes before the cost model they are timed by is fitted.
+    loop.scheduler.config = replace(loop.scheduler.config, max_pass_s=None, itl_target_s=None)
     vocab = state.tokenizer.vocab_size
     timings: list[StepStats] = []
     failures: list[str] = []
@@ -257,7 +258,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         logger.error("%s", state.warmup_error)
         return
     config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings, marginal=loop.compiles_kernels),
-                     max_pass_s=max_pass_s)
+                     max_pass_s=max_pass_s, itl_target_s=itl_target_s)
     loop.scheduler.config = config
     cost = config.cost_model
     logger.info("scheduler: policy %s%s, chunk %d, max pass %s, ITL target %s; pass cost fitted by the warm-up: "

@@ -232,3 +232,20 @@ def test_metrics_count_the_interjected_passes_once(model_dir):
     loop._step()
     assert metrics.registry.get_sample_value("headroom_interjected_passes_total") == 1
     assert metrics.registry.get_sample_value("headroom_forward_passes_total") == 2
+
+
+def test_decodes_ride_in_the_pass_when_no_step_can_be_interjected(model_dir, monkeypatch):
+    """Tensor parallel with an ITL target: the scheduler defers the decodes, but no hook can step them."""
+    from headroom.engine.runtime.model_runner import ModelRunner
+
+    loop = make_loop(model_dir, itl_target_ms=0.001)
+    record(loop)
+    monkeypatch.setattr(ModelRunner, "supports_interjection", property(lambda self: False))
+    chats = [request(f"chat{k}", 10 + k, 5, new_tokens=12) for k in range(2)]
+    for chat in chats:
+        loop.steps.add(chat, frozenset())
+    loop._step()
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    stats = loop._step()
+    assert stats.num_decodes == 2 and not stats.interjected
+    assert all(len(seq.output_token_ids) == 2 for seq in chats)
