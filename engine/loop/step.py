@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.loop.capacity import CacheCapacity
@@ -67,6 +67,10 @@ class StepRunner:
                                   runner.config.enable_prefix_cache, scheduler_config.max_running_requests,
                                   scheduler_config.chunked_prefill_size)
         self.capacity = CacheCapacity(self.cache, self.sequences, scheduler_config.max_running_requests)
+        if not runner.supports_interjection:
+            # Tensor parallel: nothing can run between layers, so the scheduler must not plan for it (it would
+            # defer decodes no step takes); the ITL target then shrinks chunks instead.
+            scheduler_config = replace(scheduler_config, interject_short=False)
         self.scheduler = Scheduler(scheduler_config, self.capacity)
         # Called between two layers of an interruptible pass: takes newly arrived requests in (add) and says
         # whether any came; None (the default, as in warm-up and tests) never interjects.
@@ -114,11 +118,6 @@ class StepRunner:
         return self._execute(plan, started, interruptible=True)
 
     def _execute(self, plan: ScheduledPass, started: float, interruptible: bool) -> StepStats:
-        if plan.deferred_decodes and not (interruptible and self.runner.supports_interjection):
-            # No hook will step them (tensor parallel): the decodes ride in the pass, as without a target.
-            for request in plan.deferred_decodes:
-                plan.add_item(request, 1)
-            plan.deferred_decodes = []
         for request in list(plan.admitted):
             self._admit(plan, request)
         items = [item for item in plan.items if self._reserve(plan, item)]

@@ -238,9 +238,10 @@ def test_decodes_ride_in_the_pass_when_no_step_can_be_interjected(model_dir, mon
     """Tensor parallel with an ITL target: the scheduler defers the decodes, but no hook can step them."""
     from headroom.engine.runtime.model_runner import ModelRunner
 
+    monkeypatch.setattr(ModelRunner, "supports_interjection", property(lambda self: False))
     loop = make_loop(model_dir, itl_target_ms=0.001)
     record(loop)
-    monkeypatch.setattr(ModelRunner, "supports_interjection", property(lambda self: False))
+    assert not loop.scheduler.config.interject_short
     chats = [request(f"chat{k}", 10 + k, 5, new_tokens=12) for k in range(2)]
     for chat in chats:
         loop.steps.add(chat, frozenset())
