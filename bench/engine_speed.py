@@ -9,7 +9,9 @@ path against the fused kernel), attention_check (paged attention of every pool k
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
-captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), fla_configs (after the parts
+captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), gemv (kernels/gemv.py's
+configurations against cuBLAS at the decode shapes), short_passes (lone short prefill passes with the delta rule
+token by token against fla: engine/layers/linear_attention.py's RECURRENT_ROWS), fla_configs (after the parts
 that serve: the configs fla's autotuners picked, written to OUTDIR/fla_tuned_configs.json, which
 kernels/fla_tuned_configs.json ships; the part also writes that file in this checkout, so that serve_cold_tuned,
 which follows, starts with them and an empty Triton cache). `serve` goes first so
@@ -48,6 +50,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import decode_parts  # noqa: E402
 import engine_speed_parts as parts  # noqa: E402
 import gpu_engine  # noqa: E402
 
@@ -304,7 +307,8 @@ def main() -> None:
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
-            "attention_check": lambda s: __import__("gpu_kernels").check_attention()}
+            "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
+            "gemv": lambda s: decode_parts.gemv_sweep(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),
     # so that one device command ends inside its limit with every file written.

@@ -167,7 +167,36 @@ def kernel_checks() -> dict:
     out["merge_splits"] = _merge_check()
     out["conv_varlen"] = _conv_varlen_check()
     out["gdn_tail"] = _gdn_tail_check()
+    out["gdn_rows"] = _gdn_rows_check()
     return out
+
+
+def _gdn_rows_check() -> dict:
+    """Short chunks token by token from their pool slots (gated_delta_decode with bounds; 4B sizes, bf16 pool):
+    three sequences of 30, 1 and 64 rows against naive_gated_delta_rule per sequence."""
+    from headroom.kernels.gated_delta import naive_gated_delta_rule
+    from headroom.kernels.gdn_decode import gated_delta_decode
+
+    bf = torch.bfloat16
+    lengths = [30, 1, 64]
+    n = sum(lengths)
+    qk = torch.randn(n, 32, 128, device=DEV, dtype=bf)
+    q, k = qk[:, :16], qk[:, 16:]
+    v = torch.randn(n, 32, 128, device=DEV, dtype=bf)
+    g, beta = -torch.rand(n, 32, device=DEV) * 0.5, torch.rand(n, 32, device=DEV, dtype=bf)
+    pool = (torch.randn(8, 32, 128, 128, device=DEV) * 0.1).to(bf)
+    slots = torch.tensor([5, 0, 2], device=DEV)
+    bounds = torch.tensor([0, 30, 31, 95], device=DEV)
+    before = pool.clone()
+    got = gated_delta_decode(q, k, v, g, beta, pool, slots, bounds)
+    outs, states = [], []
+    for b, slot in enumerate(slots.tolist()):
+        lo, hi = bounds[b].item(), bounds[b + 1].item()
+        out, final = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], before[slot])
+        outs.append(out)
+        states.append(final.to(bf))
+    return {"out": _diff(got, torch.cat(outs)), "states": _diff(pool[slots], torch.stack(states)),
+            "ms": _bench(lambda: gated_delta_decode(q, k, v, g, beta, before.clone(), slots, bounds))}
 
 
 def _gdn_tail_check() -> dict:

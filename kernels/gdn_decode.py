@@ -31,12 +31,28 @@ def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale)
 
 
 @triton.jit
+def _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale):
+    """_delta_rule_step on row t of the flattened q/k/v/g/beta, its output row stored; returns the new tile."""
+    b_s, b_o = _delta_rule_step(
+        b_s, q + t * stride_qt + i_hk * stride_qh, k + t * stride_kt + i_hk * stride_kh,
+        v + t * stride_vt + i_hv * stride_vh, g + t * stride_gt + i_hv, beta + t * stride_betat + i_hv,
+        o_k, m_k, o_v, m_v, scale,
+    )
+    tl.store(out + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+    return b_s
+
+
+@triton.jit
 def gated_delta_decode_fwd_kernel(
-    q, k, v, g, beta, states, slots, out,
+    q, k, v, g, beta, states, slots, bounds, out,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
+    """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
+    (row strides are the *_b ones), walked in order with the state held in registers."""
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
     o_k = tl.arange(0, BLOCK_K)
@@ -46,30 +62,39 @@ def gated_delta_decode_fwd_kernel(
     slot = tl.load(slots + i_b).to(tl.int64)
     p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
-    b_s, b_o = _delta_rule_step(
-        tl.load(p_s, mask=m_s, other=0).to(tl.float32), q + i_b * stride_qb + i_hk * stride_qh,
-        k + i_b * stride_kb + i_hk * stride_kh, v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
-        beta + i_b * stride_betab + i_hv, o_k, m_k, o_v, m_v, scale,
-    )
+    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
+    if ROWS:
+        for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
+            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
+                                  stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
+                                  o_k, m_k, o_v, m_v, scale)
+    else:  # straight-line, as the decode graphs replay it
+        b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, i_b, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
+                              stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
+                              o_k, m_k, o_v, m_v, scale)
     tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
-    tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
 
 
 def gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, slots: torch.Tensor,
+    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q, k [B, Hk, Dk]; v [B, Hv, Dv]; g, beta [B, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
-    slots [B], int); strided rows allowed, last dims contiguous. Returns out [B, Hv, Dv] in v's dtype."""
-    num_seqs, num_k_heads, key_dim = q.shape
+    """q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
+    slots [B], int); strided rows allowed, last dims contiguous. Returns out [N, Hv, Dv] in v's dtype.
+    bounds None: one token per sequence (N = B). bounds [B + 1] (int, device): sequence b's tokens are rows
+    bounds[b]..bounds[b+1], run in order in one launch (short prefill chunks, engine/layers/linear_attention.py)."""
+    num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
-    if k.shape != q.shape or v.shape[0] != num_seqs or num_v_heads % num_k_heads \
-            or g.shape != (num_seqs, num_v_heads) or beta.shape != (num_seqs, num_v_heads):
+    num_seqs = slots.shape[0] if slots.dim() == 1 else -1
+    if k.shape != q.shape or v.shape[0] != num_rows or num_v_heads % num_k_heads \
+            or g.shape != (num_rows, num_v_heads) or beta.shape != (num_rows, num_v_heads):
         raise ValueError(f"gated delta decode: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    if states.shape[1:] != (num_v_heads, key_dim, value_dim) or slots.shape != (num_seqs,):
+    rows_ok = bounds is None and num_seqs == num_rows or bounds is not None and bounds.shape == (num_seqs + 1,)
+    if states.shape[1:] != (num_v_heads, key_dim, value_dim) or num_seqs < 0 or not rows_ok:
         raise ValueError(f"gated delta decode: states {tuple(states.shape)} must be [S, {num_v_heads}, {key_dim}, "
-                         f"{value_dim}], slots {tuple(slots.shape)} [{num_seqs}]")
+                         f"{value_dim}], slots {tuple(slots.shape)} [{num_rows if bounds is None else 'B'}], bounds "
+                         f"{None if bounds is None else tuple(bounds.shape)} [B + 1] or none")
     if any(t.stride(-1) != 1 for t in (q, k, v, g, beta, states)):
         raise ValueError("gated delta decode: every last dimension must be contiguous")
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -79,11 +104,11 @@ def gated_delta_decode(
     block_v = 16 if num_seqs < 4 else 32
     grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
     gated_delta_decode_fwd_kernel[grid](
-        q, k, v, g, beta, states, slots, out,
+        q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=block_v, num_warps=4,
+        BLOCK_V=block_v, ROWS=bounds is not None, num_warps=4,
     )
     return out
 
@@ -108,13 +133,9 @@ def gated_delta_tail_fwd_kernel(
     lo = tl.load(row_lo + i_b).to(tl.int64)
     num_rows = tl.load(row_hi + i_b) - tl.load(row_lo + i_b)
     for i in range(0, num_rows):
-        t64 = lo + i
-        b_s, b_o = _delta_rule_step(
-            b_s, q + t64 * stride_qt + i_hk * stride_qh, k + t64 * stride_kt + i_hk * stride_kh,
-            v + t64 * stride_vt + i_hv * stride_vh, g + t64 * stride_gt + i_hv, beta + t64 * stride_betat + i_hv,
-            o_k, m_k, o_v, m_v, scale,
-        )
-        tl.store(out + t64 * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+        b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, lo + i, i_hk, i_hv, stride_qt, stride_qh, stride_kt,
+                              stride_kh, stride_vt, stride_vh, stride_gt, stride_betat, stride_ot, stride_oh,
+                              o_k, m_k, o_v, m_v, scale)
         for j in tl.static_range(MAX_SNAPS):
             if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
                 slot = tl.load(snap_slot + i_b * MAX_SNAPS + j).to(tl.int64)

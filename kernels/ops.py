@@ -121,13 +121,14 @@ def gdn_gates(b, a, neg_a, dt_bias) -> tuple[torch.Tensor, torch.Tensor]:
     return naive_gdn_gates(b, a, neg_a, dt_bias)
 
 
-def gated_delta_decode(q, k, v, g, beta, states, slots) -> torch.Tensor | None:
-    """One decode token per sequence, states updated in place at slots. None: not fused here, the caller
-    takes the varlen path (fla or the reference)."""
+def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None) -> torch.Tensor | None:
+    """One decode token per sequence (bounds None), or each sequence's rows bounds[b]..bounds[b+1] token by token;
+    states updated in place at slots. None: not fused here, the caller takes the varlen path (fla or the
+    reference)."""
     if _fused(q):
         from headroom.kernels.gdn_decode import gated_delta_decode as run
 
-        return run(q, k, v, g, beta, states, slots)
+        return run(q, k, v, g, beta, states, slots, bounds)
     return None
 
 

@@ -12,6 +12,13 @@ from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
 
+# Passes whose every chunk is at most this many rows run the delta rule token by token in one launch per layer
+# (kernels/gdn_decode.py) instead of fla's chunked kernels, whose ~8 launches a layer cost about 1.5 ms of host
+# time each layer on the H200 whatever the length (a 30-token prompt's pass: 43 ms, 36 of them in fla's wrappers).
+# The recurrence is sequential in the rows, so long chunks stay with fla; bench/engine_speed.py's short_passes part
+# measures both sides of this bound.
+RECURRENT_ROWS = 64
+
 
 class GatedDeltaNet:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str, pool_layer: int):
@@ -47,8 +54,13 @@ class GatedDeltaNet:
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
-        # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere).
-        core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots) if batch.is_decode_only else None
+        # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere); short chunks
+        # token by token in the same launch.
+        core = None
+        if batch.is_decode_only:
+            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots)
+        elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
+            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device))
         if core is None:
             core = self._varlen(q, k, v, g, beta, recurrent, slots, batch)
         normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)

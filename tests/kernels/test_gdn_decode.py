@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.gated_delta import naive_gated_delta_decode
+from headroom.kernels.gated_delta import naive_gated_delta_decode, naive_gated_delta_rule
 from headroom.kernels.gdn_decode import gated_delta_decode
 
 
@@ -32,3 +32,34 @@ def test_bad_state_shape_is_named():
     with pytest.raises(ValueError, match="states"):
         gated_delta_decode(q, q, torch.zeros(1, 2, 8), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(3, 2, 8, 9),
                            torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("lengths", [[5, 1, 9], [1], [3, 2, 7, 1]])
+def test_rows_run_in_order_from_each_slot(lengths):
+    """bounds: each sequence's rows token by token from its slot's state, as the plain recurrence runs them."""
+    hk, hv, dk, dv = 2, 4, 16, 24
+    gen = torch.Generator().manual_seed(sum(lengths))
+    n = sum(lengths)
+    conv_out = torch.randn(n, 2 * hk * dk + hv * dv, generator=gen)
+    q, k, v = torch.split(conv_out, [hk * dk, hk * dk, hv * dv], dim=-1)
+    q, k, v = q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv)
+    g, beta = -torch.rand(n, hv, generator=gen), torch.rand(n, hv, generator=gen)
+    states = torch.randn(6, hv, dk, dv, generator=gen) * 0.1
+    slots = torch.randperm(6, generator=gen)[: len(lengths)]
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    before = states.clone()
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, bounds)
+    want_states = before.clone()
+    for b, slot in enumerate(slots.tolist()):
+        lo, hi = bounds[b].item(), bounds[b + 1].item()
+        want, final = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], before[slot])
+        torch.testing.assert_close(out[lo:hi], want, atol=2e-5, rtol=2e-5)
+        want_states[slot] = final
+    torch.testing.assert_close(states, want_states, atol=2e-5, rtol=2e-5)
+
+
+def test_bounds_must_match_the_slots():
+    q = torch.zeros(3, 1, 8)
+    with pytest.raises(ValueError, match="bounds"):
+        gated_delta_decode(q, q, torch.zeros(3, 2, 8), torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2, 8, 8),
+                           torch.zeros(2, dtype=torch.long), torch.tensor([0, 3]))

@@ -27,12 +27,14 @@ def _generate(model_dir, vocab: int, kv_dtype: str):
 def _count_calls(monkeypatch) -> dict[str, int]:
     from headroom.kernels import gdn_decode, norm_triton, rotary_triton
 
-    calls = {"rms_norm": 0, "rms_norm_rotary": 0, "gated_delta_decode": 0}
+    calls = {"rms_norm": 0, "rms_norm_rotary": 0, "gated_delta_decode": 0, "gated_delta_decode rows": 0}
     for module in (norm_triton, rotary_triton, gdn_decode):
         for name in calls:
             if hasattr(module, name):
                 def counted(*args, _run=getattr(module, name), _name=name, **kwargs):
                     calls[_name] += 1
+                    if len(args) > 7 and args[7] is not None:  # bounds: short prefill chunks, token by token
+                        calls[_name + " rows"] += 1
                     return _run(*args, **kwargs)
                 monkeypatch.setattr(module, name, counted)
     return calls
@@ -47,8 +49,9 @@ def test_fused_kernels_match_the_naive_path(tiny_model_factory, monkeypatch, kv_
     monkeypatch.setattr(ops, "_fused", lambda x: True)
     calls = _count_calls(monkeypatch)
     fused = _generate(model_dir, vocab, kv_dtype)
-    # The fused branches really ran, decode steps included.
+    # The fused branches really ran, decode steps and the short chunks' token-by-token delta rule included.
     assert calls["rms_norm"] and calls["rms_norm_rotary"] and calls["gated_delta_decode"]
+    assert calls["gated_delta_decode rows"]
     for a, b in zip(naive, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=2e-4, rtol=2e-4)
