@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 # The 4B model's linear layers at decode: (out_features, in_features, how many a step runs).
 DECODE_SHAPES = {
-    "mlp_gate_up": (18432, 2560, 32), "mlp_down": (2560, 9216, 32), "gdn_in_proj": (12352, 2560, 24),
+    "mlp_gate_up": (18432, 2560, 32), "mlp_down": (2560, 9216, 32), "gdn_qkvz": (12288, 2560, 24),
+    "gdn_ba": (64, 2560, 24),
     "gdn_out_proj": (2560, 4096, 24), "attn_qkv": (10240, 2560, 8), "attn_o_proj": (2560, 4096, 8),
     "lm_head": (248320, 2560, 1),
 }
@@ -93,6 +94,23 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
     return out
 
 
+# A shape goes to the Triton GEMV only if it won by at least this share: smaller differences are within what the
+# same kernel varies between runs.
+GEMV_MIN_GAIN = 0.03
+
+
+def gemv_table(sweep: dict, gpu: str, triton_version: str, source: str) -> dict:
+    """kernels/gemv_tuned_configs.json's entry for one GPU from a gemv_sweep: the (shape, rows) where the best
+    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings."""
+    configs = []
+    for name, shape in sweep["shapes"].items():
+        for m, row in shape["batches"].items():
+            if row["best_us"] is not None and row["best_us"] <= (1 - GEMV_MIN_GAIN) * row["cublas_us"]:
+                configs.append({"layer": name, "n": shape["n"], "k": shape["k"], "m": int(m), **row["best_config"],
+                                "us": round(row["best_us"], 2), "cublas_us": round(row["cublas_us"], 2)})
+    return {gpu: {"triton": triton_version, "source": source, "configs": configs}}
+
+
 def short_pass_sweep(model: Path, lengths: tuple[int, ...] = (8, 16, 30, 64, 128, 256)) -> dict:
     """Wall time of one lone prefill pass of each length through the LLM API (prefix cache on, no checkpoint
     stops), best of 3 after a warm-up, with the delta rule token by token (RECURRENT_ROWS above the length) and
@@ -133,3 +151,26 @@ def short_pass_sweep(model: Path, lengths: tuple[int, ...] = (8, 16, 30, 64, 128
     finally:
         linear_attention.RECURRENT_ROWS = default_rows
     return out
+
+
+def gpu_timeline(prof, min_gap_us: float = 20.0, top: int = 10) -> dict:
+    """Where the GPU of a torch profile sat idle: the span from the first kernel's start to the last one's end,
+    the time some kernel ran (intervals merged), and the largest gaps with the kernels on either side (a gap
+    after a kernel that is followed by host work, a sync or a Python-bound stretch shows as a long one)."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels:
+        return {}
+    busy, gaps, reach, before = 0.0, [], kernels[0][0], kernels[0][2]
+    for start, end, name in kernels:
+        if start - reach >= min_gap_us:
+            gaps.append((start - reach, before, name))
+        busy += max(0.0, end - max(start, reach))
+        if end > reach:
+            reach, before = end, name
+    span = reach - kernels[0][0]
+    gaps.sort(reverse=True)
+    return {"span_ms": span / 1000, "busy_ms": busy / 1000, "idle_ms": (span - busy) / 1000,
+            "gaps_over_min_ms": sum(g for g, _, _ in gaps) / 1000, "num_gaps_over_min": len(gaps),
+            "min_gap_us": min_gap_us, "largest_gaps": [{"us": round(g, 1), "after": a[:70], "before": b[:70]}
+                                                       for g, a, b in gaps[:top]]}

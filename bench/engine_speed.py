@@ -281,6 +281,25 @@ def _stop(signum, frame) -> None:
     raise RuntimeError("stopped by SIGTERM (the command's time limit): the part's figures so far are kept")
 
 
+def _gemv_part(state: dict, target: Path) -> dict:
+    """The GEMV sweep, and the table kernels/gemv_tuned_configs.json would ship from it (OUTDIR/, to commit)."""
+    import re
+
+    import triton
+
+    sweep = decode_parts.gemv_sweep()
+    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name()).strip("_")
+    table = decode_parts.gemv_table(sweep, gpu, triton.__version__, "python3 bench/engine_speed.py OUT gemv")
+    text = json.dumps(table, indent=1) + "\n"
+    (target / "gemv_tuned_configs.json").write_text(text)
+    # Also into this checkout, so that the parts after this one (and servers they start) run the new table.
+    from headroom.kernels import gemv
+
+    gemv.TUNED_CONFIGS.write_text(text)
+    gemv._tuned = None
+    return sweep
+
+
 def main() -> None:
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
@@ -308,7 +327,7 @@ def main() -> None:
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
-            "gemv": lambda s: decode_parts.gemv_sweep(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
+            "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),
     # so that one device command ends inside its limit with every file written.

@@ -511,7 +511,8 @@ def kivi_block_path() -> dict:
 
 def profile_passes(model: Path) -> dict:
     """Where the time goes, through the LLM API with decode graphs: one 8,192-token prefill (wall vs kernel
-    time) and 32 graphed decode steps at batch 1."""
+    time, and where the GPU sat idle) and 32 graphed decode steps at batch 1."""
+    from decode_parts import gpu_timeline
     from gpu_engine import kernels_by_name
     from headroom.engine.llm import LLM
     from torch.profiler import ProfilerActivity, profile
@@ -529,7 +530,8 @@ def profile_passes(model: Path) -> dict:
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             llm.generate(prompts, max_new_tokens=new, ignore_eos=True)
             torch.cuda.synchronize()
-        out[name] = {"wall_ms_profiled": (time.perf_counter() - started) * 1000, **kernels_by_name(prof)}
+        out[name] = {"wall_ms_profiled": (time.perf_counter() - started) * 1000, **kernels_by_name(prof),
+                     "timeline": gpu_timeline(prof)}
         cpu = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:15]
         out[name]["cpu_top"] = [{"name": e.key[:80], "count": e.count, "cpu_ms": e.cpu_time_total / 1000} for e in cpu]
     return out

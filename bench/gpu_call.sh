@@ -29,5 +29,5 @@ for job in "$@"; do
   tail -6 "$res/$name.log"
 done
 cp "$res"/*.json "$res/contention/contention.json" "$res/engine_speed/engine_speed.json" "$out/" 2>/dev/null
-cp "$res/engine_speed/engine_speed_detail.json" "$res/engine_speed/fla_tuned_configs.json" "$out/" 2>/dev/null
+cp "$res/engine_speed/engine_speed_detail.json" "$res/engine_speed/fla_tuned_configs.json" "$res/engine_speed/gemv_tuned_configs.json" "$out/" 2>/dev/null
 tar czf "$out/results.tgz" -C "$res" .

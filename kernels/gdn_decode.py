@@ -100,8 +100,10 @@ def gated_delta_decode(
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if num_seqs == 0:
         return out
-    # Small batches: narrower value blocks, so that more programs share the state reads.
-    block_v = 16 if num_seqs < 4 else 32
+    # Small batches: narrower value blocks, so that more programs share the state reads. Rows always: each
+    # program walks its rows one after another, so more of them shorten the pass (and one block width is one
+    # compiled variant, which the server's warm-up runs).
+    block_v = 16 if num_seqs < 4 or bounds is not None else 32
     grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
     gated_delta_decode_fwd_kernel[grid](
         q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out,

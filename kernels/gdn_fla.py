@@ -40,7 +40,7 @@ def use_tuned_fla_configs(device: torch.device) -> str | None:
     global _pending
     if device.type != "cuda" or "FLA_CACHE_MODE" in os.environ or not TUNED_CONFIGS.exists():
         return None
-    tuned = json.loads(TUNED_CONFIGS.read_text()).get(_gpu_name(device))
+    tuned = json.loads(TUNED_CONFIGS.read_text()).get(gpu_name(device))
     if not tuned or tuned.get("versions") != _versions():
         return None
     # Seeded by gated_delta_rule_varlen once fla's modules are imported.
@@ -48,7 +48,7 @@ def use_tuned_fla_configs(device: torch.device) -> str | None:
     return f"{sum(len(v) for v in _pending.values())} keys of {len(_pending)} kernels"
 
 
-def _gpu_name(device: torch.device | None = None) -> str:
+def gpu_name(device: torch.device | None = None) -> str:
     """The GPU's name with one separator: 'NVIDIA H200' -> 'NVIDIA_H200'."""
     return re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
 
@@ -87,7 +87,7 @@ def harvest_fla_configs() -> dict:
     the shapes serving uses have run)."""
     autotuners = {name: {json.dumps(list(key), default=str): _describe(config) for key, config in tuner.cache.items()}
                   for name, tuner in _autotuners().items() if tuner.cache}
-    return {_gpu_name(): {"versions": _versions(), "autotuners": autotuners}}
+    return {gpu_name(): {"versions": _versions(), "autotuners": autotuners}}
 
 
 def _seed_autotuners() -> int:

@@ -1,13 +1,17 @@
 """Skinny matrix products for decode: y [M, N] = x [M, K] @ w [N, K].T for M of 1 to 16 rows, bf16 weights read
 once at full width. Decode is bound by the weight bytes; each program streams a [BLOCK_N, K / SPLIT] strip of w
 and keeps the M x BLOCK_N accumulator in registers, so the grid is sized to the SMs and not to M. A split over K
-writes fp32 partial sums that one reduction adds. Reference: naive_gemv.
+writes fp32 partial sums that one reduction adds. Reference: torch's F.linear (the CPU path).
 
-Whether this beats cuBLAS at a shape is measured, not assumed (bench/engine_speed.py's gemv part)."""
+Whether this beats cuBLAS at a shape is measured, not assumed: bench/engine_speed.py's gemv part times both per
+shape and batch, and gemv_tuned_configs.json ships, per GPU and Triton version, the shapes where this kernel won
+with the configuration that did; tuned_gemv runs those and returns None for every other shape (cuBLAS then)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -23,9 +27,9 @@ class GemvConfig:
     num_stages: int = 3
 
 
-def naive_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T in fp32, cast to x's dtype."""
-    return (x.float() @ w.float().T).to(x.dtype)
+TUNED_CONFIGS = Path(__file__).with_name("gemv_tuned_configs.json")
+# (out_features, in_features, rows) -> config, for this process's GPU; loaded on first use.
+_tuned: dict[tuple[int, int, int], GemvConfig] | None = None
 
 
 @triton.jit
@@ -85,3 +89,29 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
         num_warps=config.num_warps,
     )
     return partial[0] if split == 1 else partial.sum(0).to(x.dtype)
+
+
+def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """gemv with the shipped configuration for this GPU, shape and row count; None where none is shipped (or the
+    operands are not bf16 with contiguous rows): the caller runs cuBLAS."""
+    global _tuned
+    if _tuned is None:
+        _tuned = load_tuned_configs(x.device)
+    config = _tuned.get((w.shape[0], w.shape[1], x.shape[0])) if x.dim() == 2 else None
+    if config is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 \
+            or not w.is_contiguous():
+        return None
+    return gemv(x, w, config)
+
+
+def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int], GemvConfig]:
+    """The shipped table's entries for this GPU and Triton version (none for another version: timings differ)."""
+    from headroom.kernels.gdn_fla import gpu_name
+
+    if device.type != "cuda" or not TUNED_CONFIGS.exists():
+        return {}
+    entry = json.loads(TUNED_CONFIGS.read_text()).get(gpu_name(device), {})
+    if entry.get("triton") != triton.__version__:
+        return {}
+    return {(c["n"], c["k"], c["m"]): GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"],
+                                                  c["num_stages"]) for c in entry.get("configs", [])}

@@ -10,6 +10,7 @@ path runs without Triton installed.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from headroom.kernels.attention import naive_prefix_attention
 from headroom.kernels.attention_merge import merge_two as naive_merge_two
 from headroom.kernels.conv import naive_causal_conv1d
@@ -40,7 +41,7 @@ kivi_quantize_values = naive_kivi_quantize_values
 kivi_dequantize_values = naive_kivi_dequantize_values
 
 __all__ = [
-    "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
+    "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
     "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
@@ -119,6 +120,19 @@ def gdn_gates(b, a, neg_a, dt_bias) -> tuple[torch.Tensor, torch.Tensor]:
 
         return run(b, a, neg_a, dt_bias)
     return naive_gdn_gates(b, a, neg_a, dt_bias)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias): on CUDA, decode-sized products (at most 16 rows) through
+    kernels/gemv.py where its shipped table has this GPU, shape and row count (measured faster than cuBLAS
+    there); cuBLAS (torch's F.linear) everywhere else."""
+    if bias is None and x.dim() == 2 and x.shape[0] <= 16 and _fused(x):
+        from headroom.kernels.gemv import tuned_gemv
+
+        out = tuned_gemv(x, weight)
+        if out is not None:
+            return out
+    return F.linear(x, weight, bias)
 
 
 def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None) -> torch.Tensor | None:

@@ -6,7 +6,6 @@ from dataclasses import replace
 from typing import TypeAlias
 
 import torch
-import torch.nn.functional as F
 from headroom.engine.models.config import ModelConfig
 from headroom.kernels import ops
 from headroom.kernels.quant_weight import QuantizedWeight
@@ -18,7 +17,7 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
     """x [..., K] @ weight [N, K].T (+ bias) -> [..., N]."""
     if isinstance(weight, QuantizedWeight):
         return ops.quant_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return ops.dense_linear(x, weight, bias)
 
 
 def linear_weight(config: ModelConfig, weights: dict[str, torch.Tensor], module: str) -> LinearWeight:

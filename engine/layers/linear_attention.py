@@ -13,11 +13,12 @@ from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
 
 # Passes whose every chunk is at most this many rows run the delta rule token by token in one launch per layer
-# (kernels/gdn_decode.py) instead of fla's chunked kernels, whose ~8 launches a layer cost about 1.5 ms of host
-# time each layer on the H200 whatever the length (a 30-token prompt's pass: 43 ms, 36 of them in fla's wrappers).
-# The recurrence is sequential in the rows, so long chunks stay with fla; bench/engine_speed.py's short_passes part
-# measures both sides of this bound.
-RECURRENT_ROWS = 64
+# (kernels/gdn_decode.py) instead of fla's chunked kernels, whose ~8 launches a layer cost over 1 ms of host time
+# each layer whatever the length. H200, 4B model, a lone prompt's pass (bench/engine_speed.py short_passes, session
+# 7): 8 tokens 22.7 ms against 48.9 through fla, 30 tokens 31.7 against 50.5, 64: 27.6 / 62.2, 256: 35.9 / 51.7,
+# four 30-token prompts 34.2 / 54.5. The recurrence is sequential in the rows (~2.7 us a row and layer), so long
+# chunks stay with fla.
+RECURRENT_ROWS = 256
 
 
 class GatedDeltaNet:

@@ -262,13 +262,13 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop.scheduler.config = config
     cost = config.cost_model
     logger.info("scheduler: policy %s%s, chunk %d, max pass %s, ITL target %s; pass cost fitted by the warm-up: "
-                "%.1f ms + %.0f prefill tokens/s", config.policy, " (strict FCFS)" if config.judge_whole_prompt else
+                "%.1f ms (+ %.1f ms with prefill) + %.0f prefill tokens/s", config.policy, " (strict FCFS)" if config.judge_whole_prompt else
                 " (short requests interjected between a long pass's layers)"
                 if config.policy == "short_first" and config.interject_short and loop.runner.supports_interjection
                 else "",
                 config.chunked_prefill_size, f"{max_pass_s * 1000:.0f} ms" if max_pass_s else "none",
                 f"{config.itl_target_s * 1000:.0f} ms" if config.itl_target_s else "none", cost.fixed_s * 1000,
-                cost.prefill_tokens_per_s)
+                cost.prefill_fixed_s * 1000, cost.prefill_tokens_per_s)
     step_s = cost.pass_seconds(0, config.max_running_requests)
     if config.itl_target_s is not None and step_s >= config.itl_target_s:
         # Nothing can keep such a target: a long pass then steps its decodes at every layer boundary (or shrinks
