@@ -3,7 +3,8 @@ and warm transformers, on the same Qwen3.5-4B-shaped random bf16 weights, in one
 
 Run on the H200 from the repo root (see bench/device_env.sh):
     python3 bench/engine_speed.py OUTDIR [parts...]
-parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also serve_int2
+parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also serve_plain
+(the same server with --no-interjection, beside the rows), serve_int2
 (the INT2 plan over HTTP: 128K context, 8 running; prefill 32K/120K, decode at 32K), kivi_blocks (the KIVI block
 path against the fused kernel), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
@@ -77,13 +78,14 @@ def headroom_cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
 
 
-def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> dict:
+def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", flags: tuple[str, ...] = ()) -> dict:
     """Cold start to /ready, then prefill and decode over HTTP (24 GiB plan, bf16 KV, 32K context, 16 running).
     cold_start_only: another first start, with an empty Triton compile cache (TRITON_CACHE_DIR) and the fla
     configs that kernels/fla_tuned_configs.json now holds (the fla_configs part writes it): the cold start of a
     fresh machine running this checkout with the shipped configs.
     kv="int2": issue 18's INT2 plan instead (128K context, 8 running): prefill of 32K and 120K prompts and
-    decode at batch 1 and 8 with 32K of context each, over HTTP (the rows stay the LLM API's)."""
+    decode at batch 1 and 8 with 32K of context each, over HTTP (the rows stay the LLM API's).
+    flags: more server flags (serve_plain: --no-interjection), measured beside the rows, not into them."""
     import httpx
 
     if kv == "int2":
@@ -93,8 +95,10 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> 
     else:
         args = ["serve", "--model", str(MODEL), "--device", "cuda", "--gpu-memory", "24GiB", "--context-length",
                 "32768", "--max-new-tokens", "512", "--max-running-requests", "16", "--port", str(PORT)]
-    log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else
-                    f"/tmp/engine_speed_serve{'_' + kv if kv != 'bf16' else ''}.log")
+    args += list(flags)
+    into_rows = kv == "bf16" and not flags
+    suffix = ("_" + kv if kv != "bf16" else "") + "".join("_" + f.strip("-") for f in flags)
+    log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else f"/tmp/engine_speed_serve{suffix}.log")
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
     env = dict(os.environ)
     if cold_start_only:
@@ -120,7 +124,7 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> 
             if cold_start_only:
                 state["cold_start_tuned_s"] = out["cold_start_s"]
                 return out
-            if kv == "bf16":
+            if into_rows:
                 state["rows"]["cold_start_s"]["tok_per_s"] = None
                 state["cold_start_s"] = out["cold_start_s"]
 
@@ -158,7 +162,7 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> 
                 after = server_seconds()
                 out[name] = {"seconds": seconds, "tokens": n, "tok_per_s": n / seconds,
                              "server": {key: after[key] - before.get(key, 0.0) for key in after}}
-                if name in state["rows"] and kv == "bf16":
+                if name in state["rows"] and into_rows:
                     state["rows"][name]["tok_per_s"] = n / seconds
             for batch in ((1, 8) if kv == "int2" else (1, 8, 16)):
                 context = 32000 if kv == "int2" else 256
@@ -166,7 +170,7 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16") -> 
                 t1, t65 = concurrent(batch, 1, context), concurrent(batch, 65, context)
                 out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65, "context": context,
                                             "tok_per_s": batch * 64 / (t65 - t1)}
-                if kv == "bf16":
+                if into_rows:
                     state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
             out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
             compiles = [line for line in out["metrics"] if line.startswith("headroom_kernel_compiles_after_ready_total")]
@@ -325,6 +329,7 @@ def main() -> None:
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
             "serve_int2": lambda s: part_serve(s, kv="int2"),
+            "serve_plain": lambda s: part_serve(s, flags=("--no-interjection",)),
             "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
