@@ -18,7 +18,7 @@ from headroom.engine.loop.capacity import CacheCapacity
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.runtime.sampling import sample
-from headroom.engine.scheduler.interjection import decode_step_due
+from headroom.engine.scheduler.interjection import decode_step_due, decodes_outside, interjects_decodes
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
 from headroom.engine.sequence import Sequence, SequenceStatus
@@ -135,6 +135,7 @@ class StepRunner:
         if not self.runner.supports_interjection or not self.scheduler.is_interruptible(outer):
             return None
         poll, config = self.poll_arrivals, self.scheduler.config
+        steps_decodes = interjects_decodes(config)
         if poll is None and not outer.deferred_decodes:
             return None
         # The decode-step decision needs how long one more layer takes: the pass's cost over its layers.
@@ -146,8 +147,10 @@ class StepRunner:
                 if poll is not None and poll():
                     spent_on_prefill[0] += self._interject(
                         lambda: self.scheduler.schedule_interjection(outer, spent_on_prefill[0]), stats)
-                if outer.deferred_decodes and decode_step_due(config, time.perf_counter() - self.last_decode_at,
-                                                              self.scheduler.num_decoding, layer_s):
+                # Decodes to step: those outer deferred, and those an interjected pass brought to a first token.
+                pending = len(decodes_outside(self.scheduler, outer)) if steps_decodes and (
+                    outer.deferred_decodes or stats.interjected) else 0
+                if pending and decode_step_due(config, time.perf_counter() - self.last_decode_at, pending, layer_s):
                     self._interject(lambda: self.scheduler.schedule_decode_step(outer), stats)
             except Exception:  # noqa: BLE001 - the pass it interrupts must go on
                 logger.exception("interjection between two layers failed; the pass goes on")
@@ -247,8 +250,11 @@ class StepRunner:
             self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
             if reason is not None:
                 finished.add(seq.request_id)
+        decoding_before = self.scheduler.num_decoding
         self.scheduler.complete(plan, finished)
-        if plan.decodes:
+        # The decodes' last token: this pass's, or the first tokens it gave when no request was decoding before
+        # (their gaps count from here, not from a decode long gone).
+        if plan.decodes or decoding_before == 0 < self.scheduler.num_decoding:
             self.last_decode_at = time.perf_counter()
         for request_id in finished:
             seq = self.sequences.pop(request_id)

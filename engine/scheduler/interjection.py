@@ -51,20 +51,23 @@ def decode_step_due(config: SchedulerConfig, since_last_s: float, num_decodes: i
     return since_last_s + layer_s + config.cost_model.pass_seconds(0, num_decodes) > target
 
 
+def decodes_outside(scheduler: Scheduler, outer: ScheduledPass) -> list[SchedRequest]:
+    """The running decodes `outer` does not carry, oldest first: those it deferred, and requests an interjected
+    pass has brought to their first token since it began (a long pass that carried no decode defers none)."""
+    busy = {id(r) for r in outer.scheduled_requests}
+    return [r for r in scheduler.running if r.phase is Phase.DECODE and id(r) not in busy]
+
+
 def plan_decode_step(scheduler: Scheduler, outer: ScheduledPass) -> ScheduledPass | None:
-    """One token for every running decode that `outer` does not carry (those it deferred, and requests an
-    interjection has brought to their first token since), oldest first, as far as their KV fits without
-    preempting; None when there is none."""
-    if not outer.deferred_decodes:
-        return None
+    """One token for every running decode that `outer` does not carry (decodes_outside), as far as their KV
+    fits without preempting; None when there is none."""
     capacity, plan = scheduler.capacity, ScheduledPass()
-    kv_free, busy = capacity.free_kv_tokens(), {id(r) for r in outer.scheduled_requests}
-    for request in scheduler.running:
-        if request.phase is Phase.DECODE and id(request) not in busy:
-            need = capacity.kv_tokens_to_extend(request, 1)
-            if need <= kv_free:
-                kv_free -= need
-                plan.add_item(request, 1)
+    kv_free = capacity.free_kv_tokens()
+    for request in decodes_outside(scheduler, outer):
+        need = capacity.kv_tokens_to_extend(request, 1)
+        if need <= kv_free:
+            kv_free -= need
+            plan.add_item(request, 1)
     return plan if plan.decodes else None
 
 

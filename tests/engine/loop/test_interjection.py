@@ -250,3 +250,31 @@ def test_decodes_ride_in_the_pass_when_no_step_can_be_interjected(model_dir, mon
     stats = loop._step()
     assert stats.num_decodes == 2 and not stats.interjected
     assert all(len(seq.output_token_ids) == 2 for seq in chats)
+
+
+def test_a_question_interjected_into_a_pass_without_decodes_gets_decode_steps_in_it(model_dir):
+    """The long pass carried no decode (none was running), so it deferred none; the question it interjected
+    decodes from its first token on, and with an ITL target its next tokens are stepped between the long pass's
+    layers too, not held until the pass ends. Tokens equal the solo runs."""
+    loop = make_loop(model_dir, itl_target_ms=0.001)
+    log = record(loop)
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    arrived = []
+    poll = loop.steps.poll_arrivals
+
+    def arrive_once() -> bool:
+        if not arrived:
+            arrived.append(True)
+            loop.submit(request("question", 2, 9, new_tokens=12), frozenset(), stream())
+        return poll()
+
+    loop.steps.poll_arrivals = arrive_once
+    stats = loop._step()
+    assert stats.num_decodes == 0
+    assert stats.interjected[0].admitted == ["question"]
+    assert [inner.num_decodes for inner in stats.interjected[1:]] == [1] * len(stats.interjected[1:])
+    inside = [e for rid, e, computed in log if rid == "question" and computed == 0]
+    assert len(inside) >= 2, "the question's second token came inside the long pass"
+    loop.run_until_idle()
+    assert tokens(log, "question") == solo(model_dir, request("question", 2, 9, new_tokens=12))
+    assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))
