@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 # The 4B model's linear layers at decode: (out_features, in_features, how many a step runs).
 DECODE_SHAPES = {
-    "mlp_gate_up": (18432, 2560, 32), "mlp_down": (2560, 9216, 32), "gdn_qkvz": (12288, 2560, 24),
-    "gdn_ba": (64, 2560, 24),
+    "mlp_gate_up": (18432, 2560, 32), "mlp_down": (2560, 9216, 32), "gdn_in_proj": (12352, 2560, 24),
+    # A quantized checkpoint's split GDN projection (its dense b|a cannot stack with qkv|z): not in a bf16 step.
+    "gdn_qkvz": (12288, 2560, 0), "gdn_ba": (64, 2560, 0),
     "gdn_out_proj": (2560, 4096, 24), "attn_qkv": (10240, 2560, 8), "attn_o_proj": (2560, 4096, 8),
     "lm_head": (248320, 2560, 1),
 }

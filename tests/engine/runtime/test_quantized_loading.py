@@ -50,7 +50,9 @@ def test_quantized_linears_follow_the_ignore_list(checkpoints, fmt):
     (mlp_up,) = layer.mlp.gate_up.weights
     assert isinstance(mlp_up, QuantizedWeight) and mlp_up.shape == (2 * config.intermediate_size, config.hidden_size)
     # The GDN gate/decay projections and the output head stay dense, as the checkpoint's ignore list says.
-    assert all(isinstance(w, torch.Tensor) for w in layer.mixer.project.ba.weights)
+    qkvz, ba = layer.mixer.project.parts  # quantized qkv|z cannot stack with dense b|a: two GEMMs
+    assert all(isinstance(w, QuantizedWeight) for w in qkvz.weights)
+    assert all(isinstance(w, torch.Tensor) for w in ba.weights)
     assert isinstance(runner.model.lm_head, torch.Tensor)
     # The plan's weight bytes are the checkpoint's: codes and scales, not dense bf16.
     dense_linear = mlp_up.out_features * mlp_up.in_features * 4
