@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 from headroom.engine.loop.engine_loop import EngineLoop, QueueFull, RequestStream
+from headroom.engine.loop.step import TokenEvent
 from headroom.engine.sequence import SamplingParams, Sequence
 from headroom.engine.server.errors import APIError
 from headroom.engine.server.metrics import EngineMetrics
@@ -128,6 +129,24 @@ class TextAssembler:
         return delta, False
 
 
+def _take_queued(events: asyncio.Queue[TokenEvent]) -> TokenEvent | None:
+    """The events already in the queue as one (None when it is empty)."""
+    taken: TokenEvent | None = None
+    while not events.empty():
+        taken = _merged(taken, events.get_nowait())
+    return taken
+
+
+def _merged(first: TokenEvent | None, then: TokenEvent | None) -> TokenEvent | None:
+    """Two consecutive events of one request as one: tokens in order, the later one's end (a finish or an
+    error is always a request's last event), the larger cached count."""
+    if first is None or then is None:
+        return then if first is None else first
+    return TokenEvent(first.token_ids + then.token_ids, then.finish_reason, then.error,
+                      then.num_prompt_tokens or first.num_prompt_tokens,
+                      max(first.num_cached_tokens, then.num_cached_tokens))
+
+
 async def generate(state: ServerState, request: Request, seq: Sequence, stops: list[str],
                    usage: Usage) -> AsyncIterator[Delta]:
     """Submit `seq` and yield deltas; a client that goes away is aborted at once (slot and pages freed)."""
@@ -144,10 +163,15 @@ async def generate(state: ServerState, request: Request, seq: Sequence, stops: l
     done = engine_done = False
     try:
         while not done:
-            try:
-                event = await asyncio.wait_for(stream.events.get(), timeout=_DISCONNECT_CHECK_S)
-            except asyncio.TimeoutError:
-                event = None
+            # Everything already queued in one go: a handler that fell behind the engine catches up in one
+            # delta (one detokenize, one SSE write) instead of paying per token on the thread the engine shares.
+            event = _take_queued(stream.events)
+            if event is None:
+                try:
+                    event = _merged(await asyncio.wait_for(stream.events.get(), timeout=_DISCONNECT_CHECK_S),
+                                    _take_queued(stream.events))
+                except asyncio.TimeoutError:
+                    event = None
             now = time.perf_counter()
             # Also while tokens flow: a non-streaming handler is never cancelled when its client leaves.
             if now >= next_check:
@@ -159,6 +183,9 @@ async def generate(state: ServerState, request: Request, seq: Sequence, stops: l
             if event.token_ids:
                 (state.metrics.itl if usage.completion_tokens else state.metrics.ttft).observe(
                     now - (last if usage.completion_tokens else started))
+                # Tokens that reached the handler together went out together: no gap between them.
+                for _ in event.token_ids[1:]:
+                    state.metrics.itl.observe(0.0)
                 last = now
                 usage.completion_tokens += len(event.token_ids)
                 state.metrics.generated_tokens.inc(len(event.token_ids))

@@ -152,3 +152,30 @@ def test_a_scheduler_running_more_than_the_engine_holds_is_refused(state):
     steps = state.loop.steps
     with pytest.raises(ValueError, match=r"scheduler max_running_requests=5 exceeds the engine's 4"):
         StepRunner(steps.runner, replace(steps.scheduler.config, max_running_requests=5), steps.emit)
+
+
+def test_events_pushed_together_wake_the_event_loop_once_and_keep_their_order(monkeypatch):
+    """RequestStream's hand-off (engine_loop._Outbox): a step's events for many requests go over in one
+    call_soon_threadsafe, each queue gets its events in order, and a push after a delivery schedules another."""
+    import asyncio
+
+    from headroom.engine.loop.engine_loop import RequestStream
+    from headroom.engine.loop.step import TokenEvent
+
+    loop = asyncio.new_event_loop()
+    scheduled = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda fn, *a: scheduled.append(fn) or real(fn, *a))
+    streams = [RequestStream(loop, asyncio.Queue()) for _ in range(3)]
+    for step in range(2):
+        for index, stream in enumerate(streams):
+            stream.push(TokenEvent([10 * index + step]))
+    assert len(scheduled) == 1
+    loop.run_until_complete(asyncio.sleep(0))
+    assert [[s.events.get_nowait().token_ids for _ in range(2)] for s in streams] == [[[0], [1]], [[10], [11]],
+                                                                                      [[20], [21]]]
+    streams[0].push(TokenEvent([], "length"))
+    assert len(scheduled) == 2
+    loop.run_until_complete(asyncio.sleep(0))
+    assert streams[0].events.get_nowait().finish_reason == "length"
+    loop.close()

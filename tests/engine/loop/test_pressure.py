@@ -101,7 +101,9 @@ def test_short_arrivals_interjected_under_pressure_all_finish_and_leak_nothing(t
         if len(shorts) < 24:
             name = f"short{len(shorts)}"
             shorts.append(name)
-            loop.submit(Sequence(name, _prompt(100 + len(shorts), 20), SamplingParams(max_new_tokens=8, ignore_eos=True)),
+            # 40 new tokens: with the ITL target they decode inside the long passes, and must still hold their KV
+            # long enough to run the pool short.
+            loop.submit(Sequence(name, _prompt(100 + len(shorts), 20), SamplingParams(max_new_tokens=40, ignore_eos=True)),
                         frozenset(), RequestStream(asyncio.new_event_loop(), asyncio.Queue()))
         return poll()
 

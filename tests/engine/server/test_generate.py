@@ -135,3 +135,19 @@ def test_a_falling_cached_token_count_never_decrements_the_counter():
     assert "".join(asyncio.run(consume())) == "ab"
     assert usage.cached_tokens == 64
     assert metrics.cached_tokens._value.get() == 64
+
+
+def test_queued_events_are_taken_as_one_delta():
+    """A handler behind the engine takes every queued event at once: tokens in order, the last one's end."""
+    import asyncio
+
+    from headroom.engine.loop.step import TokenEvent
+    from headroom.engine.server.generate import _take_queued
+
+    events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    assert _take_queued(events) is None
+    for event in (TokenEvent([1], None, None, 5, 2), TokenEvent([2, 3]), TokenEvent([4], "length", None, 5, 3)):
+        events.put_nowait(event)
+    merged = _take_queued(events)
+    assert merged == TokenEvent([1, 2, 3, 4], "length", None, 5, 3)
+    assert events.empty()
