@@ -56,6 +56,20 @@ def stream() -> RequestStream:
     return RequestStream(asyncio.new_event_loop(), asyncio.Queue())
 
 
+def arrive_at_first_boundary(loop, seq: Sequence) -> None:
+    """seq is submitted when the engine first polls for arrivals between two layers."""
+    arrived: list[bool] = []
+    poll = loop.steps.poll_arrivals
+
+    def arrive_once() -> bool:
+        if not arrived:
+            arrived.append(True)
+            loop.submit(seq, frozenset(), stream())
+        return poll()
+
+    loop.steps.poll_arrivals = arrive_once
+
+
 def solo(model_dir, seq: Sequence) -> list[int]:
     loop = make_loop(model_dir)
     log = record(loop)
@@ -68,16 +82,7 @@ def test_a_question_arriving_mid_pass_is_answered_inside_that_pass(model_dir):
     loop = make_loop(model_dir)
     log = record(loop)
     loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
-    arrived = []
-    poll = loop.steps.poll_arrivals
-
-    def arrive_once() -> bool:
-        if not arrived:
-            arrived.append(True)
-            loop.submit(request("question", 2, 9), frozenset(), stream())
-        return poll()
-
-    loop.steps.poll_arrivals = arrive_once
+    arrive_at_first_boundary(loop, request("question", 2, 9))
     stats = loop._step()
     # The first long chunk's pass ran the question's whole prefill between two of its layers.
     assert [inner.admitted for inner in stats.interjected] == [["question"]]
@@ -259,16 +264,7 @@ def test_a_question_interjected_into_a_pass_without_decodes_gets_decode_steps_in
     loop = make_loop(model_dir, itl_target_ms=0.001)
     log = record(loop)
     loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
-    arrived = []
-    poll = loop.steps.poll_arrivals
-
-    def arrive_once() -> bool:
-        if not arrived:
-            arrived.append(True)
-            loop.submit(request("question", 2, 9, new_tokens=12), frozenset(), stream())
-        return poll()
-
-    loop.steps.poll_arrivals = arrive_once
+    arrive_at_first_boundary(loop, request("question", 2, 9, new_tokens=12))
     stats = loop._step()
     assert stats.num_decodes == 0
     assert stats.interjected[0].admitted == ["question"]
