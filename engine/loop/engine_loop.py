@@ -126,6 +126,13 @@ class EngineLoop:
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self.runner.model_config.eos_token_ids)
 
+    def set_interjection_lag(self, layers: int) -> None:
+        """How many layers the host may run ahead of the GPU in a pass that takes interjections: more keeps the
+        GPU busy while an interjected pass is launched, fewer starts it sooner (model_runner.INTERJECTION_LAG)."""
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ValueError(f"interjection lag {layers!r} must be a whole number of layers, at least 1")
+        self.runner.interjection_lag = layers
+
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode CUDA graphs before the loop starts (nothing on a CPU)."""
         return self.runner.capture_decode_graphs()

@@ -111,6 +111,8 @@ class ModelRunner:
             graph_batch = decode_graph_batch(bool(mc.moe_layers), config.max_running_requests) \
                 if self.device.type == "cuda" else 0
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
+        # Layers the host may run ahead of the GPU in an interruptible pass (`headroom serve --interjection-lag`).
+        self.interjection_lag = INTERJECTION_LAG
 
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode graphs (before the first request: capture overwrites slots 0..max_batch-1)."""
@@ -194,7 +196,7 @@ class ModelRunner:
         Each item's sequence must hold kv_slots for all its positions and (hybrid) an SSM slot; a sequence
         starting at position 0 gets a zeroed SSM state. Advances each seq.num_computed_tokens.
         between_layers: called after each layer but the last of an eager pass (loop/step.py runs interjected
-        passes from it); on a GPU the host is then kept at most INTERJECTION_LAG layers ahead of the device, so
+        passes from it); on a GPU the host is then kept at most interjection_lag layers ahead of the device, so
         that what it interjects waits for about that many layers, not for everything queued before it.
         """
         for item in items:
@@ -215,7 +217,7 @@ class ModelRunner:
             logits = self.decode_graphs.run(items)
         else:
             batch = ForwardBatch.build(items, self.device)
-            hook = None if between_layers is None else bounded_lag(between_layers, self.device)
+            hook = None if between_layers is None else bounded_lag(between_layers, self.device, self.interjection_lag)
             logits = self.model(batch, self.kv_pool, self.ssm_pool, all_positions, hook)
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.vocab_size)

@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scheduling.add_argument("--no-interjection", dest="interject_short", action="store_false",
                             help="short_first: a short request arriving during a long pass waits for the pass to end "
                                  "instead of running between its layers")
+    scheduling.add_argument("--interjection-lag", type=int, metavar="LAYERS",
+                            help="layers the host may run ahead of the GPU in a long pass that takes interjections "
+                                 "(default 2): more keeps the GPU busy while a short pass is launched, fewer starts "
+                                 "it sooner")
 
     diagnostics = parser.add_argument_group("diagnostics")
     diagnostics.add_argument("--log-rejections", action="store_true", help="log every admission rejection")
@@ -105,7 +109,7 @@ def options_from_args(args: argparse.Namespace):
         max_running_requests=args.max_running_requests, max_new_tokens=args.max_new_tokens,
         max_waiting_requests=args.max_waiting_requests, itl_target_ms=args.itl_target_ms, max_pass_ms=args.max_pass_ms,
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
-        policy=args.scheduler_policy, interject_short=args.interject_short,
+        policy=args.scheduler_policy, interject_short=args.interject_short, interjection_lag=args.interjection_lag,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
         tensor_parallel_size=args.tensor_parallel_size,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,

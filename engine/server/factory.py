@@ -61,6 +61,8 @@ class ServeOptions:
     policy: str = "short_first"
     # short_first: short requests arriving during a long pass run between its layers (scheduler/interjection.py).
     interject_short: bool = True
+    # Layers the host may run ahead of the GPU in an interruptible pass; None: the engine's (2).
+    interjection_lag: int | None = None
     log_rejections: bool = False
     warmup_tokens: int | None = None
     ssm_slots: int | None = None
@@ -118,6 +120,9 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
 
 
 def build_state(options: ServeOptions) -> ServerState:
+    if options.interjection_lag is not None and options.interjection_lag < 1:
+        raise ValueError(f"--interjection-lag {options.interjection_lag} must be at least 1 (layers the host may run "
+                         "ahead of the GPU)")
     model_dir = Path(options.model) if options.model else ensure_default_model()
     plan = resolve_plan(options, model_dir)
     if options.ssm_slots is not None and options.ssm_slots != plan.ssm_slots:
@@ -141,6 +146,8 @@ def build_state(options: ServeOptions) -> ServerState:
     loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
                                   metrics.observe_step)
     logger.info("start-up: weights loaded and pools allocated in %.1f s", time.perf_counter() - started)
+    if options.interjection_lag is not None:
+        loop.set_interjection_lag(options.interjection_lag)
     tokenizer = load_tokenizer(model_dir, loop.eos_token_ids)
     name = options.served_model_name or (options.model.rstrip("/").split("/")[-1] if options.model else DEFAULT_MODEL_NAME)
     return ServerState(loop=loop, tokenizer=tokenizer, model_name=name, context_length=plan.context_length,

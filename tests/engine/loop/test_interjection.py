@@ -274,3 +274,21 @@ def test_a_question_interjected_into_a_pass_without_decodes_gets_decode_steps_in
     loop.run_until_idle()
     assert tokens(log, "question") == solo(model_dir, request("question", 2, 9, new_tokens=12))
     assert tokens(log, "long") == solo(model_dir, request("long", 1, 3 * CHUNK))
+
+
+def test_the_runner_bounds_its_lead_by_the_configured_lag(model_dir, monkeypatch):
+    """An interruptible pass's hook is wrapped by bounded_lag with the runner's lag (what --interjection-lag
+    sets through EngineLoop.set_interjection_lag, which refuses anything below one layer)."""
+    from headroom.engine.runtime import model_runner
+
+    loop = make_loop(model_dir)
+    loop.set_interjection_lag(5)
+    seen = []
+    real = model_runner.bounded_lag
+    monkeypatch.setattr(model_runner, "bounded_lag", lambda hook, device, lag: seen.append(lag) or real(hook, device, lag))
+    loop.steps.add(request("long", 1, 3 * CHUNK), frozenset())
+    loop._step()
+    assert seen == [5]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="interjection lag"):
+            loop.set_interjection_lag(bad)

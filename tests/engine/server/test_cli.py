@@ -172,3 +172,17 @@ def _long_request(tokens: int):
     from headroom.engine.scheduler.types import SchedRequest
 
     return SchedRequest("long", prompt_len=tokens, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("flags,lag", [([], 2), (["--interjection-lag", "6"], 6)])
+def test_interjection_lag_reaches_the_runner(rendered, flags, lag):
+    model_dir, plan = rendered
+    state = build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, *flags])))
+    assert state.loop.runner.interjection_lag == lag
+    state.loop.stop()
+
+
+def test_an_interjection_lag_below_one_layer_is_refused_before_loading(rendered):
+    model_dir, plan = rendered
+    with pytest.raises(ValueError, match=r"--interjection-lag 0 must be at least 1"):
+        build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, "--interjection-lag", "0"])))
