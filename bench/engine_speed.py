@@ -287,13 +287,11 @@ def _stop(signum, frame) -> None:
 
 def _gemv_part(state: dict, target: Path) -> dict:
     """The GEMV sweep, and the table kernels/gemv_tuned_configs.json would ship from it (OUTDIR/, to commit)."""
-    import re
-
     import triton
+    from headroom.kernels.gdn_fla import gpu_name
 
     sweep = decode_parts.gemv_sweep()
-    gpu = re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name()).strip("_")
-    table = decode_parts.gemv_table(sweep, gpu, triton.__version__, "python3 bench/engine_speed.py OUT gemv")
+    table = decode_parts.gemv_table(sweep, gpu_name(), triton.__version__, "python3 bench/engine_speed.py OUT gemv")
     text = json.dumps(table, indent=1) + "\n"
     (target / "gemv_tuned_configs.json").write_text(text)
     # Also into this checkout, so that the parts after this one (and servers they start) run the new table.

@@ -33,6 +33,15 @@ class QueueFull(Exception):
         super().__init__(f"{num_waiting} requests already waiting (max_waiting_requests={max_waiting})")
 
 
+def check_interjection_lag(layers: object, name: str = "interjection lag") -> int:
+    """layers, when it is a whole number of at least 1 (what the host may run ahead of the GPU in a pass that takes
+    interjections); else a ValueError that says so under `name`."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"{name} {layers!r} must be at least 1 (a whole number of layers the host may run ahead "
+                         "of the GPU)")
+    return layers
+
+
 class _Outbox:
     """Events bound for one asyncio loop, handed over in batches: the first push after a delivery schedules the
     next delivery (one call_soon_threadsafe: a self-pipe write and a wake-up of the loop), and the pushes that
@@ -129,9 +138,7 @@ class EngineLoop:
     def set_interjection_lag(self, layers: int) -> None:
         """How many layers the host may run ahead of the GPU in a pass that takes interjections: more keeps the
         GPU busy while an interjected pass is launched, fewer starts it sooner (model_runner.INTERJECTION_LAG)."""
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise ValueError(f"interjection lag {layers!r} must be a whole number of layers, at least 1")
-        self.runner.interjection_lag = layers
+        self.runner.interjection_lag = check_interjection_lag(layers)
 
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode CUDA graphs before the loop starts (nothing on a CPU)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from headroom.engine.config import EngineConfig
 from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from headroom.engine.loop.engine_loop import EngineLoop
+from headroom.engine.loop.engine_loop import EngineLoop, check_interjection_lag
 from headroom.engine.loop.step import StepStats, TokenEvent
 from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
 from headroom.engine.plan.engines.builtin import DEQUANT_BLOCK_TOKENS
@@ -120,9 +120,9 @@ def scheduler_config(options: ServeOptions, plan: Plan) -> SchedulerConfig:
 
 
 def build_state(options: ServeOptions) -> ServerState:
-    if options.interjection_lag is not None and options.interjection_lag < 1:
-        raise ValueError(f"--interjection-lag {options.interjection_lag} must be at least 1 (layers the host may run "
-                         "ahead of the GPU)")
+    if options.interjection_lag is not None:
+        # Before the weights load: a bad flag costs no start-up.
+        check_interjection_lag(options.interjection_lag, "--interjection-lag")
     model_dir = Path(options.model) if options.model else ensure_default_model()
     plan = resolve_plan(options, model_dir)
     if options.ssm_slots is not None and options.ssm_slots != plan.ssm_slots:
