@@ -117,30 +117,17 @@ def short_pass_sweep(model: Path, lengths: tuple[int, ...] = (8, 16, 30, 64, 128
     """Wall time of one lone prefill pass of each length through the LLM API (prefix cache on, no checkpoint
     stops), best of 3 after a warm-up, with the delta rule token by token (RECURRENT_ROWS above the length) and
     through fla (RECURRENT_ROWS 0); also 4 prompts of 30 tokens in one pass, as an interjection runs them."""
+    from engine_speed_parts import timed_prompts
     from headroom.engine.layers import linear_attention
     from headroom.engine.llm import LLM
-    from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
     rng = random.Random(7)
     llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=40000, ssm_slots=24,
               chunked_prefill_size=8192, context_length=16384, max_running_requests=8)
-    vocab = llm.runner.model_config.vocab_size
     default_rows = linear_attention.RECURRENT_ROWS
 
     def run(lengths_in_pass: list[int]) -> float:
-        seqs = [Sequence(f"s{rng.random()}", [rng.randrange(vocab) for _ in range(n)],
-                         SamplingParams(max_new_tokens=1, ignore_eos=True), take_checkpoints=False)
-                for n in lengths_in_pass]
-        torch.cuda.synchronize()
-        begun = time.perf_counter()
-        try:
-            llm._run(seqs, 8192, {})
-        finally:
-            for seq in seqs:
-                if seq.status is not SequenceStatus.WAITING:
-                    llm._finish(seq)
-        torch.cuda.synchronize()
-        return time.perf_counter() - begun
+        return timed_prompts(llm, lengths_in_pass, False, rng)
 
     out: dict = {"default_recurrent_rows": default_rows, "passes_ms": {}}
     try:

@@ -552,6 +552,27 @@ def save_fla_configs(outdir: Path) -> dict:
     return {gpu: {kernel: len(keys) for kernel, keys in v["autotuners"].items()} for gpu, v in harvested.items()}
 
 
+def timed_prompts(llm, lengths: list[int], checkpoints: bool, rng: random.Random) -> float:
+    """Seconds of one run of LLM.generate's own loop over fresh random prompts of these lengths, each taking one
+    token (Sequences that may decline their checkpoint stops), synchronised on the GPU at both ends."""
+    from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
+
+    vocab = llm.runner.model_config.vocab_size
+    seqs = [Sequence(f"p{rng.random()}", [rng.randrange(vocab) for _ in range(n)],
+                     SamplingParams(max_new_tokens=1, ignore_eos=True), take_checkpoints=checkpoints) for n in lengths]
+    sync = torch.cuda.synchronize if llm.runner.device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    try:
+        llm._run(seqs, 8192, {})
+    finally:
+        for seq in seqs:
+            if seq.status is not SequenceStatus.WAITING:
+                llm._finish(seq)
+    sync()
+    return time.perf_counter() - started
+
+
 def profile_small_passes(model: Path, device: str = "cuda") -> dict:
     """Where an eager prefill pass's host time goes (issue 15's idle TTFT, issue 18's HTTP rows): through the LLM
     API with the prefix cache on, as `headroom serve` runs, lone prompts of 30 tokens (no checkpoint stop),
@@ -561,26 +582,13 @@ def profile_small_passes(model: Path, device: str = "cuda") -> dict:
     import pstats
 
     from headroom.engine.llm import LLM
-    from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
     rng = random.Random(6)
     llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype="bf16", max_total_tokens=40000, ssm_slots=24,
               chunked_prefill_size=8192, context_length=16384, max_running_requests=8)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    vocab = llm.runner.model_config.vocab_size
 
     def run(n: int, checkpoints: bool) -> float:
-        seq = Sequence(f"p{rng.random()}", [rng.randrange(vocab) for _ in range(n)],
-                       SamplingParams(max_new_tokens=1, ignore_eos=True), take_checkpoints=checkpoints)
-        sync()
-        started = time.perf_counter()
-        try:  # LLM.generate's own loop, with a Sequence that may decline its stops
-            llm._run([seq], 8192, {})
-        finally:
-            if seq.status is not SequenceStatus.WAITING:
-                llm._finish(seq)
-        sync()
-        return time.perf_counter() - started
+        return timed_prompts(llm, [n], checkpoints, rng)
 
     out: dict = {}
     for n in (30, 256, 8192):
