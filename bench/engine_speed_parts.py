@@ -168,7 +168,24 @@ def kernel_checks() -> dict:
     out["conv_varlen"] = _conv_varlen_check()
     out["gdn_tail"] = _gdn_tail_check()
     out["gdn_rows"] = _gdn_rows_check()
+    out["gemv"] = _gemv_check()
     return out
+
+
+def _gemv_check() -> list[dict]:
+    """Every (shape, rows) the shipped GEMV table runs on this GPU: the Triton GEMV and cuBLAS (bf16 F.linear)
+    each against fp32 math on the same bf16 operands, so the GEMV's error sits beside cuBLAS's own."""
+    import torch.nn.functional as F
+    from headroom.kernels.gemv import gemv, load_tuned_configs
+
+    rows = []
+    for (n, k, m), config in sorted(load_tuned_configs(DEV).items()):
+        w = (torch.randn(n, k, device=DEV) * 0.02).bfloat16()
+        x = torch.randn(m, k, device=DEV).bfloat16()
+        want = x.float() @ w.float().t()
+        rows.append({"n": n, "k": k, "m": m, "gemv": _diff(gemv(x, w, config), want),
+                     "cublas": _diff(F.linear(x, w), want)})
+    return rows
 
 
 def _gdn_rows_check() -> dict:

@@ -51,8 +51,56 @@ def bench_us(fn, copies: list, iters: int = 20) -> float:
     return (time.perf_counter() - start) / iters / len(copies) * 1e6
 
 
+# The stream kernel's configurations timed at one and four rows (int4 symmetric and fp8, every shape): which
+# default to ship is measured, not guessed.
+SWEEP_CONFIGS = [(bn, bk, warps, 3, pps) for bn in (64, 32, 128) for bk in (128, 64) for warps in (4, 8)
+                 for pps in (4, 2, 8)]
+
+
+def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator, save=lambda partial: None) -> dict:
+    """Microseconds of each stream configuration per (format, shape, rows), the best per case, and the
+    configuration with the least total time over the shapes (per format and rows). save(rows so far) after
+    each shape, so that a run cut short keeps what it timed."""
+    from headroom.kernels.quant_gemv import StreamConfig, quant_stream_fwd
+
+    rows_out: list[dict] = []
+    for (fmt, name), copies in weights_by_shape.items():
+        k = copies[0].in_features
+        for m in (1, 4) if fmt == "int4_sym" else (1,):
+            x = torch.randn(m, k, device=dev, generator=gen).bfloat16()
+            for cfg in SWEEP_CONFIGS:
+                config = StreamConfig(*cfg)
+                try:
+                    us = bench_us(lambda w, x=x, config=config: quant_stream_fwd(x, w, config), copies, iters=10)
+                except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
+                    us, error = None, f"{type(exc).__name__}: {str(exc)[:120]}"
+                else:
+                    error = None
+                rows_out.append({"format": fmt, "shape": name, "M": m, "config": cfg, "us": us, "error": error})
+        save(rows_out)
+    best: dict = {}
+    for fmt in {r["format"] for r in rows_out}:
+        for m in (1, 4):
+            cases = [r for r in rows_out if r["format"] == fmt and r["M"] == m]
+            if not cases:
+                continue
+            totals = {cfg: sum(r["us"] for r in cases if r["config"] == cfg) for cfg in SWEEP_CONFIGS
+                      if all(r["us"] is not None for r in cases if r["config"] == cfg)}
+            per_shape = {}
+            for name in {r["shape"] for r in cases}:
+                timed = [r for r in cases if r["shape"] == name and r["us"] is not None]
+                top = min(timed, key=lambda r: r["us"])
+                default = next(r["us"] for r in timed if r["config"] == SWEEP_CONFIGS[0]) if timed else None
+                per_shape[name] = {"config": top["config"], "us": top["us"], "first_config_us": default}
+            overall = min(totals, key=totals.get) if totals else None
+            best[f"{fmt}_m{m}"] = {"overall": overall, "overall_total_us": totals.get(overall),
+                                   "per_shape": per_shape}
+    return {"fields": "config = (block_n, block_k, num_warps, num_stages, programs_per_sm)", "best": best,
+            "rows": rows_out}
+
+
 def main() -> None:
-    from headroom.kernels.quant_matmul import dequantize_fwd, quant_matmul, quant_matmul_fwd
+    from headroom.kernels.quant_matmul import _pick, dequantize_fwd, quant_matmul, quant_matmul_fwd
     from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
     from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize
 
@@ -61,6 +109,7 @@ def main() -> None:
     out: dict = {"command": "python3 bench/quant_kernels.py " + sys.argv[1], "gpu": torch.cuda.get_device_name(),
                  "cases": []}
     gen = torch.Generator(device=dev).manual_seed(0)
+    sweep_weights: dict = {}
     for name, n, k in SHAPES:
         dense = torch.randn(n, k, device=dev, generator=gen) * 0.02
         weights = {}
@@ -76,6 +125,8 @@ def main() -> None:
             from dataclasses import replace
 
             copies = [replace(weight, data=weight.data.clone(), scale=weight.scale.clone()) for _ in range(num_copies)]
+            if fmt in ("int4_sym", "fp8"):
+                sweep_weights[(fmt, name)] = copies
             w32 = naive_dequantize(weight)
             exact = bool(torch.equal(dequantize_fwd(weight, torch.float32), w32))
             wq16 = w32.bfloat16()
@@ -86,6 +137,7 @@ def main() -> None:
                 gemm = quant_matmul(x, weight, dense_min_rows=1 << 30)
                 swap = quant_matmul_fwd(x, weight, kernel="swap_ab") if m <= 64 else None
                 cores = quant_matmul_fwd(x, weight, kernel="cores") if m <= 4 else None
+                stream = quant_matmul_fwd(x, weight, kernel="stream") if m <= 4 else None
                 major = quant_matmul_fwd(x, weight, kernel="m_major")
                 deq = quant_matmul(x, weight, dense_min_rows=1)
                 plain = (x @ wq16.t()).float()
@@ -95,6 +147,7 @@ def main() -> None:
                         "m_major_max_abs_err": float((major.float() - ref).abs().max()),
                         "swap_ab_max_abs_err": float((swap.float() - ref).abs().max()) if swap is not None else None,
                         "cores_max_abs_err": float((cores.float() - ref).abs().max()) if cores is not None else None,
+                        "stream_max_abs_err": float((stream.float() - ref).abs().max()) if stream is not None else None,
                         "dequant_cublas_max_abs_err": float((deq.float() - ref).abs().max()),
                         "bf16_matmul_max_abs_err": float((plain - ref).abs().max()),
                         "m_major_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="m_major"), copies),
@@ -102,9 +155,13 @@ def main() -> None:
                         if m <= 64 else None,
                         "cores_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="cores"), copies)
                         if m <= 4 else None,
+                        "stream_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="stream"), copies)
+                        if m <= 4 else None,
+                        "picked": _pick(x, weight) if m <= 16 else "m_major",
                         "dequant_cublas_us": bench_us(lambda w, x=x: quant_matmul(x, w, dense_min_rows=1), copies),
                         "dense_bf16_us": bench_us(lambda d, x=x: x @ d.t(), dense_copies)}
-                kernel_us = min(v for v in (case["m_major_us"], case["swap_ab_us"], case["cores_us"]) if v is not None)
+                kernel_us = min(v for v in (case["m_major_us"], case["swap_ab_us"], case["cores_us"], case["stream_us"])
+                                if v is not None)
                 case["kernel_hbm_share"] = weight.nbytes / hbm / (kernel_us * 1e-6)
                 case["dense_hbm_share"] = dense_bf16.numel() * 2 / hbm / (case["dense_bf16_us"] * 1e-6)
                 out["cases"].append(case)
@@ -112,9 +169,17 @@ def main() -> None:
         del copies, dense_copies
         torch.cuda.empty_cache()
         Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+    if os.environ.get("QUANT_KERNELS_SWEEP", "1") == "1":
+        def save(rows_so_far: list) -> None:
+            out["stream_sweep"] = {"partial_rows": rows_so_far}
+            Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+
+        out["stream_sweep"] = stream_sweep(sweep_weights, dev, gen, save)
+        print(json.dumps(out["stream_sweep"]["best"]), flush=True)
+    del sweep_weights
     bad = [c for c in out["cases"] if not c["dequantize_exact"] or
            max(c["gemm_max_abs_err"], c["m_major_max_abs_err"], c["swap_ab_max_abs_err"] or 0.0,
-               c["cores_max_abs_err"] or 0.0)
+               c["cores_max_abs_err"] or 0.0, c["stream_max_abs_err"] or 0.0)
            > 4 * c["bf16_matmul_max_abs_err"] + 1e-3 * c["ref_abs_max"]]
     out["gemm_within_bf16_distance"] = not bad
     out["worst"] = sorted(out["cases"], key=lambda c: -c["gemm_max_abs_err"] / max(c["ref_abs_max"], 1e-9))[:5]

@@ -267,12 +267,17 @@ def _splits(tiles: int, k: int, block_k: int, device: torch.device, programs_per
 
 
 def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | None = None) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. kernel: "cores" (M <= 4),
-    "swap_ab" (M <= 64) or "m_major"; None picks by M, timing "cores" against "swap_ab" once per shape on a GPU."""
+    """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. kernel: "stream" or
+    "cores" (M <= 4), "swap_ab" (M <= 64) or "m_major"; None picks by M, timing the small-M kernels against each
+    other once per shape on a GPU."""
     m, k = x.shape
     n = weight.out_features
     block_k = _tile_k(weight.block[1])
     kernel = kernel or _pick(x, weight)
+    if kernel == "stream":
+        from headroom.kernels.quant_gemv import quant_stream_fwd
+
+        return quant_stream_fwd(x, weight)
     programs_per_sm = _PROGRAMS_PER_SM
     if kernel == "cores":
         if m > CORES_MAX_ROWS:
@@ -306,7 +311,7 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | Non
     return out
 
 
-# (format, zero points, N, K, rows) -> the faster of "cores" and "swap_ab", timed on the first eager call.
+# (format, zero points, N, K, rows) -> the fastest of "stream", "cores" and "swap_ab", timed on the first eager call.
 _PICKED: dict[tuple, str] = {}
 
 
@@ -321,7 +326,7 @@ def _pick(x: torch.Tensor, weight: QuantizedWeight) -> str:
         if torch.cuda.is_current_stream_capturing():
             # No timing inside a graph capture (the decode graphs' eager warm pass has picked already).
             return "swap_ab"
-        _PICKED[key] = min(("cores", "swap_ab"), key=lambda name: _time_us(x, weight, name))
+        _PICKED[key] = min(("stream", "cores", "swap_ab"), key=lambda name: _time_us(x, weight, name))
     return _PICKED[key]
 
 

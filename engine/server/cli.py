@@ -22,6 +22,11 @@ DTYPE_WORDS = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "ha
 # --kv-cache-dtype words: `auto` is the model's 16-bit dtype (bf16 pool); fp8 is e4m3 with per-token scales.
 KV_DTYPE_WORDS = {"auto": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8", **{d: d for d in KV_DTYPES}}
 logger = logging.getLogger(__name__)
+# The engine loop is a thread beside the HTTP event loop; after each GPU step it waits for the GIL while the
+# event loop formats and writes every stream's tokens (about 100 us of Python a token). With Python's 5 ms
+# switch interval that wait could be most of a decode step (H200, 16 streams: 0.72 of the library API's rate).
+GIL_SWITCH_MS = 1.0
+GIL_SWITCH_MAX_MS = 100.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--body-timeout", type=float, default=60.0, help="seconds to receive a request's body (408)")
     http.add_argument("--timeout-keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection lives")
     http.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    http.add_argument("--gil-switch-ms", type=float, default=GIL_SWITCH_MS, metavar="MS",
+                      help="how long one Python thread may keep the GIL while another waits for it (default "
+                           f"{GIL_SWITCH_MS:g}; Python's own is 5): the engine thread gets it back this soon after "
+                           "each GPU step from the threads writing HTTP streams")
 
     memory = parser.add_argument_group("memory and plan")
     memory.add_argument("--plan", dest="plan_path", help="plan.json from `headroom plan --output json`")
@@ -123,6 +132,13 @@ def http_limits_from_args(args: argparse.Namespace):
                       keep_alive_s=args.timeout_keep_alive, max_connections=args.max_connections)
 
 
+def apply_gil_switch(ms: float) -> None:
+    """Set the interpreter's thread switch interval from --gil-switch-ms (checked before the model loads)."""
+    if not 0 < ms <= GIL_SWITCH_MAX_MS:
+        raise ValueError(f"--gil-switch-ms must be above 0 and at most {GIL_SWITCH_MAX_MS:g} ms, got {ms:g}")
+    sys.setswitchinterval(ms / 1000)
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -141,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         api_key = resolve_api_key(args.api_key)
         limits = http_limits_from_args(args)
+        apply_gil_switch(args.gil_switch_ms)
         options = options_from_args(args)
         state = build_state(options)
     except PlanRefused as exc:

@@ -186,3 +186,34 @@ def test_an_interjection_lag_below_one_layer_is_refused_before_loading(rendered)
     model_dir, plan = rendered
     with pytest.raises(ValueError, match=r"--interjection-lag 0 must be at least 1"):
         build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, "--interjection-lag", "0"])))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "250"])
+def test_a_gil_switch_interval_out_of_range_is_refused_before_loading(rendered, monkeypatch, capsys, value):
+    import sys
+
+    from headroom.engine.server import cli, factory
+
+    def must_not_load(options):
+        raise AssertionError("the model was loaded before --gil-switch-ms was checked")
+
+    monkeypatch.setattr(factory, "build_state", must_not_load)
+    before = sys.getswitchinterval()
+    model_dir, plan = rendered
+    assert cli.run(_serve_args(model_dir, [*plan.engine_args, "--gil-switch-ms", value])) == 2
+    assert f"--gil-switch-ms must be above 0 and at most 100 ms, got {float(value):g}" in capsys.readouterr().err
+    assert sys.getswitchinterval() == before
+
+
+def test_the_gil_switch_interval_is_set_from_the_flag(monkeypatch):
+    import sys
+
+    from headroom.engine.server.cli import GIL_SWITCH_MS, apply_gil_switch
+
+    monkeypatch.setattr(sys, "setswitchinterval", lambda s: calls.append(s))
+    calls: list[float] = []
+    apply_gil_switch(0.5)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    apply_gil_switch(parser.parse_args([]).gil_switch_ms)
+    assert calls == [0.0005, GIL_SWITCH_MS / 1000] and GIL_SWITCH_MS < 5

@@ -1,0 +1,78 @@
+"""The stream kernel for decode rows (Triton, in the interpreter on CPU) against naive_quant_linear: every
+nibble position and code value decoded exactly, zero points, tile and split shapes, and its row limit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from headroom.kernels.quant_gemv import STREAM_MAX_ROWS, StreamConfig, quant_stream_fwd
+from headroom.kernels.quant_matmul import _COUNTERS
+from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
+from headroom.kernels.quant_weight import QuantizedWeight, naive_quant_linear
+
+
+def int4_weight(n: int, k: int, group: int, symmetric: bool, seed: int) -> QuantizedWeight:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    packed, scale, zero = quantize_int4_group(w, group, symmetric)
+    return QuantizedWeight("int4_group", packed, scale, zero, n, k, (1, group))
+
+
+def test_every_code_at_every_nibble_decodes_exactly():
+    """Row r holds code (r + j) mod 16 at nibble j of every word, unit scales: with x one-hot at column c the
+    product is code - 8 exactly, so each of the 16 codes is read at each of the 8 positions (the low five in
+    place, the top three from the shifted word; the sign bit of the word set in half the rows)."""
+    n, k = 16, 64
+    codes = (torch.arange(n)[:, None] + torch.arange(k)[None, :]) % 16
+    shifts = torch.arange(8, dtype=torch.int64) * 4
+    words = (codes.view(n, k // 8, 8).to(torch.int64) << shifts).sum(-1)
+    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    weight = QuantizedWeight("int4_group", packed, torch.ones(n, 1), None, n, k, (1, k))
+    for start in range(0, k, 4):
+        out = quant_stream_fwd(torch.eye(k)[start:start + 4], weight, StreamConfig(block_n=16, block_k=64))
+        assert torch.equal(out, (codes[:, start:start + 4].T - 8).float())
+    assert packed.min() < 0
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("group,symmetric", [(32, True), (16, False), (128, False), (128, True)])
+def test_int4_matches_naive(rows, group, symmetric):
+    # K = 200: not a multiple of 8 (the last word half empty) nor of the group; N = 37: a partial row block.
+    weight = int4_weight(37, 200, group, symmetric, seed=rows + group)
+    x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(rows))
+    out = quant_stream_fwd(x, weight, StreamConfig(block_n=16, block_k=64))
+    torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", [StreamConfig(block_n=16, block_k=32, programs_per_sm=64),
+                                    StreamConfig(block_n=32, block_k=128, programs_per_sm=1)], ids=str)
+def test_split_k_and_tiles(config):
+    """Many splits over few row blocks (each split summed once, counters left at zero), and one split."""
+    weight = int4_weight(24, 1024, 128, False, seed=3)
+    x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(4))
+    out = quant_stream_fwd(x, weight, config)
+    torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+@pytest.mark.parametrize("block", [(128, 128), (16, 32)])
+def test_fp8_matches_naive(block):
+    w = torch.randn(40, 352, generator=torch.Generator().manual_seed(7))
+    data, scale = quantize_fp8_block(w, block)
+    weight = QuantizedWeight("fp8_block", data, scale, None, 40, 352, block)
+    x = torch.randn(3, 352, generator=torch.Generator().manual_seed(8))
+    out = quant_stream_fwd(x, weight, StreamConfig(block_n=16, block_k=64))
+    torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_rows_keep_their_dtype():
+    weight = int4_weight(32, 128, 64, True, seed=9)
+    x = torch.randn(1, 128, generator=torch.Generator().manual_seed(1)).bfloat16()
+    out = quant_stream_fwd(x, weight, StreamConfig(block_n=16, block_k=64))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), naive_quant_linear(x.float(), weight), atol=0.05, rtol=0.02)
+
+
+def test_too_many_rows_is_refused():
+    weight = int4_weight(8, 64, 32, True, seed=0)
+    with pytest.raises(ValueError, match=f"at most {STREAM_MAX_ROWS} contiguous rows of 64 features, got x \\(5, 64\\)"):
+        quant_stream_fwd(torch.zeros(STREAM_MAX_ROWS + 1, 64), weight)
