@@ -51,10 +51,11 @@ def bench_us(fn, copies: list, iters: int = 20) -> float:
     return (time.perf_counter() - start) / iters / len(copies) * 1e6
 
 
-# The stream kernel's configurations timed at one and four rows (int4 symmetric and fp8, every shape): which
-# default to ship is measured, not guessed.
-SWEEP_CONFIGS = [(bn, bk, warps, 3, pps) for bn in (64, 32, 128) for bk in (128, 64) for warps in (4, 8)
-                 for pps in (4, 2, 8)]
+# The stream kernel's configurations timed at one and four rows (int4 symmetric, every shape): which default
+# to ship is measured, not guessed. Tiles of 256 and 512 inputs span two and four groups of 128.
+SWEEP_CONFIGS = [(64, 128, 4, 3, 2)] + [(bn, bk, 4, 3, pps) for bn in (16, 32, 64, 128) for bk in (128, 256, 512)
+                                        for pps in (1, 2) if (bn, bk, pps) != (64, 128, 2)] \
+    + [(128, 64, 4, 3, 2), (64, 128, 8, 3, 2), (64, 256, 4, 4, 1), (32, 512, 4, 2, 1), (32, 256, 4, 5, 1)]
 
 
 def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator, save=lambda partial: None) -> dict:
@@ -66,7 +67,7 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
     rows_out: list[dict] = []
     for (fmt, name), copies in weights_by_shape.items():
         k = copies[0].in_features
-        for m in (1, 4) if fmt == "int4_sym" else (1,):
+        for m in (1, 4):
             x = torch.randn(m, k, device=dev, generator=gen).bfloat16()
             for cfg in SWEEP_CONFIGS:
                 config = StreamConfig(*cfg)
@@ -100,7 +101,7 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
 
 
 def main() -> None:
-    from headroom.kernels.quant_matmul import _pick, dequantize_fwd, quant_matmul, quant_matmul_fwd
+    from headroom.kernels.quant_matmul import dequantize_fwd, pick_kernel, quant_matmul, quant_matmul_fwd
     from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
     from headroom.kernels.quant_weight import QuantizedWeight, naive_dequantize
 
@@ -125,7 +126,7 @@ def main() -> None:
             from dataclasses import replace
 
             copies = [replace(weight, data=weight.data.clone(), scale=weight.scale.clone()) for _ in range(num_copies)]
-            if fmt in ("int4_sym", "fp8"):
+            if fmt == "int4_sym":
                 sweep_weights[(fmt, name)] = copies
             w32 = naive_dequantize(weight)
             exact = bool(torch.equal(dequantize_fwd(weight, torch.float32), w32))
@@ -137,7 +138,8 @@ def main() -> None:
                 gemm = quant_matmul(x, weight, dense_min_rows=1 << 30)
                 swap = quant_matmul_fwd(x, weight, kernel="swap_ab") if m <= 64 else None
                 cores = quant_matmul_fwd(x, weight, kernel="cores") if m <= 4 else None
-                stream = quant_matmul_fwd(x, weight, kernel="stream") if m <= 4 else None
+                streams = m <= 4 and weight.method == "int4_group"
+                stream = quant_matmul_fwd(x, weight, kernel="stream") if streams else None
                 major = quant_matmul_fwd(x, weight, kernel="m_major")
                 deq = quant_matmul(x, weight, dense_min_rows=1)
                 plain = (x @ wq16.t()).float()
@@ -156,8 +158,8 @@ def main() -> None:
                         "cores_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="cores"), copies)
                         if m <= 4 else None,
                         "stream_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="stream"), copies)
-                        if m <= 4 else None,
-                        "picked": _pick(x, weight) if m <= 16 else "m_major",
+                        if streams else None,
+                        "picked": pick_kernel(x, weight),
                         "dequant_cublas_us": bench_us(lambda w, x=x: quant_matmul(x, w, dense_min_rows=1), copies),
                         "dense_bf16_us": bench_us(lambda d, x=x: x @ d.t(), dense_copies)}
                 kernel_us = min(v for v in (case["m_major_us"], case["swap_ab_us"], case["cores_us"], case["stream_us"])

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from headroom.kernels.attention_merge_triton import merge_splits_into
+from headroom.kernels.int_float import exact_float
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
 from headroom.kernels.paged_kv import (
@@ -61,7 +62,7 @@ def _load_tile(
             p_s = (page * PAGE + row)[:, None] * stride_sp + i_h * stride_sh + (o_d // GROUP_D)[None, :]
         b_s = tl.load(scale_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
         b_z = tl.load(zero_ptr + p_s, mask=m_tile, other=0).to(tl.float32)
-        return codes.to(tl.float32) * b_s + b_z
+        return exact_float(codes) * b_s + b_z
     p_x = base + page[:, None] * stride_p + i_h * stride_h + o_d[None, :]
     if KIND == 1:
         codes = tl.load(p_x, mask=m_tile, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -118,7 +119,7 @@ def _load_kivi_pages(
         b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
         b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
-    return codes.to(tl.float32) * b_s + b_z
+    return exact_float(codes) * b_s + b_z
 
 
 # NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the

@@ -268,12 +268,11 @@ def _splits(tiles: int, k: int, block_k: int, device: torch.device, programs_per
 
 def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, contiguous rows) -> [M, N] in x's dtype, in one launch. kernel: "stream" or
-    "cores" (M <= 4), "swap_ab" (M <= 64) or "m_major"; None picks by M, timing the small-M kernels against each
-    other once per shape on a GPU."""
+    "cores" (M <= 4), "swap_ab" (M <= 64) or "m_major"; None: pick_kernel's rule for these rows and format."""
     m, k = x.shape
     n = weight.out_features
     block_k = _tile_k(weight.block[1])
-    kernel = kernel or _pick(x, weight)
+    kernel = kernel or pick_kernel(x, weight)
     if kernel == "stream":
         from headroom.kernels.quant_gemv import quant_stream_fwd
 
@@ -311,37 +310,24 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | Non
     return out
 
 
-# (format, zero points, N, K, rows) -> the fastest of "stream", "cores" and "swap_ab", timed on the first eager call.
-_PICKED: dict[tuple, str] = {}
-
-
-def _pick(x: torch.Tensor, weight: QuantizedWeight) -> str:
+def pick_kernel(x: torch.Tensor, weight: QuantizedWeight) -> str:
+    """The decode kernel for these rows and this format, a rule read off the H200 (bench/quant_kernels.py at the
+    4B shapes, CUDA-graph replay over weights larger than L2; bench/results/session8/callB_quant_kernels.json):
+    - int4, 1-4 rows: stream (fastest at 1-2 rows on all five shapes, e.g. gate_up 17 us against 30-34 for the
+      others; at 4 rows within a few us of the best);
+    - fp8, 1-2 rows: cores (e.g. gate_up 11 us, swap_ab 20, the dense bf16 weight under cuBLAS 14);
+    - 5-16 rows (fp8 from 3): m_major where it was the faster of the two MMA kernels on most shapes (fp8, int4
+      symmetric), swap_ab otherwise (int4 with zero points).
+    A per-shape timing at start-up picked these before; it timed one launch on a weight that stays in L2 and chose
+    the wrong kernel in 51 of 75 cases."""
     m = x.shape[0]
     if m > GEMV_MAX_ROWS:
         return "m_major"
-    if m > CORES_MAX_ROWS or not x.is_cuda:
-        return "swap_ab"
-    key = (weight.method, weight.zero is not None, weight.out_features, weight.in_features, m)
-    if key not in _PICKED:
-        if torch.cuda.is_current_stream_capturing():
-            # No timing inside a graph capture (the decode graphs' eager warm pass has picked already).
-            return "swap_ab"
-        _PICKED[key] = min(("stream", "cores", "swap_ab"), key=lambda name: _time_us(x, weight, name))
-    return _PICKED[key]
-
-
-def _time_us(x: torch.Tensor, weight: QuantizedWeight, kernel: str) -> float:
-    """Median microseconds of one launch (after a compiling one), on the current stream."""
-    quant_matmul_fwd(x, weight, kernel)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        quant_matmul_fwd(x, weight, kernel)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return sorted(times)[len(times) // 2]
+    if weight.method == "int4_group":
+        if m <= CORES_MAX_ROWS:
+            return "stream"
+        return "swap_ab" if weight.zero is not None else "m_major"
+    return "cores" if m <= 2 else "m_major"
 
 
 def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.quant_gemv import STREAM_MAX_ROWS, StreamConfig, quant_stream_fwd
+from headroom.kernels.quant_gemv import STREAM_MAX_ROWS, StreamConfig, quant_stream_fwd, stream_config
 from headroom.kernels.quant_matmul import _COUNTERS
 from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
 from headroom.kernels.quant_weight import QuantizedWeight, naive_quant_linear
@@ -54,14 +54,28 @@ def test_split_k_and_tiles(config):
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
 
 
-@pytest.mark.parametrize("block", [(128, 128), (16, 32)])
-def test_fp8_matches_naive(block):
-    w = torch.randn(40, 352, generator=torch.Generator().manual_seed(7))
-    data, scale = quantize_fp8_block(w, block)
-    weight = QuantizedWeight("fp8_block", data, scale, None, 40, 352, block)
-    x = torch.randn(3, 352, generator=torch.Generator().manual_seed(8))
+def test_tiles_spanning_several_groups_take_a_scale_per_word_lane():
+    """BLOCK_K a multiple of the group: each word lane reads its own group's scale and zero point."""
+    weight = int4_weight(37, 200, 16, False, seed=12)
+    x = torch.randn(3, 200, generator=torch.Generator().manual_seed(13))
     out = quant_stream_fwd(x, weight, StreamConfig(block_n=16, block_k=64))
     torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+
+
+def test_default_configs_by_rows():
+    weight = int4_weight(40, 256, 128, True, seed=14)
+    for rows in range(1, STREAM_MAX_ROWS + 1):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(quant_stream_fwd(x, weight), naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+    assert stream_config(1) != stream_config(4)
+
+
+def test_fp8_is_refused_with_the_kernel_that_takes_it():
+    w = torch.randn(40, 352, generator=torch.Generator().manual_seed(7))
+    data, scale = quantize_fp8_block(w, (128, 128))
+    weight = QuantizedWeight("fp8_block", data, scale, None, 40, 352, (128, 128))
+    with pytest.raises(ValueError, match="reads int4 groups, not fp8_block"):
+        quant_stream_fwd(torch.zeros(1, 352), weight)
 
 
 def test_bf16_rows_keep_their_dtype():

@@ -36,6 +36,8 @@ def test_matches_naive(shape, fmt, path):
         out = quant_matmul(x, weight, bias, dense_min_rows=1)
     elif path in ("stream", "cores") and m > 4:
         pytest.skip("the CUDA-core kernels take at most 4 rows")
+    elif path == "stream" and fmt[0] != "int4_group":
+        pytest.skip("the stream kernel reads int4 only")
     else:
         out = quant_matmul_fwd(x, weight, kernel=path) + bias
     assert out.shape == (m, n) and not out.isnan().any()
@@ -76,3 +78,15 @@ def test_wrong_input_width_is_named():
     weight = make_weight("int4_group", (1, 32), True, 8, 64, seed=0)
     with pytest.raises(ValueError, match="x has 48 input features but the weight expects 64"):
         quant_matmul(torch.zeros(2, 48), weight)
+
+
+@pytest.mark.parametrize("method,symmetric,rows,kernel", [
+    ("int4_group", True, 1, "stream"), ("int4_group", False, 4, "stream"), ("int4_group", True, 8, "m_major"),
+    ("int4_group", False, 16, "swap_ab"), ("fp8_block", True, 2, "cores"), ("fp8_block", True, 3, "m_major"),
+    ("fp8_block", True, 64, "m_major")])
+def test_pick_kernel_follows_the_measured_rule(method, symmetric, rows, kernel):
+    from headroom.kernels.quant_matmul import pick_kernel
+
+    block = (1, 32) if method == "int4_group" else (16, 32)
+    weight = make_weight(method, block, symmetric, 16, 64, seed=1)
+    assert pick_kernel(torch.zeros(rows, 64), weight) == kernel

@@ -216,4 +216,4 @@ def test_the_gil_switch_interval_is_set_from_the_flag(monkeypatch):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     apply_gil_switch(parser.parse_args([]).gil_switch_ms)
-    assert calls == [0.0005, GIL_SWITCH_MS / 1000] and GIL_SWITCH_MS < 5
+    assert calls == [0.0005, GIL_SWITCH_MS / 1000]
