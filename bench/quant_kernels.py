@@ -51,25 +51,34 @@ def bench_us(fn, copies: list, iters: int = 20) -> float:
     return (time.perf_counter() - start) / iters / len(copies) * 1e6
 
 
-# The stream kernel's configurations timed at one and four rows (int4 symmetric, every shape): which default
-# to ship is measured, not guessed. Tiles of 256 and 512 inputs span two and four groups of 128.
-SWEEP_CONFIGS = [(64, 128, 4, 3, 2)] + [(bn, bk, 4, 3, pps) for bn in (16, 32, 64, 128) for bk in (128, 256, 512)
-                                        for pps in (1, 2) if (bn, bk, pps) != (64, 128, 2)] \
-    + [(128, 64, 4, 3, 2), (64, 128, 8, 3, 2), (64, 256, 4, 4, 1), (32, 512, 4, 2, 1), (32, 256, 4, 5, 1)]
+# Candidate configurations of the stream kernel (block_n, block_k, num_warps, num_stages, programs_per_sm,
+# unroll), timed at one and four rows on every shape (int4 symmetric) beside the default for that bucket: the
+# earlier sweeps' best totals, and the K loop unrolled (session 8 call C: every configuration streamed about
+# 0.8 TB/s, as if each tile waited for its load).
+SWEEP_CONFIGS = [(16, 512, 4, 3, 2, False), (32, 512, 4, 3, 1, False), (64, 128, 4, 3, 1, False),
+                 (16, 256, 4, 3, 2, False), (16, 512, 4, 3, 2, True), (32, 512, 4, 3, 1, True),
+                 (64, 128, 4, 3, 2, True), (64, 256, 4, 3, 1, True), (32, 256, 4, 3, 2, True),
+                 (128, 64, 4, 3, 2, True), (16, 256, 4, 3, 1, True), (32, 128, 4, 3, 1, True)]
+# A shape gets a table entry only where its best candidate beats the default by this much (timing noise).
+TABLE_MARGIN = 0.03
 
 
 def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator, save=lambda partial: None) -> dict:
-    """Microseconds of each stream configuration per (format, shape, rows), the best per case, and the
-    configuration with the least total time over the shapes (per format and rows). save(rows so far) after
-    each shape, so that a run cut short keeps what it timed."""
-    from headroom.kernels.quant_gemv import StreamConfig, quant_stream_fwd
+    """Microseconds of the default and each candidate configuration per (shape, rows 1 and 4), and the table
+    kernels/quant_gemv_tuned_configs.json ships from them: per shape and row bucket, the fastest candidate where
+    it beats the default by TABLE_MARGIN. save(result so far) after each shape, so a run cut short keeps it."""
+    from dataclasses import astuple
+
+    from headroom.kernels.quant_gemv import StreamConfig, default_config, quant_stream_fwd
 
     rows_out: list[dict] = []
-    for (fmt, name), copies in weights_by_shape.items():
-        k = copies[0].in_features
+    table: list[dict] = []
+    for (_fmt, name), copies in weights_by_shape.items():
+        n, k = copies[0].out_features, copies[0].in_features
         for m in (1, 4):
             x = torch.randn(m, k, device=dev, generator=gen).bfloat16()
-            for cfg in SWEEP_CONFIGS:
+            timed: dict[tuple, float] = {}
+            for cfg in [astuple(default_config(m))] + SWEEP_CONFIGS:
                 config = StreamConfig(*cfg)
                 try:
                     us = bench_us(lambda w, x=x, config=config: quant_stream_fwd(x, w, config), copies, iters=10)
@@ -77,27 +86,32 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
                     us, error = None, f"{type(exc).__name__}: {str(exc)[:120]}"
                 else:
                     error = None
-                rows_out.append({"format": fmt, "shape": name, "M": m, "config": cfg, "us": us, "error": error})
-        save(rows_out)
-    best: dict = {}
-    for fmt in {r["format"] for r in rows_out}:
-        for m in (1, 4):
-            cases = [r for r in rows_out if r["format"] == fmt and r["M"] == m]
-            if not cases:
-                continue
-            totals = {cfg: sum(r["us"] for r in cases if r["config"] == cfg) for cfg in SWEEP_CONFIGS
-                      if all(r["us"] is not None for r in cases if r["config"] == cfg)}
-            per_shape = {}
-            for name in {r["shape"] for r in cases}:
-                timed = [r for r in cases if r["shape"] == name and r["us"] is not None]
-                top = min(timed, key=lambda r: r["us"])
-                default = next(r["us"] for r in timed if r["config"] == SWEEP_CONFIGS[0]) if timed else None
-                per_shape[name] = {"config": top["config"], "us": top["us"], "first_config_us": default}
-            overall = min(totals, key=totals.get) if totals else None
-            best[f"{fmt}_m{m}"] = {"overall": overall, "overall_total_us": totals.get(overall),
-                                   "per_shape": per_shape}
-    return {"fields": "config = (block_n, block_k, num_warps, num_stages, programs_per_sm)", "best": best,
-            "rows": rows_out}
+                    timed[cfg] = us
+                rows_out.append({"shape": name, "M": m, "config": cfg, "us": us, "error": error})
+            default_us = timed.get(astuple(default_config(m)))
+            best = min(timed, key=timed.get) if timed else None
+            if best is not None and default_us is not None and timed[best] < (1 - TABLE_MARGIN) * default_us:
+                table.append({"layer": name, "n": n, "k": k, "m": m, "us": round(timed[best], 2),
+                              "default_us": round(default_us, 2),
+                              **dict(zip(("block_n", "block_k", "num_warps", "num_stages", "programs_per_sm",
+                                          "unroll"), best, strict=True))})
+        save({"rows": rows_out, "table": table})
+    return {"fields": "config = (block_n, block_k, num_warps, num_stages, programs_per_sm, unroll); the first "
+                      "row of each (shape, M) is the default", "rows": rows_out, "table": table}
+
+
+def write_stream_table(table: list[dict], out_dir: Path) -> None:
+    """The sweep's table into OUTDIR (to commit) and into this checkout's kernels/, so that the benches after
+    this one in the same call (quant_weights) run it."""
+    from headroom.kernels import quant_gemv
+    from headroom.kernels.tuned_table import table_text
+
+    text = table_text(torch.device("cuda"), table, "H200, python3 bench/quant_kernels.py OUT (stream_sweep): "
+                      "the fastest candidate per shape and row bucket where it beat the default by 3%",
+                      quant_gemv.TUNED_CONFIGS)
+    (out_dir / "quant_gemv_tuned_configs.json").write_text(text)
+    quant_gemv.TUNED_CONFIGS.write_text(text)
+    quant_gemv._tuned = None
 
 
 def main() -> None:
@@ -137,7 +151,7 @@ def main() -> None:
                 scale_ref = float(ref.abs().max())
                 gemm = quant_matmul(x, weight, dense_min_rows=1 << 30)
                 swap = quant_matmul_fwd(x, weight, kernel="swap_ab") if m <= 64 else None
-                cores = quant_matmul_fwd(x, weight, kernel="cores") if m <= 4 else None
+                cores = quant_matmul_fwd(x, weight, kernel="cores") if m <= 4 and fmt == "fp8" else None
                 streams = m <= 4 and weight.method == "int4_group"
                 stream = quant_matmul_fwd(x, weight, kernel="stream") if streams else None
                 major = quant_matmul_fwd(x, weight, kernel="m_major")
@@ -156,7 +170,7 @@ def main() -> None:
                         "swap_ab_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="swap_ab"), copies)
                         if m <= 64 else None,
                         "cores_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="cores"), copies)
-                        if m <= 4 else None,
+                        if cores is not None else None,
                         "stream_us": bench_us(lambda w, x=x: quant_matmul_fwd(x, w, kernel="stream"), copies)
                         if streams else None,
                         "picked": pick_kernel(x, weight),
@@ -172,12 +186,13 @@ def main() -> None:
         torch.cuda.empty_cache()
         Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
     if os.environ.get("QUANT_KERNELS_SWEEP", "1") == "1":
-        def save(rows_so_far: list) -> None:
-            out["stream_sweep"] = {"partial_rows": rows_so_far}
+        def save(partial: dict) -> None:
+            out["stream_sweep"] = {"partial": partial}
             Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+            write_stream_table(partial["table"], Path(sys.argv[1]).parent)
 
         out["stream_sweep"] = stream_sweep(sweep_weights, dev, gen, save)
-        print(json.dumps(out["stream_sweep"]["best"]), flush=True)
+        print(json.dumps(out["stream_sweep"]["table"]), flush=True)
     del sweep_weights
     bad = [c for c in out["cases"] if not c["dequantize_exact"] or
            max(c["gemm_max_abs_err"], c["m_major_max_abs_err"], c["swap_ab_max_abs_err"] or 0.0,

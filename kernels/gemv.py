@@ -9,7 +9,6 @@ with the configuration that did; tuned_gemv runs those and returns None for ever
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,12 +105,7 @@ def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
 
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int], GemvConfig]:
     """The shipped table's entries for this GPU and Triton version (none for another version: timings differ)."""
-    from headroom.kernels.gdn_fla import gpu_name
+    from headroom.kernels.tuned_table import entries_for
 
-    if device.type != "cuda" or not TUNED_CONFIGS.exists():
-        return {}
-    entry = json.loads(TUNED_CONFIGS.read_text()).get(gpu_name(device), {})
-    if entry.get("triton") != triton.__version__:
-        return {}
     return {(c["n"], c["k"], c["m"]): GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"],
-                                                  c["num_stages"]) for c in entry.get("configs", [])}
+                                                  c["num_stages"]) for c in entries_for(TUNED_CONFIGS, device)}

@@ -20,6 +20,7 @@ faster than this layout did (bench/results/session8/callB_quant_kernels.json).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -40,14 +41,38 @@ class StreamConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int = 2
+    # Unroll the K loop (a variant compiled per K range): every tile's load can be issued before the first
+    # tile's arithmetic, instead of the pipeliner's few stages.
+    unroll: bool = False
 
 
-def stream_config(rows: int) -> StreamConfig:
-    """The configuration for this many rows: the best total over the 4B shapes in the H200 sweep
-    (bench/quant_kernels.py's stream_sweep; bench/results/session8/callB_quant_kernels.json): 64 x 128 tiles for
-    one or two rows (27.0 us over three shapes against 27.5 for the next), 128 x 64 for three or four (40.5 us
-    against 47.6 with 64 x 128), two programs per SM before K is split."""
-    return StreamConfig() if rows <= 2 else StreamConfig(block_n=128, block_k=64)
+TUNED_CONFIGS = Path(__file__).with_name("quant_gemv_tuned_configs.json")
+# (out_features, in_features, rows bucket 1 or 4) -> config, for this process's GPU; loaded on first use.
+_tuned: dict[tuple[int, int, int], StreamConfig] | None = None
+
+
+def rows_bucket(rows: int) -> int:
+    """Tables and defaults are per bucket: 1-2 rows (timed at 1) and 3-4 (timed at 4)."""
+    return 1 if rows <= 2 else 4
+
+
+def default_config(rows: int) -> StreamConfig:
+    """Where no table entry holds: the best total over the 4B shapes in the H200 sweeps (bench/quant_kernels.py's
+    stream_sweep; bench/results/session8/callB_quant_kernels.json, callC_quant_kernels.json): 64 x 128 tiles for
+    one or two rows, 128 x 64 for three or four (40.0 us over three shapes, the best of 29 configurations)."""
+    return StreamConfig() if rows_bucket(rows) == 1 else StreamConfig(block_n=128, block_k=64)
+
+
+def stream_config(n: int, k: int, rows: int, device: torch.device) -> StreamConfig:
+    """The shipped table's configuration for this GPU, shape and row bucket, else default_config(rows)."""
+    global _tuned
+    if _tuned is None:
+        from headroom.kernels.tuned_table import entries_for
+
+        _tuned = {(c["n"], c["k"], c["m"]): StreamConfig(c["block_n"], c["block_k"], c["num_warps"], c["num_stages"],
+                                                         c["programs_per_sm"], c["unroll"])
+                  for c in entries_for(TUNED_CONFIGS, device)}
+    return _tuned.get((n, k, rows_bucket(rows))) or default_config(rows)
 
 
 @triton.jit
@@ -103,13 +128,26 @@ def _group_params(s, z, o_n, m_n, k0, o_w, K, stride_sn, stride_zn, HAS_ZERO: tl
 
 
 @triton.jit
+def _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k0, k_hi, stride_xm, stride_wn, stride_sn, stride_zn,
+               HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One tile's scaled partial sums per (row of x, weight row, word lane); columns at or past k_hi (the
+    split's end) count as absent, so a tile starting there adds zeros."""
+    b_dot, b_xsum = _int4_tile(w, o_n, m_n, o_m, m_m, x, stride_xm, stride_wn, k0, k_hi, BLOCK_K)
+    b_s, b_zero = _group_params(s, z, o_n, m_n & (o_n * 0 + k0 < k_hi), k0, k0 // 8 + tl.arange(0, BLOCK_K // 8), k_hi,
+                                stride_sn, stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
+    return (b_dot - b_zero[None, :, :] * b_xsum[:, None, :]) * b_s[None, :, :]
+
+
+@triton.jit
 def quant_stream_kernel(
     x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
     num_splits, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    K_TILES: tl.constexpr,
 ):
     """Program (n, s): rows o_n of the output against split s's K range, every row of x at once. One partial
-    sum per (row, word lane), reduced once at the end."""
+    sum per (row, word lane), reduced once at the end. K_TILES > 0: the K loop unrolled into that many tiles
+    (those past the split's end load nothing)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = tl.arange(0, BLOCK_M)
@@ -118,11 +156,14 @@ def quant_stream_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     b_acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], dtype=tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        b_dot, b_xsum = _int4_tile(w, o_n, m_n, o_m, m_m, x, stride_xm, stride_wn, k0, K, BLOCK_K)
-        b_s, b_zero = _group_params(s, z, o_n, m_n, k0, k0 // 8 + tl.arange(0, BLOCK_W), K, stride_sn, stride_zn,
-                                    HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
-        b_acc += (b_dot - b_zero[None, :, :] * b_xsum[:, None, :]) * b_s[None, :, :]
+    if K_TILES > 0:
+        for i in tl.static_range(K_TILES):
+            b_acc += _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k_lo + i * BLOCK_K, k_hi, stride_xm, stride_wn,
+                                stride_sn, stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
+    else:
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            b_acc += _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k0, k_hi, stride_xm, stride_wn, stride_sn,
+                                stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
     offsets = o_m[:, None] * N + o_n[None, :]
     _finish_split(tl.sum(b_acc, axis=2), o + o_m[:, None] * stride_om + o_n[None, :], ws, counters, i_n, offsets,
                   m_m[:, None] & m_n[None, :], num_splits, i_s, M * N, SPLIT)
@@ -145,7 +186,7 @@ def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamCon
     """x [M, K] (contiguous rows, M <= STREAM_MAX_ROWS) @ the dequantized weight.T -> [M, N] in x's dtype;
     config None: stream_config(M)."""
     m, k = x.shape
-    config = config or stream_config(m)
+    config = config or stream_config(weight.out_features, k, m, x.device)
     if weight.method != "int4_group":
         raise ValueError(f"the stream kernel reads int4 groups, not {weight.method} (quant_matmul's cores kernel "
                          "streams fp8 faster)")
@@ -165,6 +206,6 @@ def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamCon
         stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=triton.next_power_of_2(m),
         HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO, SCALE_BK=weight.block[1],
         BLOCK_N=config.block_n, BLOCK_K=block_k, SPLIT=split > 1, NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps,
+        K_TILES=k_per_split // block_k if config.unroll else 0, num_warps=config.num_warps,
     )
     return out

@@ -95,9 +95,8 @@ def quant_gemv_fwd_kernel(
 ):
     """Decode rows (M <= BLOCK_M) against BLOCK_N weight rows a program.
     USE_MMA ("swap AB"): out.T = W @ x.T, the weight tile the MMA's wide A operand, loaded as stored (K
-    contiguous), the few rows of x its narrow B operand. Otherwise ("cores", M <= 4) no MMA: each weight tile is
-    decoded once in registers and dotted with every row on the CUDA cores; int4 words stay [BLOCK_N, BLOCK_K / 8]
-    and unpack along a trailing axis of 8, matched by x read as [BLOCK_K / 8, 8], so no reshape moves data."""
+    contiguous), the few rows of x its narrow B operand. Otherwise ("cores", fp8, M <= 4) no MMA: each weight
+    tile is converted once in registers and dotted with every row on the CUDA cores."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = tl.arange(0, BLOCK_M)
@@ -114,8 +113,8 @@ def quant_gemv_fwd_kernel(
                                     HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_K)
             b_acc += tl.dot(b_w, b_xt, out_dtype=tl.float32) * b_s[:, None]
         else:
-            b_acc += _cores_tile(x, w, s, z, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, stride_zn,
-                                 IS_INT4, HAS_ZERO, ZERO, SCALE_BN, SCALE_BK, BLOCK_M, BLOCK_K)
+            b_acc += _cores_tile(x, w, s, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, SCALE_BN,
+                                 SCALE_BK, BLOCK_M, BLOCK_K)
     offsets = o_m[None, :] * N + o_n[:, None]
     _finish_split(b_acc, o + o_m[None, :] * stride_om + o_n[:, None], ws, counters, i_n, offsets,
                   m_n[:, None] & m_m[None, :], num_splits, i_s, M * N, SPLIT)
@@ -123,39 +122,21 @@ def quant_gemv_fwd_kernel(
 
 @triton.jit
 def _cores_tile(
-    x, w, s, z, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, stride_zn, IS_INT4: tl.constexpr,
-    HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    x, w, s, o_n, m_n, o_m, k0, M, K, stride_xm, stride_wn, stride_sn, SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """[BLOCK_N, BLOCK_M] fp32: weight rows o_n, columns k0..k0+BLOCK_K, against each row of x, on CUDA cores."""
+    """[BLOCK_N, BLOCK_M] fp32: fp8 weight rows o_n, columns k0..k0+BLOCK_K, against each row of x, on CUDA cores
+    (int4 takes kernels/quant_gemv.py, which decodes codes without conversions)."""
     b_part = tl.zeros([o_n.shape[0], BLOCK_M], dtype=tl.float32)
     m_g = m_n & (o_n * 0 + k0 < K)
-    if IS_INT4:
-        o_kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        b_p = tl.load(w + o_n[:, None] * stride_wn + o_kw[None, :], mask=m_n[:, None] & (o_kw < tl.cdiv(K, 8))[None, :],
-                      other=0)
-        b_q = (b_p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
-        if HAS_ZERO:
-            b_zp = tl.load(z + (o_n // 8) * stride_zn + k0 // SCALE_BK, mask=m_g, other=0)
-            b_zero = (b_zp >> ((o_n % 8) * 4)) & 0xF
-        else:
-            b_zero = tl.full(o_n.shape, ZERO, dtype=tl.int32)
-        b_w = (b_q - b_zero[:, None, None]).to(tl.float32)
-        b_s = tl.load(s + o_n * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-        o_k = (o_kw * 8)[:, None] + tl.arange(0, 8)[None, :]
-        for m in tl.static_range(BLOCK_M):
-            b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
-            part = tl.sum(tl.sum(b_w * b_x[None, :, :], 2), 1) * b_s
-            b_part += tl.where((o_m == m)[None, :], part[:, None], 0.0)
-    else:
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_n[:, None] & (o_k < K)[None, :],
-                      other=0.0).to(tl.float32)
-        b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
-            part = tl.sum(b_w * b_x[None, :], 1) * b_s
-            b_part += tl.where((o_m == m)[None, :], part[:, None], 0.0)
+    o_k = k0 + tl.arange(0, BLOCK_K)
+    b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :], mask=m_n[:, None] & (o_k < K)[None, :],
+                  other=0.0).to(tl.float32)
+    b_s = tl.load(s + (o_n // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=m_g, other=0.0).to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        b_x = tl.load(x + m * stride_xm + o_k, mask=(o_k < K) & (o_k * 0 + m < M), other=0.0).to(tl.float32)
+        part = tl.sum(b_w * b_x[None, :], 1) * b_s
+        b_part += tl.where((o_m == m)[None, :], part[:, None], 0.0)
     return b_part
 
 
@@ -279,6 +260,8 @@ def quant_matmul_fwd(x: torch.Tensor, weight: QuantizedWeight, kernel: str | Non
         return quant_stream_fwd(x, weight)
     programs_per_sm = _PROGRAMS_PER_SM
     if kernel == "cores":
+        if weight.method != "fp8_block":
+            raise ValueError("the CUDA-core kernel reads fp8 blocks; int4 rows take the stream kernel")
         if m > CORES_MAX_ROWS:
             raise ValueError(f"the CUDA-core kernel takes at most {CORES_MAX_ROWS} rows, got {m}")
         block_m, block_n = triton.next_power_of_2(m), 32

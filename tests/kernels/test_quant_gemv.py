@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.quant_gemv import STREAM_MAX_ROWS, StreamConfig, quant_stream_fwd, stream_config
+from headroom.kernels.quant_gemv import (
+    STREAM_MAX_ROWS,
+    StreamConfig,
+    default_config,
+    quant_stream_fwd,
+    stream_config,
+)
 from headroom.kernels.quant_matmul import _COUNTERS
 from headroom.kernels.quant_pack import quantize_fp8_block, quantize_int4_group
 from headroom.kernels.quant_weight import QuantizedWeight, naive_quant_linear
@@ -67,7 +73,43 @@ def test_default_configs_by_rows():
     for rows in range(1, STREAM_MAX_ROWS + 1):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
         torch.testing.assert_close(quant_stream_fwd(x, weight), naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
-    assert stream_config(1) != stream_config(4)
+    cpu = torch.device("cpu")
+    assert stream_config(40, 256, 1, cpu) == default_config(2) != default_config(3) == stream_config(40, 256, 4, cpu)
+
+
+@pytest.mark.parametrize("config", [StreamConfig(block_n=16, block_k=64, unroll=True),
+                                    StreamConfig(block_n=16, block_k=32, programs_per_sm=64, unroll=True),
+                                    StreamConfig(block_n=32, block_k=64, unroll=True)], ids=str)
+@pytest.mark.parametrize("group,symmetric", [(32, False), (64, True)])
+def test_unrolled_k_loop_matches_naive(config, group, symmetric):
+    """The K loop unrolled: one split whose last tiles start past K (200 columns in tiles of 64), and many splits
+    of one or two tiles; the result is the same."""
+    weight = int4_weight(37, 200, group, symmetric, seed=15)
+    x = torch.randn(2, 200, generator=torch.Generator().manual_seed(16))
+    out = quant_stream_fwd(x, weight, config)
+    torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+def test_the_shipped_table_holds_for_its_gpu_and_triton_version(tmp_path, monkeypatch):
+    import json
+
+    import triton
+    from headroom.kernels import gdn_fla, quant_gemv
+
+    table = tmp_path / "table.json"
+    entry = {"n": 8, "k": 64, "m": 4, "block_n": 16, "block_k": 512, "num_warps": 8, "num_stages": 2,
+             "programs_per_sm": 1, "unroll": True}
+    table.write_text(json.dumps({"NVIDIA_H200": {"triton": triton.__version__, "configs": [entry]}}))
+    monkeypatch.setattr(quant_gemv, "TUNED_CONFIGS", table)
+    monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "NVIDIA_H200")
+    cuda = torch.device("cuda")
+    for rows, expected in ((3, StreamConfig(16, 512, 8, 2, 1, True)), (1, default_config(1))):
+        monkeypatch.setattr(quant_gemv, "_tuned", None)
+        assert stream_config(8, 64, rows, cuda) == expected
+    table.write_text(json.dumps({"NVIDIA_H200": {"triton": "0.0.1", "configs": [entry]}}))
+    monkeypatch.setattr(quant_gemv, "_tuned", None)
+    assert stream_config(8, 64, 4, cuda) == default_config(4)  # another Triton version's timings
 
 
 def test_fp8_is_refused_with_the_kernel_that_takes_it():

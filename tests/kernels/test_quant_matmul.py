@@ -38,6 +38,8 @@ def test_matches_naive(shape, fmt, path):
         pytest.skip("the CUDA-core kernels take at most 4 rows")
     elif path == "stream" and fmt[0] != "int4_group":
         pytest.skip("the stream kernel reads int4 only")
+    elif path == "cores" and fmt[0] != "fp8_block":
+        pytest.skip("the CUDA-core kernel reads fp8 only")
     else:
         out = quant_matmul_fwd(x, weight, kernel=path) + bias
     assert out.shape == (m, n) and not out.isnan().any()
@@ -90,3 +92,9 @@ def test_pick_kernel_follows_the_measured_rule(method, symmetric, rows, kernel):
     block = (1, 32) if method == "int4_group" else (16, 32)
     weight = make_weight(method, block, symmetric, 16, 64, seed=1)
     assert pick_kernel(torch.zeros(rows, 64), weight) == kernel
+
+
+def test_each_cuda_core_kernel_refuses_the_other_format():
+    int4 = make_weight("int4_group", (1, 32), True, 8, 64, seed=0)
+    with pytest.raises(ValueError, match="reads fp8 blocks; int4 rows take the stream kernel"):
+        quant_matmul_fwd(torch.zeros(1, 64), int4, kernel="cores")
