@@ -70,6 +70,7 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
     from dataclasses import astuple
 
     from headroom.kernels.quant_gemv import StreamConfig, default_config, quant_stream_fwd
+    from headroom.kernels.quant_weight import naive_dequantize
 
     rows_out: list[dict] = []
     table: list[dict] = []
@@ -77,17 +78,23 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
         n, k = copies[0].out_features, copies[0].in_features
         for m in (1, 4):
             x = torch.randn(m, k, device=dev, generator=gen).bfloat16()
+            ref = x.float() @ naive_dequantize(copies[0]).t()
             timed: dict[tuple, float] = {}
             for cfg in [astuple(default_config(m))] + SWEEP_CONFIGS:
                 config = StreamConfig(*cfg)
+                err = None
                 try:
+                    err = float((quant_stream_fwd(x, copies[0], config).float() - ref).abs().max())
                     us = bench_us(lambda w, x=x, config=config: quant_stream_fwd(x, w, config), copies, iters=10)
                 except Exception as exc:  # a configuration the compiler rejects (registers, shared memory)
                     us, error = None, f"{type(exc).__name__}: {str(exc)[:120]}"
                 else:
                     error = None
-                    timed[cfg] = us
-                rows_out.append({"shape": name, "M": m, "config": cfg, "us": us, "error": error})
+                    # A configuration is a candidate only if it computes the same product (bf16 output rounding).
+                    if err <= 2e-2 * float(ref.abs().max()):
+                        timed[cfg] = us
+                rows_out.append({"shape": name, "M": m, "config": cfg, "us": us, "max_abs_err": err,
+                                 "ref_abs_max": float(ref.abs().max()), "error": error})
             default_us = timed.get(astuple(default_config(m)))
             best = min(timed, key=timed.get) if timed else None
             if best is not None and default_us is not None and timed[best] < (1 - TABLE_MARGIN) * default_us:
