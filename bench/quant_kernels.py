@@ -61,6 +61,9 @@ SWEEP_CONFIGS = [(16, 512, 4, 3, 2, False), (32, 512, 4, 3, 1, False), (64, 128,
                  (128, 64, 4, 3, 2, True), (16, 256, 4, 3, 1, True), (32, 128, 4, 3, 1, True)]
 # A shape gets a table entry only where its best candidate beats the default by this much (timing noise).
 TABLE_MARGIN = 0.03
+# Seconds the sweep may take (QUANT_KERNELS_SWEEP_S): candidates after that are recorded as skipped, so that
+# the rows and the table so far are saved inside the part's limit.
+SWEEP_SECONDS = float(os.environ.get("QUANT_KERNELS_SWEEP_S", "90"))
 
 
 def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator, save=lambda partial: None) -> dict:
@@ -74,6 +77,7 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
 
     rows_out: list[dict] = []
     table: list[dict] = []
+    deadline = time.perf_counter() + SWEEP_SECONDS
     for (_fmt, name), copies in weights_by_shape.items():
         n, k = copies[0].out_features, copies[0].in_features
         for m in (1, 4):
@@ -83,6 +87,9 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
             for cfg in [astuple(default_config(m))] + SWEEP_CONFIGS:
                 config = StreamConfig(*cfg)
                 err = None
+                if time.perf_counter() > deadline:
+                    rows_out.append({"shape": name, "M": m, "config": cfg, "us": None, "error": "skipped: time"})
+                    continue
                 try:
                     err = float((quant_stream_fwd(x, copies[0], config).float() - ref).abs().max())
                     us = bench_us(lambda w, x=x, config=config: quant_stream_fwd(x, w, config), copies, iters=10)
