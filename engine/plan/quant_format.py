@@ -6,6 +6,10 @@ Two published formats load:
 - "compressed-tensors" with format "pack-quantized": W4A16 group-wise (llm-compressor): `weight_packed`
   int32 [N, ceil(K/8)], `weight_scale` [N, ceil(K/g)], and for asymmetric schemes `weight_zero_point`
   int32 [ceil(N/8), ceil(K/g)]; w = (q - z) * scale.
+- "gptq" (AutoGPTQ / GPTQModel, 4 bits, groups, no act order): `qweight` int32 [K/8, N] (codes packed along K),
+  `scales` [K/g, N], `qzeros` int32 [K/g, N/8] (packed along N; checkpoint_format "gptq" stores zero - 1,
+  "gptq_v2" the zero itself), optional `g_idx` [K] (the identity grouping only). The loader turns it into the
+  pack-quantized layout above (engine/runtime/gptq_layout.py), so one set of kernels reads both.
 Anything else is refused with the key that made it so.
 """
 
@@ -25,6 +29,15 @@ _CT_GROUP_KEYS = {"targets", "weights", "input_activations", "output_activations
 _CT_WEIGHT_KEYS = {
     "num_bits", "type", "symmetric", "group_size", "strategy", "dynamic", "actorder", "block_structure",
     "observer", "observer_kwargs", "scale_dtype", "zp_dtype",
+}
+# GPTQ configs (transformers' GPTQConfig, AutoGPTQ's and GPTQModel's quantize_config) carry calibration and
+# backend settings beside the layout; these change nothing about how the tensors are read.
+_GPTQ_KEYS = {
+    "quant_method", "bits", "group_size", "desc_act", "sym", "checkpoint_format", "format", "pack_dtype", "lm_head",
+    "dynamic", "modules_in_block_to_quantize", "block_name_to_quantize", "static_groups", "true_sequential",
+    "damp_percent", "damp_auto_increment", "model_name_or_path", "model_file_base_name", "meta", "use_exllama",
+    "exllama_config", "use_cuda_fp16", "backend", "tokenizer", "dataset", "batch_size", "cache_block_outputs",
+    "max_input_length", "model_seqlen", "pad_token_id", "module_name_preceding_first_block", "mse",
 }
 # A checkpoint with a vision tower nests the text model; the engine names it 'model.'.
 _NESTED_TEXT_PREFIX = "model.language_model."
@@ -51,13 +64,17 @@ class WeightQuant:
     ignore: tuple[str, ...] = ()
     # compressed-tensors targets ('Linear' or 're:' regexes); fp8 targets every linear.
     targets: tuple[str, ...] = ("Linear",)
+    # How the checkpoint stores int4 groups: "pack-quantized" (compressed-tensors), or GPTQ's own layout,
+    # "gptq" (zero points stored minus one) or "gptq_v2"; the loader converts GPTQ to pack-quantized.
+    layout: str = "pack-quantized"
 
     @property
     def label(self) -> str:
         """Human-readable format, as the plan report prints it."""
         if self.method == "fp8_block":
             return f"fp8 e4m3, {self.block[0]}x{self.block[1]} blocks"
-        return f"int4 W4A16, group {self.block[1]}, {'symmetric' if self.symmetric else 'asymmetric'}"
+        source = "" if self.layout == "pack-quantized" else f" (GPTQ, {self.layout})"
+        return f"int4 W4A16, group {self.block[1]}, {'symmetric' if self.symmetric else 'asymmetric'}{source}"
 
     def is_quantized(self, module: str) -> bool:
         """Whether the linear module (e.g. 'model.layers.0.mlp.up_proj') is stored quantized."""
@@ -170,6 +187,44 @@ def _compressed_tensors(cfg: dict[str, Any]) -> WeightQuant:
     return WeightQuant("int4_group", (1, group), symmetric, _names(cfg.get("ignore"), "ignore"), tuple(targets))
 
 
+def _gptq(cfg: dict[str, Any]) -> WeightQuant:
+    where = "quantization_config (quant_method 'gptq')"
+    _refuse_unknown(cfg, _GPTQ_KEYS, where)
+    if cfg.get("bits") != 4:
+        raise QuantConfigError(f"quantization_config.bits is {cfg.get('bits')!r}; only 4-bit GPTQ is supported")
+    group = cfg.get("group_size")
+    if not isinstance(group, int) or group <= 0 or group % 8:
+        raise QuantConfigError(f"quantization_config.group_size must be a positive multiple of 8, got {group!r} "
+                               "(-1, one group per row, is not supported)")
+    if cfg.get("desc_act", False):
+        raise QuantConfigError("quantization_config.desc_act is true; act order (a g_idx permutation of the "
+                               "inputs) is not supported")
+    layout = cfg.get("checkpoint_format", cfg.get("format", "gptq"))
+    if layout not in ("gptq", "gptq_v2"):
+        raise QuantConfigError(f"quantization_config.checkpoint_format is {layout!r}; only 'gptq' and 'gptq_v2' "
+                               "(GPTQ's own packing) are supported")
+    if cfg.get("pack_dtype", "int32") not in ("int32", "torch.int32"):
+        raise QuantConfigError(f"quantization_config.pack_dtype is {cfg['pack_dtype']!r}; only int32 is supported")
+    if cfg.get("dynamic"):
+        raise QuantConfigError(f"quantization_config.dynamic is set ({cfg['dynamic']!r}); per-module overrides "
+                               "are not supported")
+    # GPTQ quantizes the linears inside the decoder blocks (those named, if the config names them), and
+    # lm_head only when it says so.
+    blocks = cfg.get("modules_in_block_to_quantize")
+    if blocks is None:
+        targets = [r"re:model\.layers\.\d+\."]
+    else:
+        if not isinstance(blocks, list) or not all(isinstance(b, list) and all(isinstance(n, str) for n in b)
+                                                   for b in blocks):
+            raise QuantConfigError("quantization_config.modules_in_block_to_quantize must be a list of lists of "
+                                   f"module names, got {blocks!r}")
+        names = "|".join(re.escape(n) for block in blocks for n in block)
+        targets = [rf"re:model\.layers\.\d+\.({names})$"]
+    if cfg.get("lm_head", False):
+        targets.append("lm_head")
+    return WeightQuant("int4_group", (1, group), bool(cfg.get("sym", True)), targets=tuple(targets), layout=layout)
+
+
 def weight_quant_from_config(cfg: dict[str, Any]) -> WeightQuant | None:
     """Parse config.json's quantization_config (top level or a wrapper's text_config); None if absent."""
     quant = cfg.get("quantization_config")
@@ -184,7 +239,9 @@ def weight_quant_from_config(cfg: dict[str, Any]) -> WeightQuant | None:
         return _fp8(quant)
     if method == "compressed-tensors":
         return _compressed_tensors(quant)
+    if method == "gptq":
+        return _gptq(quant)
     raise QuantConfigError(
         f"config.json quantization_config.quant_method {method!r} is not supported; "
-        "supported: 'fp8' (block-wise e4m3) and 'compressed-tensors' (pack-quantized int4)"
+        "supported: 'fp8' (block-wise e4m3), 'compressed-tensors' (pack-quantized int4) and 'gptq' (int4)"
     )

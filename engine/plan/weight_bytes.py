@@ -63,6 +63,9 @@ def quantized_linear_bytes(quant: WeightQuant, n: int, k: int, scale_bytes: int)
     if quant.method == "fp8_block":
         return n * k + -(-n // bn) * -(-k // bk) * 4
     groups = -(-k // bk)
+    if quant.layout != "pack-quantized":
+        # GPTQ stores zero points for symmetric groups too, and g_idx (int32 per input); no weight_shape.
+        return n * -(-k // 8) * 4 + n * groups * scale_bytes + groups * -(-n // 8) * 4 + k * 4
     zero = 0 if quant.symmetric else -(-n // 8) * groups * 4
     # weight_shape: two int64.
     return n * -(-k // 8) * 4 + n * groups * scale_bytes + zero + 16

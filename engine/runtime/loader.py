@@ -39,18 +39,32 @@ def canonical_name(name: str) -> str | None:
     return name
 
 
-def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    """All tensors of the text model, named as in a *ForCausalLM checkpoint ('model.layers.0...', 'lm_head...')."""
+def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device,
+                 quant: WeightQuant | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of the text model, named as in a *ForCausalLM checkpoint ('model.layers.0...', 'lm_head...').
+    quant: the checkpoint's weight quantization; a GPTQ checkpoint's linears are read into the pack-quantized
+    layout (engine/runtime/gptq_layout.py), file by file on the CPU."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in model directory {model_dir}")
     weights: dict[str, torch.Tensor] = {}
+    gptq = quant is not None and quant.layout != "pack-quantized"
     for path in files:
+        tensors = {}
         for name, tensor in load_file(str(path), device="cpu").items():
             if name.startswith(_IGNORED_PREFIXES):
                 continue
             if name.startswith(_NESTED_TEXT_PREFIX):
                 name = "model." + name[len(_NESTED_TEXT_PREFIX):]
+            tensors[name] = tensor
+        if gptq:
+            from headroom.engine.runtime.gptq_layout import GPTQLayoutError, gptq_to_pack_quantized
+
+            try:
+                tensors = gptq_to_pack_quantized(tensors, quant)
+            except GPTQLayoutError as exc:
+                raise WeightError(f"{path.name}: {exc}") from None
+        for name, tensor in tensors.items():
             keep = name.endswith(_QUANT_SUFFIXES) or tensor.dtype == torch.float8_e4m3fn
             weights[name] = tensor.to(device=device) if keep else tensor.to(device=device, dtype=dtype)
     return weights

@@ -87,7 +87,7 @@ class ModelRunner:
             tuned = use_tuned_fla_configs(self.device)
             logger.info("fla kernel configs: %s", f"shipped ones for this GPU ({tuned})" if tuned else "autotuned")
         if tp is None:
-            weights = load_weights(model_dir, self.dtype, self.device)
+            weights = load_weights(model_dir, self.dtype, self.device, mc.weight_quant)
         else:
             weights = load_sharded_weights(model_dir, full_config, self.dtype, self.device, tp.rank, tp.size)
         weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())

@@ -1,7 +1,8 @@
 """Quantized tiny checkpoints and their fp32 references.
 
 INT4 is written by compressed-tensors itself (its min-max qparams and its pack-quantized compressor, module by
-module of the saved checkpoint); FP8 blocks by the project's helper from the published definition. The
+module of the saved checkpoint); FP8 blocks by the project's helper from the published definition; GPTQ by a
+helper here from GPTQ's published quantizer and packing (AutoGPTQ's QuantLinear.pack), not the engine's. The
 reference is transformers on the dequantized weights in fp32, dequantized by the library (INT4) or by the
 definition written out here (FP8), never by the engine's own code."""
 
@@ -92,8 +93,14 @@ def _dequantized(model_dir: Path) -> dict[str, torch.Tensor]:
 
     quant = json.loads((model_dir / "config.json").read_text())["quantization_config"]
     tensors, dense = _tensors(model_dir), {}
+    gptq = quant.get("quant_method") == "gptq"
     for name, tensor in tensors.items():
-        if name.endswith(".weight_packed"):
+        if gptq and name.endswith(".qweight"):
+            module = name.removesuffix(".qweight")
+            dense[module + ".weight"] = gptq_dequantized(tensors, module, quant["checkpoint_format"])
+        elif gptq and name.endswith((".qzeros", ".scales", ".g_idx")):
+            continue
+        elif name.endswith(".weight_packed"):
             module = name.removesuffix(".weight_packed")
             state = {k: tensors[f"{module}.{k}"] for k in ("weight_packed", "weight_scale", "weight_shape",
                                                             "weight_zero_point") if f"{module}.{k}" in tensors}
@@ -124,3 +131,73 @@ def reference_model(model_dir: Path, out: Path):
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     return model
+
+
+def _gptq_quantize(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ's quantizer (its min-max grid, zero included in the range) on [N, K] in groups of GROUP along K:
+    -> codes [N, K], scales [K/GROUP, N], zeros [K/GROUP, N] (the zero points themselves)."""
+    n, k = w.shape
+    groups = w.view(n, k // GROUP, GROUP)
+    xmin, xmax = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+    if symmetric:
+        xmax = torch.maximum(xmin.abs(), xmax)
+        xmin = -xmax
+    scale = ((xmax - xmin) / 15).clamp(min=1e-8)
+    zero = torch.full_like(scale, 8.0) if symmetric else torch.round(-xmin / scale)
+    codes = torch.clamp(torch.round(groups / scale[..., None]) + zero[..., None], 0, 15)
+    return codes.reshape(n, k).to(torch.int64), scale.t().contiguous(), zero.t().to(torch.int64).contiguous()
+
+
+def _gptq_pack(values: torch.Tensor) -> torch.Tensor:
+    """AutoGPTQ's packing of [R, C] 4-bit values along R: word row r holds values 8r..8r+7, value 8r+j in bits
+    4j; wrapped into int32 as its numpy uint32 -> int32 view does."""
+    rows, cols = values.shape
+    words = torch.zeros(rows // 8, cols, dtype=torch.int64)
+    for r in range(rows // 8):
+        for j in range(8):
+            words[r] |= (values[8 * r + j] & 0xF) << (4 * j)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def write_gptq(dense: Path, out: Path, symmetric: bool, checkpoint_format: str = "gptq") -> Path:
+    """A GPTQ checkpoint (4 bits, group 16, no act order) from the published layout: qweight [K/8, N] packed along
+    K, qzeros [K/g, N/8] packed along N (zero - 1 for checkpoint_format 'gptq'), scales [K/g, N], g_idx [K];
+    the linears of the decoder blocks that IGNORE leaves, named in modules_in_block_to_quantize."""
+    from compressed_tensors.utils.match import match_name
+
+    tensors, result, names = _tensors(dense), {}, set()
+    for name, tensor in tensors.items():
+        module = name.removesuffix(".weight")
+        linear = name.endswith(".weight") and tensor.dim() == 2 and name.startswith("model.layers.")
+        if not linear or any(match_name(module, entry) for entry in IGNORE):
+            result[name] = tensor
+            continue
+        names.add(module.split(".", 3)[3])
+        codes, scales, zeros = _gptq_quantize(tensor.float(), symmetric)
+        stored = zeros - 1 if checkpoint_format == "gptq" else zeros
+        result[module + ".qweight"] = _gptq_pack(codes.t())
+        result[module + ".qzeros"] = _gptq_pack(stored.t()).t().contiguous()
+        result[module + ".scales"] = scales.to(tensor.dtype)
+        result[module + ".g_idx"] = (torch.arange(tensor.shape[1]) // GROUP).to(torch.int32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in result.items()}, str(out / "model.safetensors"))
+    config = json.loads((dense / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": symmetric,
+        "checkpoint_format": checkpoint_format, "true_sequential": True, "damp_percent": 0.01, "lm_head": False,
+        "modules_in_block_to_quantize": [sorted(names)],
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def gptq_dequantized(tensors: dict[str, torch.Tensor], module: str, checkpoint_format: str) -> torch.Tensor:
+    """The published dequantization of one GPTQ linear: scales[g_idx] * (code - zero[g_idx]), [N, K] fp32."""
+    qweight, qzeros = tensors[module + ".qweight"].long() & 0xFFFFFFFF, tensors[module + ".qzeros"].long() & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, 4)
+    codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, qweight.shape[1])  # [K, N]
+    zeros = ((qzeros[:, :, None] >> shifts[None, None, :]) & 0xF).reshape(qzeros.shape[0], -1)  # [K/g, N]
+    if checkpoint_format == "gptq":
+        zeros = zeros + 1
+    g_idx = tensors[module + ".g_idx"].long()
+    return (tensors[module + ".scales"].float()[g_idx] * (codes - zeros[g_idx]).float()).t().contiguous()

@@ -12,7 +12,7 @@ from headroom.engine.plan.presets import preset_config
 from headroom.engine.plan.report import render_plan
 from headroom.engine.runtime.quant_checkpoint import fp8_block_config, int4_pack_config
 
-from tests.engine.quant_checkpoints import build_dense, write_fp8, write_int4
+from tests.engine.quant_checkpoints import build_dense, write_fp8, write_gptq, write_int4
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,11 @@ def checkpoints(tmp_path_factory):
     dense = build_dense("qwen3_5", root / "dense")
     return {"dense": dense, "fp8": write_fp8(dense, root / "fp8", (16, 32)),
             "int4-sym": write_int4(dense, root / "int4s", symmetric=True),
-            "int4-asym": write_int4(dense, root / "int4a", symmetric=False)}
+            "int4-asym": write_int4(dense, root / "int4a", symmetric=False),
+            "gptq": write_gptq(dense, root / "gptq", symmetric=True)}
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8", "int4-sym", "int4-asym"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8", "int4-sym", "int4-asym", "gptq"])
 def test_shape_estimate_equals_the_headers(checkpoints, fmt):
     """The config.json-only estimate (what a ConfigMap plans with) is exact on a dense-MLP hybrid."""
     model_dir = checkpoints[fmt]
@@ -38,6 +39,8 @@ def test_shape_estimate_equals_the_headers(checkpoints, fmt):
 def test_quantized_checkpoints_are_smaller_and_the_plan_says_the_format(checkpoints):
     sizes = {fmt: load_geometry(path).total_weight_bytes() for fmt, path in checkpoints.items()}
     assert sizes["int4-sym"] < sizes["int4-asym"] < sizes["fp8"] < sizes["dense"]
+    assert sizes["int4-sym"] < sizes["gptq"] < sizes["fp8"]  # GPTQ keeps zero points and g_idx
+    assert load_geometry(checkpoints["gptq"]).weight_format == "int4 W4A16, group 16, symmetric (GPTQ, gptq)"
     plan = make_plan(PlanRequest(geometry=load_geometry(checkpoints["int4-asym"]), gpu_memory_bytes=2 * 1024**3,
                                  targets=Targets(context_length=4096, max_running_requests=2)))
     assert plan.weight_format == "int4 W4A16, group 16, asymmetric"

@@ -93,7 +93,7 @@ def test_wrong_weight_shape_is_named(checkpoints, tmp_path):
     ("fp8", lambda q: q.update(weight_block_size=[128]), "weight_block_size must be two positive multiples of 16"),
     ("fp8", lambda q: q.update(activation_scheme="static"), "activation_scheme is 'static'"),
     ("fp8", lambda q: q.update(fmt="e5m2"), "fmt is 'e5m2'"),
-    ("fp8", lambda q: q.update(quant_method="gptq"), "quant_method 'gptq' is not supported"),
+    ("fp8", lambda q: q.update(quant_method="awq"), "quant_method 'awq' is not supported"),
     ("int4", lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=8), r"weights\.num_bits is 8"),
     ("int4", lambda q: q["config_groups"]["group_0"]["weights"].update(actorder="group"), "actorder is 'group'"),
     ("int4", lambda q: q["config_groups"]["group_0"].update(input_activations={"num_bits": 8}), "input_activations is set"),

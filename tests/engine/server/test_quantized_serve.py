@@ -1,6 +1,6 @@
 """Quantized checkpoints served over HTTP (the path of `headroom serve`): greedy tokens equal transformers
 running the dequantized weights in fp32, for Qwen3.5 and Qwen3-Next in block FP8 and INT4 (symmetric and
-asymmetric, written by compressed-tensors)."""
+asymmetric, written by compressed-tensors), and Qwen3.5 in GPTQ's own layout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.client.engine_process import EngineProcess
-from tests.engine.quant_checkpoints import build_dense, reference_model, write_fp8, write_int4
+from tests.engine.quant_checkpoints import build_dense, reference_model, write_fp8, write_gptq, write_int4
 from tests.engine.server_fixtures import running_server
 
 FORMATS = {
@@ -17,6 +17,8 @@ FORMATS = {
     "fp8-16x32": lambda dense, out: write_fp8(dense, out, (16, 32)),
     "int4-sym": lambda dense, out: write_int4(dense, out, symmetric=True),
     "int4-asym": lambda dense, out: write_int4(dense, out, symmetric=False),
+    "gptq-sym": lambda dense, out: write_gptq(dense, out, symmetric=True),
+    "gptq-asym-v2": lambda dense, out: write_gptq(dense, out, symmetric=False, checkpoint_format="gptq_v2"),
 }
 PROMPT = [int(t) for t in torch.randint(0, 259, (29,), generator=torch.Generator().manual_seed(5))]
 NEW_TOKENS = 12
@@ -43,7 +45,9 @@ def _completion(base_url: str) -> list[int]:
 
 
 # The published 128x128 FP8 block is one block on these tiny layers: served once; 16x32 blocks for both models.
-CASES = [("qwen3_5", fmt) for fmt in FORMATS] + [("qwen3_next", fmt) for fmt in FORMATS if fmt != "fp8-128x128"]
+# GPTQ on the dense-MLP hybrid (its experts would be named one by one in modules_in_block_to_quantize).
+CASES = [("qwen3_5", fmt) for fmt in FORMATS] + [("qwen3_next", fmt) for fmt in FORMATS
+                                                 if fmt != "fp8-128x128" and not fmt.startswith("gptq")]
 
 
 @pytest.mark.parametrize(("kind", "fmt"), CASES)
