@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,30 +67,38 @@ def service_url(cluster: LocalCluster, service: str = NAME) -> str:
     return f"http://{out.strip()}"
 
 
-def complete(url: str, prompt: str, max_tokens: int = 8) -> dict[str, Any]:
-    """One /v1/completions answer through the Service; raises on any HTTP error."""
-    rsp = httpx.post(f"{url}/v1/completions", json={"model": MODEL_FOLDER, "prompt": prompt, "max_tokens": max_tokens,
-                     "temperature": 0, "ignore_eos": True}, timeout=60, trust_env=False)
-    rsp.raise_for_status()
-    return dict(rsp.json())
-
-
-def served_plan(url: str, settle_s: float = 15.0) -> dict[str, Any]:
-    """The plan the engine behind `url` runs (its /plan endpoint). Connections refused or reset are retried for
-    up to settle_s: right after a promotion or a rollback the Service's selector moves to the new revision, and
-    the node agent (as kube-proxy) routes to it on its next sync; until then a connection finds no ready
-    endpoint and is reset (seen once in four clean-clone runs). An HTTP error status is not retried."""
+def _settled(send: Callable[[], httpx.Response], retry_on: type[Exception], settle_s: float) -> httpx.Response:
+    """send(), retried on retry_on for up to settle_s. A Service the operator has just created (or whose selector
+    it has just moved to another revision) is routed by the node agent, as by kube-proxy, on its next sync: until
+    then its clusterIP refuses connections, or resets them for want of a ready endpoint. An HTTP error status is
+    an answer and is not retried."""
     deadline = time.monotonic() + settle_s
     while True:
         try:
-            rsp = httpx.get(f"{url}/plan", timeout=30, trust_env=False)
+            rsp = send()
             break
-        except httpx.TransportError:
+        except retry_on:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.25)
     rsp.raise_for_status()
-    return dict(rsp.json())
+    return rsp
+
+
+def complete(url: str, prompt: str, max_tokens: int = 8, settle_s: float = 15.0) -> dict[str, Any]:
+    """One /v1/completions answer through the Service; raises on any HTTP error. Only a refused connection is
+    retried (nothing was sent; a reset one might have been answered), seen once on a clean clone right after the
+    Service was created."""
+    body = {"model": MODEL_FOLDER, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return dict(_settled(lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=60, trust_env=False),
+                         httpx.ConnectError, settle_s).json())
+
+
+def served_plan(url: str, settle_s: float = 15.0) -> dict[str, Any]:
+    """The plan the engine behind `url` runs (its /plan endpoint); refused or reset connections are retried (a
+    reset seen once in four clean-clone runs right after a rollback)."""
+    return dict(_settled(lambda: httpx.get(f"{url}/plan", timeout=30, trust_env=False), httpx.TransportError,
+                         settle_s).json())
 
 
 def shorter_context_args(spec: dict[str, Any], context_length: int) -> list[str]:
