@@ -20,6 +20,7 @@ class EngineConfig:
     replay CUDA graphs (engine/runtime/decode_graphs.py); None = min(max_running_requests, 64) on CUDA for a
     dense or hybrid model (any KV format), off for sparse MoE and off the GPU; 0 = off. tensor_parallel_size: processes (devices) the model is split
     over (engine/runtime/parallel.py); the pool sizes and the static budget are per device, as the plan's ledger.
+    cpu_threads: torch's intra-op threads in the engine loop's thread on a CPU device (ModelRunner.prepare_thread).
     """
 
     model_path: str
@@ -38,6 +39,9 @@ class EngineConfig:
     seed: int = 0
     cuda_graph_max_batch: int | None = None
     tensor_parallel_size: int = 1
+    # 1: on a 2-core CPU a forward in a thread other than the main one took 28-33 ms with torch's 2 OpenMP threads
+    # and 11.5-12.3 ms with one (the embedded model, 16 decodes); in the main thread, 11.9 with two.
+    cpu_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -47,6 +51,8 @@ class EngineConfig:
         for name in ("max_total_tokens", "chunked_prefill_size", "context_length", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.ssm_slots < 0:

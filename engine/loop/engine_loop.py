@@ -226,6 +226,7 @@ class EngineLoop:
         return stats
 
     def _run(self) -> None:
+        self.runner.prepare_thread()
         while not self._stop.is_set():
             self.drain_inbox()
             if not self.scheduler.has_work:

@@ -188,6 +188,13 @@ class ModelRunner:
         ranks run the pass they were sent in lockstep (its collectives), and a pass sent mid-pass would wedge them."""
         return self.tp is None
 
+    def prepare_thread(self) -> None:
+        """Called by a thread that will run this runner's forwards (the engine loop's). On a CPU device: torch's
+        intra-op threads for it, config.cpu_threads (OpenMP teams started from a thread other than the main
+        one were 2-3x slower than one thread on a 2-core machine; EngineConfig)."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.cpu_threads)
+
     def forward(self, items: list[BatchItem], all_positions: bool = False,
                 between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Run one mixed batch -> logits [num_items, vocab] at each item's last token

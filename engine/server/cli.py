@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory.add_argument("--ssm-slots", type=int, help="checked against the plan's SSM slots (headroom plan prints it)")
     memory.add_argument("--cuda-graph-max-batch", "--cuda-graph-max-bs", dest="cuda_graph_max_batch", type=int,
                         help="decode batches up to this size replay CUDA graphs (0 = off; at most 64; default min(running, 64))")
+    memory.add_argument("--cpu-threads", type=int, default=1,
+                        help="--device cpu: torch's intra-op threads in the engine thread (default 1: on a 2-core "
+                             "machine two ran a forward 2-3x slower from that thread)")
     memory.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tensor_parallel_size", type=int,
                         help="split the model over this many GPUs, one process each (default: the plan's, else 1)")
 
@@ -121,7 +124,7 @@ def options_from_args(args: argparse.Namespace):
         skip_ahead_limit=args.skip_ahead_limit, strict_fcfs=args.strict_fcfs, log_rejections=args.log_rejections,
         policy=args.scheduler_policy, interject_short=args.interject_short, interjection_lag=args.interjection_lag,
         warmup_tokens=args.warmup_tokens, ssm_slots=args.ssm_slots, cuda_graph_max_batch=args.cuda_graph_max_batch,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, cpu_threads=args.cpu_threads,
         retained_sessions=args.retained_sessions, session_tokens=args.session_tokens,
     )
 

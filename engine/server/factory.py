@@ -71,6 +71,8 @@ class ServeOptions:
     tensor_parallel_size: int | None = None
     retained_sessions: int = 0
     session_tokens: int = 0
+    # torch intra-op threads of the engine thread on a CPU device (EngineConfig.cpu_threads).
+    cpu_threads: int = 1
 
 
 def cuda_total_memory(device: str) -> int:
@@ -140,7 +142,7 @@ def build_state(options: ServeOptions) -> ServerState:
                                     cuda_graph_max_batch=options.cuda_graph_max_batch)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.
-        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
+        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None, cpu_threads=options.cpu_threads)
     metrics = EngineMetrics()
     started = time.perf_counter()
     loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
