@@ -217,3 +217,36 @@ def test_the_gil_switch_interval_is_set_from_the_flag(monkeypatch):
     add_arguments(parser)
     apply_gil_switch(parser.parse_args([]).gil_switch_ms)
     assert calls == [0.0005, GIL_SWITCH_MS / 1000]
+
+
+def test_cpu_threads_reach_the_engine_thread(rendered):
+    """--cpu-threads sets torch's intra-op threads in the engine loop's own thread, before its first step."""
+    import threading
+    import time
+
+    import torch
+
+    model_dir, plan = rendered
+    state = build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, "--cpu-threads", "3"])))
+    runner, seen = state.loop.runner, []
+    prepare = runner.prepare_thread
+
+    def recording() -> None:
+        prepare()
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+
+    runner.prepare_thread = recording
+    try:
+        state.loop.start()
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [("headroom-engine", 3)]
+    finally:
+        state.loop.stop()
+
+
+def test_cpu_threads_below_one_are_refused_before_loading(rendered):
+    model_dir, plan = rendered
+    with pytest.raises(ValueError, match="cpu_threads must be >= 1, got 0"):
+        build_state(options_from_args(_serve_args(model_dir, [*plan.engine_args, "--cpu-threads", "0"])))
