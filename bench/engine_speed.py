@@ -24,7 +24,8 @@ add the remaining parts. Writes OUTDIR/engine_speed.json (the issue's schema) an
 How each figure is taken:
 - prefill_*: one request of N tokens, 1 new token, wall time (HTTP for 8K/32K with the 24 GiB / 32K plan;
   LLM API with a 270K-token pool for 128K and the int2 rows). N/seconds.
-- decode_bs*: HTTP, B concurrent 256-token prompts: (time for 65 new tokens - time for 1) / (64 B).
+- decode_bs*: HTTP, B concurrent 256-token prompts: (time for 65 new tokens - time for 1) / (64 B). Beside the
+  rows (serve's detail, decode_bs*_streamed): B streams of 129 tokens, tokens per second while all B decode.
 - *_decode_*_32k: LLM API, B prompts of 32K tokens, 65 new tokens; the wall time of each decode-only pass
   (start of one forward to the start of the next: forward, sampling and the loop), B / median pass time.
 - limits: decode = B / (bytes a step must move / measured copy bandwidth), bytes = weights + each request's
@@ -173,6 +174,26 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
                                             "tok_per_s": batch * 64 / (t65 - t1)}
                 if into_rows:
                     state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
+            # Steady state through streams: B concurrent streams, tokens counted while all B are decoding (from
+            # the last stream's first chunk to the first stream's last), so admission and tail drop out.
+            def streamed(tokens: list[int], max_tokens: int) -> list[tuple[float, int]]:
+                body = {"prompt": tokens, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+                        "stream": True, "return_token_ids": True}
+                arrivals = []
+                with client.stream("POST", "/v1/completions", json=body) as response:
+                    response.raise_for_status()
+                    for line in response.iter_lines():
+                        if line.startswith("data: {"):
+                            choice = json.loads(line[6:])["choices"]
+                            if choice:
+                                arrivals.append((time.perf_counter(), len(choice[0].get("token_ids") or [])))
+                return arrivals
+
+            for batch in ((1, 8) if kv == "int2" else (1, 8, 16)):
+                context = 32000 if kv == "int2" else 256
+                with ThreadPoolExecutor(batch) as pool:
+                    streams = list(pool.map(lambda p: streamed(p, 129), [http_prompt(context) for _ in range(batch)]))
+                out[f"decode_bs{batch}_streamed"] = parts.steady_stream_rate(streams)
             out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
             compiles = [line for line in out["metrics"] if line.startswith("headroom_kernel_compiles_after_ready_total")]
             out["kernel_compiles_after_ready"] = float(compiles[0].split()[-1]) if compiles else None

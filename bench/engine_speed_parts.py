@@ -90,6 +90,17 @@ def table(state: dict, model: Path, command: str) -> dict:
             "rows": rows}
 
 
+def steady_stream_rate(streams: list[list[tuple[float, int]]]) -> dict:
+    """Tokens per second of B concurrent streams while all of them decode: arrivals (time, tokens) of each
+    stream, counted from the last stream's first chunk (its prefill done) to the first stream's last."""
+    start = max(s[0][0] for s in streams)
+    end = min(s[-1][0] for s in streams)
+    tokens = sum(n for s in streams for t, n in s if start < t <= end)
+    chunks = sum(1 for s in streams for t, _ in s if start < t <= end)
+    return {"window_s": end - start, "tokens": tokens, "chunks": chunks,
+            "tok_per_s": tokens / (end - start) if end > start else None}
+
+
 def _diff(got: torch.Tensor, want: torch.Tensor) -> dict:
     got, want = got.float(), want.float()
     return {"max_abs": float((got - want).abs().max()), "frac_differing": float((got != want).float().mean()),
