@@ -7,16 +7,15 @@ GPTQ stores a linear [N, K] as qweight int32 [K/8, N] (eight codes of one column
 "gptq_v2" the zero itself. The pack-quantized layout is the transpose: weight_packed [N, K/8] with the same
 bit order, weight_scale [N, K/g], weight_zero_point [N/8, K/g] packed along N (asymmetric only; symmetric
 groups have the implicit zero 8). Nothing is requantized: the codes, scales and zero points are the
-checkpoint's."""
+checkpoint's. The loader hands over every GPTQ tensor of the checkpoint at once (its shards may split a linear)."""
 
 from __future__ import annotations
 
 import torch
 from headroom.engine.plan.quant_format import WeightQuant
+from headroom.engine.runtime.loader import GPTQ_SUFFIXES
 from headroom.kernels.quant_pack import pack_int4
 from headroom.kernels.quant_weight import INT4_SYMMETRIC_ZERO, unpack_int4
-
-GPTQ_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx")
 
 
 class GPTQLayoutError(ValueError):

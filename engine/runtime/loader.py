@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 # Checkpoint parts a text-only engine does not use (multimodal tower, multi-token prediction head).
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 _NESTED_TEXT_PREFIX = "model.language_model."
+# GPTQ's tensors of one linear (engine/runtime/gptq_layout.py), kept on the CPU until the last file is read.
+GPTQ_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx")
 # A quantized checkpoint's codes, scales and shapes keep their stored dtypes (never cast to the model dtype).
 _QUANT_SUFFIXES = (".weight_scale_inv", ".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape")
 
@@ -43,30 +45,38 @@ def load_weights(model_dir: Path, dtype: torch.dtype, device: torch.device,
                  quant: WeightQuant | None = None) -> dict[str, torch.Tensor]:
     """All tensors of the text model, named as in a *ForCausalLM checkpoint ('model.layers.0...', 'lm_head...').
     quant: the checkpoint's weight quantization; a GPTQ checkpoint's linears are read into the pack-quantized
-    layout (engine/runtime/gptq_layout.py), file by file on the CPU."""
+    layout (engine/runtime/gptq_layout.py) on the CPU once every file is read, since the shards may split one
+    linear's qweight, qzeros and scales between them."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in model directory {model_dir}")
     weights: dict[str, torch.Tensor] = {}
+    gptq_parts: dict[str, torch.Tensor] = {}
     gptq = quant is not None and quant.layout != "pack-quantized"
+
+    def place(name: str, tensor: torch.Tensor) -> None:
+        keep = name.endswith(_QUANT_SUFFIXES) or tensor.dtype == torch.float8_e4m3fn
+        weights[name] = tensor.to(device=device) if keep else tensor.to(device=device, dtype=dtype)
+
     for path in files:
-        tensors = {}
         for name, tensor in load_file(str(path), device="cpu").items():
             if name.startswith(_IGNORED_PREFIXES):
                 continue
             if name.startswith(_NESTED_TEXT_PREFIX):
                 name = "model." + name[len(_NESTED_TEXT_PREFIX):]
-            tensors[name] = tensor
-        if gptq:
-            from headroom.engine.runtime.gptq_layout import GPTQLayoutError, gptq_to_pack_quantized
+            if gptq and name.endswith(GPTQ_SUFFIXES):
+                gptq_parts[name] = tensor
+            else:
+                place(name, tensor)
+    if gptq_parts:
+        from headroom.engine.runtime.gptq_layout import GPTQLayoutError, gptq_to_pack_quantized
 
-            try:
-                tensors = gptq_to_pack_quantized(tensors, quant)
-            except GPTQLayoutError as exc:
-                raise WeightError(f"{path.name}: {exc}") from None
-        for name, tensor in tensors.items():
-            keep = name.endswith(_QUANT_SUFFIXES) or tensor.dtype == torch.float8_e4m3fn
-            weights[name] = tensor.to(device=device) if keep else tensor.to(device=device, dtype=dtype)
+        try:
+            converted = gptq_to_pack_quantized(gptq_parts, quant)
+        except GPTQLayoutError as exc:
+            raise WeightError(str(exc)) from None
+        for name, tensor in converted.items():
+            place(name, tensor)
     return weights
 
 

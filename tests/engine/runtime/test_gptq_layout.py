@@ -108,3 +108,19 @@ def test_unsupported_gptq_config_names_the_key(checkpoints, tmp_path, edit, mess
     broken = _edited_copy(checkpoints["asym-gptq"], tmp_path / "broken", edit_quant=edit)
     with pytest.raises(ModelConfigError, match=message):
         _runner(broken)
+
+
+def test_a_linear_split_between_two_shards_loads(checkpoints, tmp_path):
+    """Shards split tensors wherever the size limit falls: one linear's qweight in the first file, its scales,
+    qzeros and g_idx in the second."""
+    src = checkpoints["asym-gptq"]
+    sharded = tmp_path / "sharded"
+    shutil.copytree(src, sharded)
+    stored = _tensors(src)
+    (sharded / "model.safetensors").unlink()
+    first = {k: v for k, v in stored.items() if k == M + ".qweight" or (k < M and not k.startswith(M))}
+    save_file(first, str(sharded / "model-00001-of-00002.safetensors"))
+    save_file({k: v for k, v in stored.items() if k not in first}, str(sharded / "model-00002-of-00002.safetensors"))
+    config = _runner(sharded).model_config
+    weights = load_weights(sharded, torch.float32, torch.device("cpu"), config.weight_quant)
+    assert torch.equal(naive_dequantize(linear_weight(config, weights, M)), gptq_dequantized(stored, M, "gptq"))
