@@ -139,10 +139,10 @@ def build_state(options: ServeOptions) -> ServerState:
             "a request of that length could never fit the KV pool"
         )
     config = EngineConfig.from_plan(plan, str(model_dir), device=options.device, dtype=options.dtype,
-                                    cuda_graph_max_batch=options.cuda_graph_max_batch)
+                                    cuda_graph_max_batch=options.cuda_graph_max_batch, cpu_threads=options.cpu_threads)
     if not options.device.startswith("cuda"):
         # A CPU run has no GPU to check the plan's static budget against.
-        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None, cpu_threads=options.cpu_threads)
+        config = replace(config, static_budget_bytes=None, gpu_memory_bytes=None)
     metrics = EngineMetrics()
     started = time.perf_counter()
     loop = EngineLoop.from_config(config, scheduler_config(options, plan), options.max_waiting_requests,
