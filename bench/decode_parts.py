@@ -101,16 +101,16 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
 GEMV_MIN_GAIN = 0.03
 
 
-def gemv_table(sweep: dict, gpu: str, triton_version: str, source: str) -> dict:
-    """kernels/gemv_tuned_configs.json's entry for one GPU from a gemv_sweep: the (shape, rows) where the best
-    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings."""
+def gemv_table(sweep: dict) -> list[dict]:
+    """kernels/gemv_tuned_configs.json's configs for this GPU from a gemv_sweep: the (shape, rows) where the best
+    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings (kernels/tuned_table.py writes the table)."""
     configs = []
     for name, shape in sweep["shapes"].items():
         for m, row in shape["batches"].items():
             if row["best_us"] is not None and row["best_us"] <= (1 - GEMV_MIN_GAIN) * row["cublas_us"]:
                 configs.append({"layer": name, "n": shape["n"], "k": shape["k"], "m": int(m), **row["best_config"],
                                 "us": round(row["best_us"], 2), "cublas_us": round(row["cublas_us"], 2)})
-    return {gpu: {"triton": triton_version, "source": source, "configs": configs}}
+    return configs
 
 
 def short_pass_sweep(model: Path, lengths: tuple[int, ...] = (8, 16, 30, 64, 128, 256)) -> dict:

@@ -309,16 +309,14 @@ def _stop(signum, frame) -> None:
 
 def _gemv_part(state: dict, target: Path) -> dict:
     """The GEMV sweep, and the table kernels/gemv_tuned_configs.json would ship from it (OUTDIR/, to commit)."""
-    import triton
-    from headroom.kernels.gdn_fla import gpu_name
+    from headroom.kernels import gemv
+    from headroom.kernels.tuned_table import table_text
 
     sweep = decode_parts.gemv_sweep()
-    table = decode_parts.gemv_table(sweep, gpu_name(), triton.__version__, "python3 bench/engine_speed.py OUT gemv")
-    text = json.dumps(table, indent=1) + "\n"
+    text = table_text(parts.DEV, decode_parts.gemv_table(sweep), "python3 bench/engine_speed.py OUT gemv",
+                      gemv.TUNED_CONFIGS)
     (target / "gemv_tuned_configs.json").write_text(text)
     # Also into this checkout, so that the parts after this one (and servers they start) run the new table.
-    from headroom.kernels import gemv
-
     gemv.TUNED_CONFIGS.write_text(text)
     gemv._tuned = None
     return sweep
