@@ -39,8 +39,9 @@ class EngineConfig:
     seed: int = 0
     cuda_graph_max_batch: int | None = None
     tensor_parallel_size: int = 1
-    # 1: on a 2-core CPU a forward in a thread other than the main one took 28-33 ms with torch's 2 OpenMP threads
-    # and 11.5-12.3 ms with one (the embedded model, 16 decodes); in the main thread, 11.9 with two.
+    # 1: on a 2-core CPU a forward (the embedded model, 16 decodes) in a thread other than the main one took 33 ms
+    # with torch's 2 OpenMP threads and 12.5 with one; in the main thread 22.5 with two and 12.7 with one
+    # (bench/cpu_engine_thread.py, bench/results/session8/cpu_engine_thread.json).
     cpu_threads: int = 1
 
     def __post_init__(self) -> None:
