@@ -51,14 +51,13 @@ def bench_us(fn, copies: list, iters: int = 20) -> float:
     return (time.perf_counter() - start) / iters / len(copies) * 1e6
 
 
-# Candidate configurations of the stream kernel (block_n, block_k, num_warps, num_stages, programs_per_sm,
-# unroll), timed at one and four rows on every shape (int4 symmetric) beside the default for that bucket: the
-# earlier sweeps' best totals, and the K loop unrolled (session 8 call C: every configuration streamed about
-# 0.8 TB/s, as if each tile waited for its load).
-SWEEP_CONFIGS = [(16, 512, 4, 3, 2, False), (32, 512, 4, 3, 1, False), (64, 128, 4, 3, 1, False),
-                 (16, 256, 4, 3, 2, False), (16, 512, 4, 3, 2, True), (32, 512, 4, 3, 1, True),
-                 (64, 128, 4, 3, 2, True), (64, 256, 4, 3, 1, True), (32, 256, 4, 3, 2, True),
-                 (128, 64, 4, 3, 2, True), (16, 256, 4, 3, 1, True), (32, 128, 4, 3, 1, True)]
+# Candidate configurations of the stream kernel (block_n, block_k, num_warps, num_stages, programs_per_sm),
+# timed at one and four rows on every shape (int4 symmetric) beside the default for that bucket. Wide row
+# blocks first: each thread then holds more rows of the same word lanes, so x's loads and the per-lane scale
+# work are shared by more codes (bench/kernel_sass.py: 5.5 instructions a code at 64 x 128, 4.3 at 256 x 128).
+SWEEP_CONFIGS = [(128, 128, 4, 3, 2), (256, 128, 4, 3, 2), (256, 128, 8, 3, 2), (256, 128, 4, 3, 1),
+                 (512, 128, 8, 2, 1), (128, 256, 4, 3, 2), (128, 128, 4, 3, 4), (64, 128, 4, 3, 4),
+                 (128, 64, 4, 3, 2), (64, 64, 4, 3, 4), (32, 128, 4, 3, 4)]
 # A shape gets a table entry only where its best candidate beats the default by this much (timing noise).
 TABLE_MARGIN = 0.03
 # Seconds the sweep may take (QUANT_KERNELS_SWEEP_S): candidates after that are recorded as skipped, so that
@@ -107,10 +106,10 @@ def stream_sweep(weights_by_shape: dict, dev: torch.device, gen: torch.Generator
             if best is not None and default_us is not None and timed[best] < (1 - TABLE_MARGIN) * default_us:
                 table.append({"layer": name, "n": n, "k": k, "m": m, "us": round(timed[best], 2),
                               "default_us": round(default_us, 2),
-                              **dict(zip(("block_n", "block_k", "num_warps", "num_stages", "programs_per_sm",
-                                          "unroll"), best, strict=True))})
+                              **dict(zip(("block_n", "block_k", "num_warps", "num_stages", "programs_per_sm"),
+                                         best, strict=True))})
         save({"rows": rows_out, "table": table})
-    return {"fields": "config = (block_n, block_k, num_warps, num_stages, programs_per_sm, unroll); the first "
+    return {"fields": "config = (block_n, block_k, num_warps, num_stages, programs_per_sm); the first "
                       "row of each (shape, M) is the default", "rows": rows_out, "table": table}
 
 

@@ -3,13 +3,21 @@ groups in the checkpoint's pack-quantized layout (kernels/quant_weight.py). The 
 naive_quant_linear; kernels/quant_matmul.py dispatches here (pick_kernel).
 
 Why a kernel of its own: at one row a decode GEMM is a stream of weight bytes, and an int4 weight is 8 codes a
-32-bit word, so the cost is the ALU work per code, not the MMA. The obvious decode (shift, mask, int-to-float
-convert, subtract the zero point) spends a quarter-rate conversion on every code. Here a code becomes a float
-without one (kernels/int_float.py): a masked nibble below 2^20 is OR-ed into the mantissa of 2^23 and 2^23
-subtracted, giving code * 16^j exactly; the 16^-j goes into x (a power of two, exact), so each code costs one
-mask, one OR, one subtract and one FMA, with no shift for the low five nibbles and one shift per word for the
-top three. The zero point and the group scale are applied once per word lane (sum over a group of
-(code - zero) * x = sum code * x - zero * sum x), not per code.
+32-bit word, so the cost is the instructions per code, not the MMA: at 4.3 TB/s the H200 must take 8.6 G codes
+a millisecond, and its 132 SMs issue about 33 G lane-instructions, so every instruction a code costs is about
+an eighth of the bandwidth. The obvious decode (shift, mask, int-to-float convert, subtract the zero point)
+spends a quarter-rate conversion on every code. Here a code becomes a float without one
+(kernels/int_float.py): a masked nibble below 2^20 is OR-ed into the mantissa of 2^23 (one LOP3 does the mask
+and the OR) and 2^23 subtracted, giving code * 16^j exactly; the 16^-j goes into x (a power of two, exact),
+so each code costs a LOP3, an FADD and an FFMA, with one shift per word for the top three nibbles. The zero
+point and the group scale are applied once per word lane (sum over a group of (code - zero) * x = sum code *
+x - zero * sum x), not per code.
+
+What else a code costs is addressing, which the loop keeps out: pointers advance by a constant a tile, and
+when K is a multiple of the tile (every layer of the models served here) no tile carries a mask along K.
+bench/kernel_sass.py counts the loop's SASS for sm_90 on a CPU: the session 8 kernel spent 8.75 instructions
+a code (86 IMADs and 27 ISETPs a tile of addresses and masks), this one 4.3 at 256 x 128 tiles; session 8's
+H200 sweep had that kernel at about 0.8 TB/s whatever the tile, as an instruction-bound kernel would be.
 
 Each program streams a [BLOCK_N, BLOCK_K] tile of the weight per step: BLOCK_K divides the group (one scale per
 row) or is a multiple of it (one per word lane). K is split across programs when the row blocks alone do not
@@ -25,14 +33,10 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.int_float import exact_float
+from headroom.kernels.int_float import MAGIC, MAGIC_BITS
 from headroom.kernels.quant_matmul import CORES_MAX_ROWS, _counters, _finish_split, _splits
 from headroom.kernels.quant_weight import INT4_SYMMETRIC_ZERO, QuantizedWeight
 
-# The K loop is unrolled (config.unroll) only up to this many tiles a split: each unrolled tile is another copy
-# of the decode in the kernel, and on the H200 a sweep whose candidates unrolled up to 20 tiles spent its whole
-# 160 s budget compiling the first shape (session 8 call D).
-MAX_UNROLLED_TILES = 8
 # Rows this kernel takes, as for quant_matmul's other CUDA-core kernel: each further row is another FMA per
 # code, and from a few rows on the tensor-core kernels (swap_ab) win on the ALU budget.
 STREAM_MAX_ROWS = CORES_MAX_ROWS
@@ -45,10 +49,6 @@ class StreamConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int = 2
-    # Unroll the K loop (a variant compiled per K range; at most MAX_UNROLLED_TILES tiles, else the loop): every
-    # tile's load can be issued before the first tile's arithmetic, instead of the pipeliner's few stages.
-    # Not measured on a GPU yet (see docs/quantized_weights.md), so no default turns it on.
-    unroll: bool = False
 
 
 TUNED_CONFIGS = Path(__file__).with_name("quant_gemv_tuned_configs.json")
@@ -62,9 +62,8 @@ def rows_bucket(rows: int) -> int:
 
 
 def default_config(rows: int) -> StreamConfig:
-    """Where no table entry holds: the best total over the 4B shapes in the H200 sweeps (bench/quant_kernels.py's
-    stream_sweep; bench/results/session8/callB_quant_kernels.json, callC_quant_kernels.json): 64 x 128 tiles for
-    one or two rows, 128 x 64 for three or four (40.0 us over three shapes, the best of 29 configurations)."""
+    """Where no table entry holds: 64 x 128 tiles for one or two rows, 128 x 64 for three or four (the best totals
+    over the 4B shapes in session 8's H200 sweeps, bench/results/session8/callC_quant_kernels.json)."""
     return StreamConfig() if rows_bucket(rows) == 1 else StreamConfig(block_n=128, block_k=64)
 
 
@@ -75,34 +74,36 @@ def stream_config(n: int, k: int, rows: int, device: torch.device) -> StreamConf
         from headroom.kernels.tuned_table import entries_for
 
         _tuned = {(c["n"], c["k"], c["m"]): StreamConfig(c["block_n"], c["block_k"], c["num_warps"], c["num_stages"],
-                                                         c["programs_per_sm"], c["unroll"])
+                                                         c["programs_per_sm"])
                   for c in entries_for(TUNED_CONFIGS, device)}
     return _tuned.get((n, k, rows_bucket(rows))) or default_config(rows)
 
 
 @triton.jit
-def _int4_tile(w, o_n, m_n, o_m, m_m, x, stride_xm, stride_wn, k0, K, BLOCK_K: tl.constexpr):
+def _int4_tile(words, p_x, o_m, m_m, k_left, magic_bits, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """(sum over each word lane of code * x, sum over it of x): [BLOCK_M, BLOCK_N, BLOCK_K / 8] and
-    [BLOCK_M, BLOCK_K / 8], fp32, for weight rows o_n and columns k0..k0+BLOCK_K (codes not yet offset)."""
-    BLOCK_W: tl.constexpr = BLOCK_K // 8
-    o_w = k0 // 8 + tl.arange(0, BLOCK_W)
-    words = tl.load(w + o_n[:, None].to(tl.int64) * stride_wn + o_w[None, :],
-                    mask=m_n[:, None] & (o_w < tl.cdiv(K, 8))[None, :], other=0)
-    high = words >> 20
-    b_dot = tl.zeros([o_m.shape[0], o_n.shape[0], BLOCK_W], dtype=tl.float32)
-    b_xsum = tl.zeros([o_m.shape[0], BLOCK_W], dtype=tl.float32)
+    [BLOCK_M, BLOCK_K / 8], fp32, for a tile of words [BLOCK_N, BLOCK_K / 8] (codes not yet offset) whose first
+    column's x is at p_x [BLOCK_M, BLOCK_K / 8] (a word lane apart: 8 columns); columns from k_left on count as
+    absent unless EVEN_K."""
+    # Nibbles 0-4 sit in the low 20 bits and are read in place; 5-7 from the word shifted right by 20 (logically:
+    # an arithmetic shift costs a sign extension per word).
+    high = (words.to(tl.uint32, bitcast=True) >> 20).to(tl.int32, bitcast=True)
+    b_dot = tl.zeros([o_m.shape[0], words.shape[0], words.shape[1]], dtype=tl.float32)
+    b_xsum = tl.zeros([o_m.shape[0], words.shape[1]], dtype=tl.float32)
     for j in tl.static_range(8):
-        # Nibbles 0-4 sit in the low 20 bits and are read in place; 5-7 from the word shifted right by 20.
-        # code * 16^j (below 2^20), exact in fp32 (kernels/int_float.py)
+        # code * 16^j (below 2^20), exact in fp32 (kernels/int_float.py); the 16^-j goes into x (exact)
         if j < 5:
-            b_code = exact_float(words & (0xF << (4 * j)))
+            b_code = (words & (0xF << (4 * j))) | magic_bits
             inv = 1.0 / (1 << (4 * j))
         else:
-            b_code = exact_float(high & (0xF << (4 * (j - 5))))
+            b_code = (high & (0xF << (4 * (j - 5)))) | magic_bits
             inv = 1.0 / (1 << (4 * (j - 5)))
-        o_k = o_w * 8 + j
-        b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :],
-                      other=0.0).to(tl.float32)
+        b_code = b_code.to(tl.float32, bitcast=True) - MAGIC
+        if EVEN_K:
+            b_x = tl.load(p_x + j, mask=m_m[:, None], other=0.0).to(tl.float32)
+        else:
+            o_k = tl.arange(0, BLOCK_K // 8) * 8 + j
+            b_x = tl.load(p_x + j, mask=m_m[:, None] & (o_k < k_left)[None, :], other=0.0).to(tl.float32)
         b_xsum += b_x
         b_dot += b_code[None, :, :] * (b_x * inv)[:, None, :]
     return b_dot, b_xsum
@@ -133,26 +134,15 @@ def _group_params(s, z, o_n, m_n, k0, o_w, K, stride_sn, stride_zn, HAS_ZERO: tl
 
 
 @triton.jit
-def _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k0, k_hi, stride_xm, stride_wn, stride_sn, stride_zn,
-               HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One tile's scaled partial sums per (row of x, weight row, word lane); columns at or past k_hi (the
-    split's end) count as absent, so a tile starting there adds zeros."""
-    b_dot, b_xsum = _int4_tile(w, o_n, m_n, o_m, m_m, x, stride_xm, stride_wn, k0, k_hi, BLOCK_K)
-    b_s, b_zero = _group_params(s, z, o_n, m_n & (o_n * 0 + k0 < k_hi), k0, k0 // 8 + tl.arange(0, BLOCK_K // 8), k_hi,
-                                stride_sn, stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
-    return (b_dot - b_zero[None, :, :] * b_xsum[:, None, :]) * b_s[None, :, :]
-
-
-@triton.jit
 def quant_stream_kernel(
     x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
-    num_splits, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    K_TILES: tl.constexpr,
+    num_splits, magic_bits, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """Program (n, s): rows o_n of the output against split s's K range, every row of x at once. One partial
-    sum per (row, word lane), reduced once at the end. K_TILES > 0: the K loop unrolled into that many tiles
-    (those past the split's end load nothing)."""
+    sum per (row, word lane), reduced once at the end. EVEN_K: K is a multiple of BLOCK_K (so is every split),
+    and no tile needs a mask along K."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = tl.arange(0, BLOCK_M)
@@ -160,15 +150,23 @@ def quant_stream_kernel(
     k_lo = i_s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
+    o_w = tl.arange(0, BLOCK_W)
+    # k_per_split is a multiple of BLOCK_K: the words of a split start 16-word aligned (128-bit loads).
+    k_w = tl.multiple_of(k_lo // 8, 16)
+    p_w = w + o_n[:, None].to(tl.int64) * stride_wn + (k_w + o_w)[None, :]
+    p_x = x + o_m[:, None] * stride_xm + (k_lo + o_w * 8)[None, :]
     b_acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], dtype=tl.float32)
-    if K_TILES > 0:
-        for i in tl.static_range(K_TILES):
-            b_acc += _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k_lo + i * BLOCK_K, k_hi, stride_xm, stride_wn,
-                                stride_sn, stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
-    else:
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            b_acc += _int4_step(x, w, s, z, o_n, m_n, o_m, m_m, k0, k_hi, stride_xm, stride_wn, stride_sn,
-                                stride_zn, HAS_ZERO, ZERO, SCALE_BK, BLOCK_K)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+        if EVEN_K:
+            words = tl.load(p_w, mask=m_n[:, None], other=0)
+        else:
+            words = tl.load(p_w, mask=m_n[:, None] & (k0 // 8 + o_w < tl.cdiv(k_hi, 8))[None, :], other=0)
+        b_dot, b_xsum = _int4_tile(words, p_x, o_m, m_m, k_hi - k0, magic_bits, BLOCK_K, EVEN_K)
+        b_s, b_zero = _group_params(s, z, o_n, m_n, k0, k0 // 8 + o_w, k_hi, stride_sn, stride_zn, HAS_ZERO, ZERO,
+                                    SCALE_BK, BLOCK_K)
+        b_acc += (b_dot - b_zero[None, :, :] * b_xsum[:, None, :]) * b_s[None, :, :]
+        p_w += BLOCK_W
+        p_x += BLOCK_K
     offsets = o_m[:, None] * N + o_n[None, :]
     _finish_split(tl.sum(b_acc, axis=2), o + o_m[:, None] * stride_om + o_n[None, :], ws, counters, i_n, offsets,
                   m_m[:, None] & m_n[None, :], num_splits, i_s, M * N, SPLIT)
@@ -205,13 +203,16 @@ def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamCon
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     workspace = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else out
     zero = weight.zero if weight.zero is not None else weight.scale
+    # The float 2^23's bits go in as an argument, not a constant: a code is one LOP3 ((word & mask) | magic),
+    # which takes one immediate; as an argument the magic sits in a register once and the eight masks are the
+    # immediates (as a constant, ptxas kept the magic immediate and re-made a mask register before every LOP3:
+    # 5.0 against 4.3 instructions a code, bench/kernel_sass.py).
     quant_stream_kernel[(tiles, split)](
         x, weight.data, weight.scale, z=zero, stride_zn=zero.stride(0), o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
         stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
-        stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, BLOCK_M=triton.next_power_of_2(m),
-        HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO, SCALE_BK=weight.block[1],
-        BLOCK_N=config.block_n, BLOCK_K=block_k, SPLIT=split > 1, NUM_STAGES=config.num_stages,
-        K_TILES=k_per_split // block_k if config.unroll and k_per_split // block_k <= MAX_UNROLLED_TILES else 0,
-        num_warps=config.num_warps,
+        stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, magic_bits=MAGIC_BITS.value,
+        BLOCK_M=triton.next_power_of_2(m), HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO,
+        SCALE_BK=weight.block[1], BLOCK_N=config.block_n, BLOCK_K=block_k, SPLIT=split > 1,
+        NUM_STAGES=config.num_stages, EVEN_K=k % block_k == 0, num_warps=config.num_warps,
     )
     return out

@@ -77,17 +77,16 @@ def test_default_configs_by_rows():
     assert stream_config(40, 256, 1, cpu) == default_config(2) != default_config(3) == stream_config(40, 256, 4, cpu)
 
 
-@pytest.mark.parametrize("config", [StreamConfig(block_n=16, block_k=64, unroll=True),
-                                    StreamConfig(block_n=16, block_k=32, programs_per_sm=64, unroll=True),
-                                    StreamConfig(block_n=32, block_k=64, unroll=True)], ids=str)
-@pytest.mark.parametrize("group,symmetric", [(32, False), (64, True)])
-def test_unrolled_k_loop_matches_naive(config, group, symmetric):
-    """The K loop unrolled: one split whose last tiles start past K (200 columns in tiles of 64), and many splits
-    of one or two tiles; the result is the same."""
-    weight = int4_weight(37, 200, group, symmetric, seed=15)
-    x = torch.randn(2, 200, generator=torch.Generator().manual_seed(16))
-    out = quant_stream_fwd(x, weight, config)
-    torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("group,symmetric", [(32, False), (128, True)])
+def test_even_k_tiles_match_naive(rows, group, symmetric):
+    """K a multiple of the tile: the loop without masks along K, over one split and over many (two tiles each)."""
+    weight = int4_weight(37, 512, group, symmetric, seed=15 + rows)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(16))
+    for config in (StreamConfig(block_n=16, block_k=64, programs_per_sm=1), StreamConfig(block_n=32, block_k=32,
+                                                                                           programs_per_sm=64)):
+        out = quant_stream_fwd(x, weight, config)
+        torch.testing.assert_close(out, naive_quant_linear(x, weight), atol=1e-4, rtol=1e-4)
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
 
 
@@ -99,12 +98,12 @@ def test_the_shipped_table_holds_for_its_gpu_and_triton_version(tmp_path, monkey
 
     table = tmp_path / "table.json"
     entry = {"n": 8, "k": 64, "m": 4, "block_n": 16, "block_k": 512, "num_warps": 8, "num_stages": 2,
-             "programs_per_sm": 1, "unroll": True}
+             "programs_per_sm": 1}
     table.write_text(json.dumps({"NVIDIA_H200": {"triton": triton.__version__, "configs": [entry]}}))
     monkeypatch.setattr(quant_gemv, "TUNED_CONFIGS", table)
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "NVIDIA_H200")
     cuda = torch.device("cuda")
-    for rows, expected in ((3, StreamConfig(16, 512, 8, 2, 1, True)), (1, default_config(1))):
+    for rows, expected in ((3, StreamConfig(16, 512, 8, 2, 1)), (1, default_config(1))):
         monkeypatch.setattr(quant_gemv, "_tuned", None)
         assert stream_config(8, 64, rows, cuda) == expected
     table.write_text(json.dumps({"NVIDIA_H200": {"triton": "0.0.1", "configs": [entry]}}))
