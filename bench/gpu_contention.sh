@@ -49,7 +49,8 @@ import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 runs = {p.stem.split("_", 1)[1]: json.loads(p.read_text()) for p in sorted(out.glob("contention_*.json"))}
 import os
-env = {k: os.environ[k] for k in ("CONTENTION_BASE", "CONTENTION_RUNS", "CONTENTION_LONG_TOKENS") if k in os.environ}
+env = {k: os.environ[k] for k in ("CONTENTION_BASE", "CONTENTION_RUNS", "CONTENTION_LONG_TOKENS", "CONTENTION_REPEATS")
+       if k in os.environ}
 (out / "contention.json").write_text(json.dumps({"command": "bash bench/gpu_contention.sh OUT", "env": env, "runs": runs},
                                                 indent=2))
 for label, r in runs.items():
@@ -58,4 +59,8 @@ for label, r in runs.items():
           "long", [round(t, 2) for t in c["long_ttfts_s"]], "agg", round(c["aggregate_prefill_tok_s"]),
           "lone", round(r["lone"]["prefill_tok_s"] or 0), "gaps p50/p95", round(g["itl_p50_s"], 4), round(g["itl_p95_s"], 4),
           "idle itl", round(r["idle"]["itl_p50_s"], 4), "prefill w/ decodes", round(g["prefill_tok_s"]))
+    if "repeats" in r:
+        print(label, "repeats", r["repeats"]["count"], "aggregate each",
+              [round(run["contention"]["aggregate_prefill_tok_s"]) for run in r["repeats"]["runs"]],
+              "means", {k: round(v, 4) if v else v for k, v in r["repeats"]["means"].items()})
 PY
