@@ -62,9 +62,11 @@ def rows_bucket(rows: int) -> int:
 
 
 def default_config(rows: int) -> StreamConfig:
-    """Where no table entry holds: 64 x 128 tiles for one or two rows, 128 x 64 for three or four (the best totals
-    over the 4B shapes in session 8's H200 sweeps, bench/results/session8/callC_quant_kernels.json)."""
-    return StreamConfig() if rows_bucket(rows) == 1 else StreamConfig(block_n=128, block_k=64)
+    """Where no table entry holds: 128 x 128 tiles with 4 programs an SM for one or two rows (48.5 us over the five
+    4B shapes at one row, against 57.4 for session 8's 64 x 128 with 2; bench/results/session9/
+    call1_quant_kernels.json), 128 x 64 for three or four (session 8's, still the best total at four rows there)."""
+    return StreamConfig(block_n=128, programs_per_sm=4) if rows_bucket(rows) == 1 else StreamConfig(block_n=128,
+                                                                                                    block_k=64)
 
 
 def stream_config(n: int, k: int, rows: int, device: torch.device) -> StreamConfig:
