@@ -31,10 +31,12 @@ DEFAULT_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,
 
 
 def compile_sass(block_m: int, block_n: int, block_k: int, warps: int, stages: int) -> str:
+    """bf16 rows, as the engine's decode passes them (int32 pairs)."""
     constants = {"HAS_ZERO": False, "ZERO": 8, "SCALE_BK": 128, "BLOCK_M": block_m, "BLOCK_N": block_n,
-                 "BLOCK_K": block_k, "SPLIT": True, "NUM_STAGES": stages, "EVEN_K": True}
+                 "BLOCK_K": block_k, "SPLIT": True, "NUM_STAGES": stages, "EVEN_K": True, "X_PAIRS": True}
     names = quant_stream_kernel.arg_names
     signature = {n: "constexpr" if n in constants else POINTERS.get(n, "i32") for n in names}
+    signature["x"] = "*i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS or DIVISIBLE.get(n)}
     kernel = triton.compile(ASTSource(quant_stream_kernel, signature, constants, attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})

@@ -82,11 +82,33 @@ def stream_config(n: int, k: int, rows: int, device: torch.device) -> StreamConf
 
 
 @triton.jit
-def _int4_tile(words, p_x, o_m, m_m, k_left, magic_bits, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def _x_pair(p_x, i, o_m, m_m, k_left, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, X_PAIRS: tl.constexpr):
+    """x at columns 2i and 2i + 1 of each word lane, fp32 [BLOCK_M, BLOCK_K / 8] each. X_PAIRS: x is bf16 read as
+    int32 pairs (p_x at the lanes' first pair), so each load is 4 bytes, which the pipeliner copies ahead
+    asynchronously like the weight tiles (a 2-byte load it cannot); the halves are bf16's top bits of fp32."""
+    o_k = tl.arange(0, BLOCK_K // 8) * 8 + 2 * i
+    if EVEN_K:
+        mask = m_m[:, None]
+    else:
+        mask = m_m[:, None] & (o_k < k_left)[None, :]
+    if X_PAIRS:
+        pair = tl.load(p_x + i, mask=mask, other=0)
+        return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
+    if not EVEN_K:
+        mask2 = m_m[:, None] & (o_k + 1 < k_left)[None, :]
+    else:
+        mask2 = mask
+    return (tl.load(p_x + 2 * i, mask=mask, other=0.0).to(tl.float32),
+            tl.load(p_x + 2 * i + 1, mask=mask2, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _int4_tile(words, p_x, o_m, m_m, k_left, magic_bits, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               X_PAIRS: tl.constexpr):
     """(sum over each word lane of code * x, sum over it of x): [BLOCK_M, BLOCK_N, BLOCK_K / 8] and
     [BLOCK_M, BLOCK_K / 8], fp32, for a tile of words [BLOCK_N, BLOCK_K / 8] (codes not yet offset) whose first
-    column's x is at p_x [BLOCK_M, BLOCK_K / 8] (a word lane apart: 8 columns); columns from k_left on count as
-    absent unless EVEN_K."""
+    column's x is at p_x [BLOCK_M, BLOCK_K / 8] (a word lane apart: 8 columns, or 4 pairs); columns from k_left on
+    count as absent unless EVEN_K."""
     # Nibbles 0-4 sit in the low 20 bits and are read in place; 5-7 from the word shifted right by 20 (logically:
     # an arithmetic shift costs a sign extension per word).
     high = (words.to(tl.uint32, bitcast=True) >> 20).to(tl.int32, bitcast=True)
@@ -101,11 +123,11 @@ def _int4_tile(words, p_x, o_m, m_m, k_left, magic_bits, BLOCK_K: tl.constexpr, 
             b_code = (high & (0xF << (4 * (j - 5)))) | magic_bits
             inv = 1.0 / (1 << (4 * (j - 5)))
         b_code = b_code.to(tl.float32, bitcast=True) - MAGIC
-        if EVEN_K:
-            b_x = tl.load(p_x + j, mask=m_m[:, None], other=0.0).to(tl.float32)
+        if j % 2 == 0:
+            b_x_even, b_x_odd = _x_pair(p_x, j // 2, o_m, m_m, k_left, BLOCK_K, EVEN_K, X_PAIRS)
+            b_x = b_x_even
         else:
-            o_k = tl.arange(0, BLOCK_K // 8) * 8 + j
-            b_x = tl.load(p_x + j, mask=m_m[:, None] & (o_k < k_left)[None, :], other=0.0).to(tl.float32)
+            b_x = b_x_odd
         b_xsum += b_x
         b_dot += b_code[None, :, :] * (b_x * inv)[:, None, :]
     return b_dot, b_xsum
@@ -140,7 +162,7 @@ def quant_stream_kernel(
     x, w, s, z, o, ws, counters, M, N, K, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, k_per_split,
     num_splits, magic_bits, HAS_ZERO: tl.constexpr, ZERO: tl.constexpr, SCALE_BK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, X_PAIRS: tl.constexpr,
 ):
     """Program (n, s): rows o_n of the output against split s's K range, every row of x at once. One partial
     sum per (row, word lane), reduced once at the end. EVEN_K: K is a multiple of BLOCK_K (so is every split),
@@ -156,19 +178,23 @@ def quant_stream_kernel(
     # k_per_split is a multiple of BLOCK_K: the words of a split start 16-word aligned (128-bit loads).
     k_w = tl.multiple_of(k_lo // 8, 16)
     p_w = w + o_n[:, None].to(tl.int64) * stride_wn + (k_w + o_w)[None, :]
-    p_x = x + o_m[:, None] * stride_xm + (k_lo + o_w * 8)[None, :]
+    if X_PAIRS:
+        # int32 pairs: strides and offsets in pairs
+        p_x = x + o_m[:, None] * stride_xm + (k_lo // 2 + o_w * 4)[None, :]
+    else:
+        p_x = x + o_m[:, None] * stride_xm + (k_lo + o_w * 8)[None, :]
     b_acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         if EVEN_K:
             words = tl.load(p_w, mask=m_n[:, None], other=0)
         else:
             words = tl.load(p_w, mask=m_n[:, None] & (k0 // 8 + o_w < tl.cdiv(k_hi, 8))[None, :], other=0)
-        b_dot, b_xsum = _int4_tile(words, p_x, o_m, m_m, k_hi - k0, magic_bits, BLOCK_K, EVEN_K)
+        b_dot, b_xsum = _int4_tile(words, p_x, o_m, m_m, k_hi - k0, magic_bits, BLOCK_K, EVEN_K, X_PAIRS)
         b_s, b_zero = _group_params(s, z, o_n, m_n, k0, k0 // 8 + o_w, k_hi, stride_sn, stride_zn, HAS_ZERO, ZERO,
                                     SCALE_BK, BLOCK_K)
         b_acc += (b_dot - b_zero[None, :, :] * b_xsum[:, None, :]) * b_s[None, :, :]
         p_w += BLOCK_W
-        p_x += BLOCK_K
+        p_x += BLOCK_K // 2 if X_PAIRS else BLOCK_K
     offsets = o_m[:, None] * N + o_n[None, :]
     _finish_split(tl.sum(b_acc, axis=2), o + o_m[:, None] * stride_om + o_n[None, :], ws, counters, i_n, offsets,
                   m_m[:, None] & m_n[None, :], num_splits, i_s, M * N, SPLIT)
@@ -187,9 +213,10 @@ def _block_k(group: int, wanted: int) -> int:
     raise ValueError(f"an int4 group of {group} inputs is not a multiple of 16; the stream kernel cannot tile it")
 
 
-def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamConfig | None = None) -> torch.Tensor:
+def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamConfig | None = None,
+                     x_pairs: bool = True) -> torch.Tensor:
     """x [M, K] (contiguous rows, M <= STREAM_MAX_ROWS) @ the dequantized weight.T -> [M, N] in x's dtype;
-    config None: stream_config(M)."""
+    config None: stream_config(M). x_pairs False reads bf16 rows 2 bytes at a time (the bench's comparison)."""
     m, k = x.shape
     config = config or stream_config(weight.out_features, k, m, x.device)
     if weight.method != "int4_group":
@@ -209,12 +236,15 @@ def quant_stream_fwd(x: torch.Tensor, weight: QuantizedWeight, config: StreamCon
     # which takes one immediate; as an argument the magic sits in a register once and the eight masks are the
     # immediates (as a constant, ptxas kept the magic immediate and re-made a mask register before every LOP3:
     # 5.0 against 4.3 instructions a code, bench/kernel_sass.py).
+    # bf16 rows go in as int32 pairs (4-byte loads the pipeliner copies ahead; see _x_pair).
+    pairs = x_pairs and x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0
+    x_in = x.view(torch.int32) if pairs else x
     quant_stream_kernel[(tiles, split)](
-        x, weight.data, weight.scale, z=zero, stride_zn=zero.stride(0), o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
-        stride_xm=x.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
+        x_in, weight.data, weight.scale, z=zero, stride_zn=zero.stride(0), o=out, ws=workspace, counters=_counters(x.device), M=m, N=n, K=k,
+        stride_xm=x_in.stride(0), stride_wn=weight.data.stride(0), stride_sn=weight.scale.stride(0),
         stride_om=out.stride(0), k_per_split=k_per_split, num_splits=split, magic_bits=MAGIC_BITS.value,
         BLOCK_M=triton.next_power_of_2(m), HAS_ZERO=weight.zero is not None, ZERO=INT4_SYMMETRIC_ZERO,
         SCALE_BK=weight.block[1], BLOCK_N=config.block_n, BLOCK_K=block_k, SPLIT=split > 1,
-        NUM_STAGES=config.num_stages, EVEN_K=k % block_k == 0, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, EVEN_K=k % block_k == 0, X_PAIRS=pairs, num_warps=config.num_warps,
     )
     return out
