@@ -70,6 +70,9 @@ class RadixCache:
         self.root = RadixNode(key=[], kv_slots=[], parent=None, lock_ref=1)
         self._clock = itertools.count(1)
         self.num_cached_tokens = 0
+        # Of those, the tokens of locked nodes (lock_ref > 0): kept as locks change, so that the evictable count
+        # the scheduler reads every pass costs nothing, where a walk of the tree grew with everything cached.
+        self.num_locked_tokens = 0
         self.num_checkpoints = 0
         # Checkpoints dropped so far (slot pressure or their KV evicted): /metrics shows the rate.
         self.num_checkpoints_evicted = 0
@@ -128,6 +131,8 @@ class RadixCache:
         """A running request uses this node's path: none of it may be evicted until unlock."""
         walk: RadixNode | None = node
         while walk is not None and walk is not self.root:
+            if walk.lock_ref == 0:
+                self.num_locked_tokens += len(walk.kv_slots)
             walk.lock_ref += 1
             walk = walk.parent
 
@@ -137,6 +142,8 @@ class RadixCache:
             if walk.lock_ref <= 0:
                 raise RuntimeError("radix node unlocked more often than locked")
             walk.lock_ref -= 1
+            if walk.lock_ref == 0:
+                self.num_locked_tokens -= len(walk.kv_slots)
             walk = walk.parent
 
     def insert(self, tokens: list[int], kv_slots: list[int], ssm_slot: int | None = None) -> InsertResult:
@@ -267,12 +274,6 @@ class RadixCache:
         return ranked
 
     def evictable_tokens(self) -> int:
-        """KV slots held only by the cache (no running request's lock)."""
-        total = 0
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node is not self.root and node.lock_ref == 0:
-                total += len(node.kv_slots)
-        return total
+        """KV slots held only by the cache (no running request's lock). O(1): a split keeps both halves' lock, an
+        insert adds an unlocked node and eviction takes unlocked ones, so only lock and unlock move the count."""
+        return self.num_cached_tokens - self.num_locked_tokens

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from headroom.engine.cache.kv_slots import KVAllocator
 from headroom.engine.cache.radix import RadixCache
@@ -17,10 +19,23 @@ def held(radix: RadixCache) -> list[int]:
     return slots
 
 
+def unlocked(radix: RadixCache) -> int:
+    """KV slots of nodes no request locks, by a walk of the whole tree."""
+    total, stack = 0, [radix.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if node is not radix.root and node.lock_ref == 0:
+            total += len(node.kv_slots)
+    return total
+
+
 def check_accounting(radix: RadixCache, running: list[int] | None = None) -> None:
-    """Every slot is exactly one of: free, held by the tree, held privately by a running request."""
+    """Every slot is exactly one of: free, held by the tree, held privately by a running request; the evictable
+    count the tree keeps as locks change is what a walk finds."""
     tree = held(radix)
     assert len(tree) == len(set(tree)) == radix.num_cached_tokens
+    assert radix.evictable_tokens() == unlocked(radix)
     private = running or []
     assert len(tree) + len(private) + radix.kv_allocator.num_free_tokens == radix.kv_allocator.num_tokens
 
@@ -139,3 +154,42 @@ def test_unlock_more_than_lock_is_an_error():
     node = radix.match_prefix([1]).node
     with pytest.raises(RuntimeError):
         radix.unlock(node)
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_evictable_count_follows_locks_splits_and_evictions(page):
+    """The count kept by lock/unlock equals a walk through inserts that split locked and unlocked edges, nested
+    locks, unlocks and evictions (random prompts sharing prefixes)."""
+    rng = random.Random(page)
+    kv = KVAllocator(4096, page_tokens=page)
+    radix = RadixCache(kv)
+    locked: list = []
+    for _ in range(300):
+        action = rng.random()
+        if action < 0.45:
+            prefix = rng.choice([[], [1] * (2 * page), [1] * page + [2] * page, [3] * (3 * page)])
+            tokens = prefix + [rng.randrange(8) for _ in range(page * rng.randrange(1, 4))]
+            match = radix.match_prefix(tokens)
+            slots = kv.alloc(len(tokens) - match.num_tokens)
+            if slots is None:
+                radix.evict(len(tokens))
+                continue
+            result = radix.insert(tokens, match.kv_slots + slots)
+            kv.free(slots[: result.num_existing - match.num_tokens])
+            if rng.random() < 0.5:
+                radix.lock(result.node)
+                locked.append(result.node)
+        elif action < 0.7 and locked:
+            radix.unlock(locked.pop(rng.randrange(len(locked))))
+        elif action < 0.85:
+            radix.evict(rng.randrange(1, 4 * page))
+        else:
+            node = radix.match_prefix([1] * (2 * page)).node
+            if node is not radix.root:
+                radix.lock(node)
+                locked.append(node)
+        check_accounting(radix)
+    for node in locked:
+        radix.unlock(node)
+    assert radix.evictable_tokens() == radix.num_cached_tokens
+    check_accounting(radix)
