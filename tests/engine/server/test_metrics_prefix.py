@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import pytest
 from headroom.engine.cache.kv_slots import KVAllocator
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.cache.ssm_slots import SSMSlotAllocator
@@ -63,3 +64,33 @@ def test_counters_slots_and_one_silent_miss_log_a_minute(monkeypatch, caplog):
         clock[0] += 31
         metrics.refresh(loop)
     assert len(caplog.records) == 1 and "100 prompt tokens" in caplog.records[0].getMessage()
+
+
+def test_passes_count_on_the_engine_thread_and_the_gauges_at_the_scrape(monkeypatch, caplog):
+    """observe_step (the engine thread, after each pass) counts the pass and logs a silent miss with no scrape at
+    all; the gauges and prefix counters it leaves alone are brought up to date by refresh, which /metrics runs
+    before rendering, and the miss is not logged twice."""
+    from headroom.engine.loop.step import StepStats
+
+    clock = [1000.0]
+    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
+    cache = CacheManager(KVAllocator(2048), SSMSlotAllocator(32), lambda s, d: None, checkpoint_interval=64)
+    metrics, loop = EngineMetrics(with_gpu=False), _loop(cache)
+    base = list(range(1000, 1300))
+    _serve(cache, "a", base)
+    _serve(cache, "b", base[:250] + [7] * 20)
+    with caplog.at_level(logging.WARNING, logger="headroom.prefix_cache"):
+        metrics.observe_step(StepStats(seconds=0.02, num_prefill_tokens=64, num_decodes=3), loop)
+        metrics.observe_step(StepStats(seconds=0.01, num_decodes=3, interjected=[StepStats()]), loop)
+        assert len([r for r in caplog.records if "no SSM checkpoint" in r.getMessage()]) == 1
+        assert "58 prompt tokens" in caplog.records[0].getMessage()
+        metrics.refresh(loop)
+    assert len(caplog.records) == 1
+    assert _value(metrics, "headroom_forward_passes_total") == 2
+    assert _value(metrics, "headroom_interjected_passes_total") == 1
+    assert _value(metrics, "headroom_prefill_tokens_computed_total") == 64
+    assert _value(metrics, "headroom_pass_seconds_count") == 2
+    assert _value(metrics, "headroom_pass_seconds_sum") == pytest.approx(0.03)
+    assert _value(metrics, "headroom_kv_used_tokens") == cache.kv_allocator.num_used_tokens > 0
+    assert _value(metrics, "headroom_prefix_cache_tokens") == cache.radix.num_cached_tokens  # type: ignore[union-attr]
+    assert _value(metrics, "headroom_prefix_matched_no_state_tokens_total") == 250 - 192
