@@ -366,7 +366,8 @@ def _sequence(runner, name: str, tokens: list[int]):
 def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
     """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: prompt prefilled but its last
     decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the prefill's
-    last, against transformers fp32; transformers bf16's own distance is the bound."""
+    last, against transformers fp32 (max and root-mean-square difference); transformers bf16's own distance is
+    the bound. On the tiny model also the fused path with each fused op in turn on its reference."""
     import gpu_engine
     from headroom.engine.config import EngineConfig
     from headroom.engine.runtime.forward_batch import BatchItem
@@ -394,10 +395,16 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
             torch.cuda.empty_cache()
         truth = refs[torch.float32]
         case["transformers_bf16_vs_fp32_max_abs"] = float((refs[torch.bfloat16] - truth).abs().max())
+        case["transformers_bf16_vs_fp32_rms"] = float((refs[torch.bfloat16] - truth).square().mean().sqrt())
         case["logit_scale"] = float(truth.abs().max())
-        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager here).
-        for fused, kv in ((True, "bf16"), (False, "bf16"), (True, "int2")):
-            ops.set_fused(fused)
+        # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager here); on the tiny model, the
+        # fused path with one op at a time back on its reference (which fused kernel moves the logits).
+        runs = [("headroom_bf16_fused_graphs", True, (), "bf16"), ("headroom_bf16_naive_eager", False, (), "bf16"),
+                ("headroom_int2_fused_eager", True, (), "int2")]
+        if label == "tiny":
+            runs += [(f"headroom_bf16_fused_graphs_without_{op}", True, (op,), "bf16") for op in ops.FUSED_OPS]
+        for key, fused, off, kv in runs:
+            ops.set_fused(fused, off)
             runner = ModelRunner(EngineConfig(
                 model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=4096,
                 ssm_slots=8, context_length=4096, max_running_requests=4,
@@ -408,9 +415,8 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8) -> dict:
             for p in range(length - decode_tokens, length):
                 rows.append(runner.forward([BatchItem(seq, [tokens[p]])])[0])
             got = torch.stack(rows).float()
-            key = {"bf16": "headroom_bf16_fused_graphs" if fused else "headroom_bf16_naive_eager",
-                   "int2": "headroom_int2_fused_eager"}[kv]
             case[key + "_vs_fp32_max_abs"] = float((got - truth).abs().max())
+            case[key + "_vs_fp32_rms"] = float((got - truth).square().mean().sqrt())
             case[key + "_decode_only_vs_fp32_max_abs"] = float((got[1:] - truth[1:]).abs().max())
             del runner
             torch.cuda.empty_cache()

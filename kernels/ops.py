@@ -44,25 +44,32 @@ __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
-    "rotary_inv_freq", "set_fused", "sigmoid_mul", "silu_mul",
+    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul",
 ]
 
-# The fused elementwise kernels (norms, rotary, gates, GDN decode step) on CUDA; False runs the naive_*
-# references there too (bench/engine_speed.py measures both in one process).
-_FUSED = {"on": True}
+# The fused kernels (norms, rotary, gates, the decode GEMV, the GDN decode step and tail, the prefill conv) on
+# CUDA; "on" False runs the naive_* references there too (bench/engine_speed.py measures both in one process),
+# and the ops named in "off" run theirs alone (bench/engine_speed_parts.logit_check: which one moves the logits).
+FUSED_OPS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "rms_norm_rotary", "silu_mul", "sigmoid_mul",
+             "gdn_gates", "dense_linear", "gated_delta_decode", "gated_delta_tail", "causal_conv1d_varlen")
+_FUSED: dict = {"on": True, "off": frozenset()}
 
 
-def set_fused(on: bool) -> None:
-    _FUSED["on"] = on
+def set_fused(on: bool, off: tuple[str, ...] = ()) -> None:
+    """Fused kernels on or off on CUDA; with on, the ops named in off still run their references."""
+    unknown = sorted(set(off) - set(FUSED_OPS))
+    if unknown:
+        raise ValueError(f"set_fused: no fused op named {unknown}; the ops are {list(FUSED_OPS)}")
+    _FUSED.update(on=on, off=frozenset(off))
 
 
-def _fused(x: torch.Tensor) -> bool:
-    return x.is_cuda and _FUSED["on"]
+def _fused(x: torch.Tensor, op: str) -> bool:
+    return x.is_cuda and _FUSED["on"] and op not in _FUSED["off"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
     """x [T, D] or [T, H, D] -> rms_norm over D (kernels/norm.py)."""
-    if _fused(x):
+    if _fused(x, "rms_norm"):
         from headroom.kernels.norm_triton import rms_norm as run
 
         return run(x, weight, eps, unit_offset)[0]
@@ -71,7 +78,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
 
 def add_rms_norm(delta, residual, weight, eps: float, unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + delta), residual + delta), both [T, D]: the decoder's residual step."""
-    if _fused(residual):
+    if _fused(residual, "add_rms_norm"):
         from headroom.kernels.norm_triton import rms_norm as run
 
         normed, summed = run(residual, weight, eps, unit_offset, delta=delta)
@@ -81,7 +88,7 @@ def add_rms_norm(delta, residual, weight, eps: float, unit_offset: bool) -> tupl
 
 
 def gated_rms_norm(x, gate, weight, eps: float) -> torch.Tensor:
-    if _fused(x):
+    if _fused(x, "gated_rms_norm"):
         from headroom.kernels.norm_triton import gated_rms_norm as run
 
         return run(x, gate, weight, eps)
@@ -90,7 +97,7 @@ def gated_rms_norm(x, gate, weight, eps: float) -> torch.Tensor:
 
 def rms_norm_rotary(x, weight, eps: float, unit_offset: bool, positions, inv_freq) -> torch.Tensor:
     """q/k per-head norm then rotary: x [T, H, D] -> [T, H, D] contiguous."""
-    if _fused(x):
+    if _fused(x, "rms_norm_rotary"):
         from headroom.kernels.rotary_triton import rms_norm_rotary as run
 
         return run(x, weight, eps, unit_offset, positions, inv_freq)
@@ -98,7 +105,7 @@ def rms_norm_rotary(x, weight, eps: float, unit_offset: bool, positions, inv_fre
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if _fused(gate):
+    if _fused(gate, "silu_mul"):
         from headroom.kernels.gates_triton import silu_mul as run
 
         return run(gate, up)
@@ -106,7 +113,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    if _fused(x):
+    if _fused(x, "sigmoid_mul"):
         from headroom.kernels.gates_triton import sigmoid_mul as run
 
         return run(x, gate)
@@ -115,7 +122,7 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 def gdn_gates(b, a, neg_a, dt_bias) -> tuple[torch.Tensor, torch.Tensor]:
     """(beta [N, Hv] model dtype, g [N, Hv] fp32) of Gated DeltaNet (kernels/gates.py)."""
-    if _fused(b):
+    if _fused(b, "gdn_gates"):
         from headroom.kernels.gates_triton import gdn_gates as run
 
         return run(b, a, neg_a, dt_bias)
@@ -126,7 +133,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """x [..., K] @ weight [N, K].T (+ bias): on CUDA, decode-sized products (at most 16 rows) through
     kernels/gemv.py where its shipped table has this GPU, shape and row count (measured faster than cuBLAS
     there); cuBLAS (torch's F.linear) everywhere else."""
-    if bias is None and x.dim() == 2 and x.shape[0] <= 16 and _fused(x):
+    if bias is None and x.dim() == 2 and x.shape[0] <= 16 and _fused(x, "dense_linear"):
         from headroom.kernels.gemv import tuned_gemv
 
         out = tuned_gemv(x, weight)
@@ -139,7 +146,7 @@ def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None) -> torch.Te
     """One decode token per sequence (bounds None), or each sequence's rows bounds[b]..bounds[b+1] token by token;
     states updated in place at slots. None: not fused here, the caller takes the varlen path (fla or the
     reference)."""
-    if _fused(q):
+    if _fused(q, "gated_delta_decode"):
         from headroom.kernels.gdn_decode import gated_delta_decode as run
 
         return run(q, k, v, g, beta, states, slots, bounds)
@@ -153,7 +160,7 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row
                      snapshots: list[list[tuple[int, int]]]) -> None:
     """The last rows of B prefill pieces token by token, with state snapshots into pool slots (kernels/
     gated_delta.py's naive_gated_delta_tail): one Triton launch on CUDA, the reference elsewhere."""
-    if _fused(q):
+    if _fused(q, "gated_delta_tail"):
         from headroom.kernels.gdn_decode import gated_delta_tail as run
 
         # A fixed table width (the kernel's MAX_SNAPS), so that no snapshot count compiles a variant while
@@ -237,7 +244,7 @@ def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu
 def causal_conv1d_varlen(x, weight, states, slots, cu_seqlens, lengths: list[int]):
     """Prefill conv of every sequence of a pass, states updated in their pool slots: one Triton launch on
     CUDA, the reference per sequence elsewhere."""
-    if x.is_cuda and _FUSED["on"]:
+    if _fused(x, "causal_conv1d_varlen"):
         from headroom.kernels.conv_varlen import causal_conv1d_varlen as run
 
         return run(x, weight, states, slots, cu_seqlens, max(lengths, default=0))

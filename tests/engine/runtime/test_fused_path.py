@@ -46,7 +46,7 @@ def test_fused_kernels_match_the_naive_path(tiny_model_factory, monkeypatch, kv_
     vocab = reference.config.vocab_size
     naive = _generate(model_dir, vocab, kv_dtype)
     # Fused on the CPU: the Triton kernels in the interpreter.
-    monkeypatch.setattr(ops, "_fused", lambda x: True)
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     calls = _count_calls(monkeypatch)
     fused = _generate(model_dir, vocab, kv_dtype)
     # The fused branches really ran, decode steps and the short chunks' token-by-token delta rule included.
@@ -55,3 +55,22 @@ def test_fused_kernels_match_the_naive_path(tiny_model_factory, monkeypatch, kv_
     for a, b in zip(naive, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=2e-4, rtol=2e-4)
+
+
+def test_fused_ops_turn_off_one_at_a_time():
+    """set_fused's off names run their references alone (the logit check's ablation); an unknown name is refused
+    with the list of ops."""
+    from types import SimpleNamespace
+
+    cuda_like = SimpleNamespace(is_cuda=True)
+    try:
+        ops.set_fused(True, off=("silu_mul",))
+        assert not ops._fused(cuda_like, "silu_mul")
+        assert all(ops._fused(cuda_like, op) for op in ops.FUSED_OPS if op != "silu_mul")
+        ops.set_fused(False)
+        assert not any(ops._fused(cuda_like, op) for op in ops.FUSED_OPS)
+        with pytest.raises(ValueError, match=r"no fused op named \['silu'\]; the ops are \['rms_norm'"):
+            ops.set_fused(True, off=("silu",))
+    finally:
+        ops.set_fused(True)
+    assert ops._fused(cuda_like, "silu_mul") and not ops._fused(SimpleNamespace(is_cuda=False), "silu_mul")
