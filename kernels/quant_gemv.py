@@ -175,8 +175,8 @@ def quant_stream_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     o_w = tl.arange(0, BLOCK_W)
-    # k_per_split is a multiple of BLOCK_K: the words of a split start 16-word aligned (128-bit loads).
-    k_w = tl.multiple_of(k_lo // 8, 16)
+    # k_per_split is a multiple of BLOCK_K: a split's words start BLOCK_W-word aligned (128-bit loads).
+    k_w = tl.multiple_of(k_lo // 8, BLOCK_W)
     p_w = w + o_n[:, None].to(tl.int64) * stride_wn + (k_w + o_w)[None, :]
     if X_PAIRS:
         # int32 pairs: strides and offsets in pairs
