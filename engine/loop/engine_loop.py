@@ -12,7 +12,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headroom.engine.config import EngineConfig
 from headroom.engine.loop.step import StepRunner, StepStats, TokenEvent
@@ -85,9 +85,14 @@ class RequestStream:
 
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[TokenEvent]
+    # Found once, when the request is made, not under the registry's lock for every token the engine pushes.
+    outbox: _Outbox = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.outbox = _outbox(self.loop)
 
     def push(self, event: TokenEvent) -> None:
-        _outbox(self.loop).push(self.events, event)
+        self.outbox.push(self.events, event)
 
 
 class EngineLoop:
@@ -196,11 +201,10 @@ class EngineLoop:
 
     def _take_inbox(self, defer_aborts: bool) -> bool:
         added = False
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return added
+        # One thread reads the inbox (the engine's; warm-up's before it starts): what empty() saw is there to get,
+        # and no queue.Empty is raised and caught every pass.
+        while not self._inbox.empty():
+            kind, payload = self._inbox.get_nowait()
             if kind == "add":
                 assert isinstance(payload, tuple)
                 self.steps.add(payload[0], payload[1])
@@ -209,6 +213,7 @@ class EngineLoop:
                 self._deferred_aborts.append(str(payload))
             else:
                 self.steps.abort(str(payload))
+        return added
 
     def run_until_idle(self) -> None:
         """Synchronous driving (warm-up): run passes until nothing is left."""

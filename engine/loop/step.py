@@ -211,21 +211,22 @@ class StepRunner:
         return False
 
     def _run(self, plan: ScheduledPass, items: list[PassItem], between_layers: Callable[[], None] | None = None) -> None:
+        seqs = [self.sequences[item.request.request_id] for item in items]
         batch, captures = [], []
-        for item in items:
-            seq = self.sequences[item.request.request_id]
+        for item, seq in zip(items, seqs, strict=True):
             end = item.start + item.num_tokens
             # A hybrid prefill runs through its checkpoint stops; the pass leaves each stop's state in a slot.
             taken = self.cache.take_captures(seq, item.start, end) if seq.is_prefilling else []
             captures.append(taken)
             batch.append(BatchItem(seq, seq.tokens_between(item.start, end),
-                                   tuple((stop - item.start, slot) for stop, slot in taken)))
+                                   tuple((stop - item.start, slot) for stop, slot in taken) if taken else ()))
         sampling = [i for i, item in enumerate(items) if item.samples]
         try:
             logits = self.runner.forward(batch) if between_layers is None else \
                 self.runner.forward(batch, between_layers=between_layers)
-            tokens = dict(zip(sampling, sample(logits[sampling], [self.sequences[items[i].request.request_id]
-                                                                  for i in sampling]), strict=True)) if sampling else {}
+            # A decode step samples every row: no gather of the rows it already has.
+            rows = logits if len(sampling) == len(items) else logits[sampling]
+            tokens = dict(zip(sampling, sample(rows, [seqs[i] for i in sampling]), strict=True)) if sampling else {}
         except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server
             for taken in captures:
                 self.cache.drop_captures(taken)
@@ -233,24 +234,25 @@ class StepRunner:
                 self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
             return
         # Every capture is published (or freed) before anything below can raise: none can leak.
-        for item, taken in zip(items, captures, strict=True):
-            self.cache.publish_captures(self.sequences[item.request.request_id], taken)
+        for seq, taken in zip(seqs, captures, strict=True):
+            if taken:
+                self.cache.publish_captures(seq, taken)
         finished: set[str] = set()
-        for index, item in enumerate(items):
-            seq = self.sequences[item.request.request_id]
+        for index, seq in enumerate(seqs):
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 # Publish the prefix; at a checkpoint stop with a copy of the SSM state (hybrid models can
                 # only reuse a prefix up to a node that holds one).
                 self.cache.checkpoint(seq)
-            if not item.samples:
+            token = tokens.get(index)
+            if token is None:
                 continue
-            token = tokens[index]
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)
             self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
             if reason is not None:
                 finished.add(seq.request_id)
-        decoding_before = self.scheduler.num_decoding
+        # Whether any request was decoding before this pass matters only to a pass that carried no decode.
+        decoding_before = self.scheduler.num_decoding if not plan.decodes else 0
         self.scheduler.complete(plan, finished)
         # The decodes' last token: this pass's, or the first tokens it gave when no request was decoding before
         # (their gaps count from here, not from a decode long gone).

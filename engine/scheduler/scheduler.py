@@ -122,20 +122,22 @@ class Scheduler:
             if item.samples:
                 request.num_generated += 1
                 request.phase = Phase.DECODE
-        self.running = [r for r in self.running if r.request_id not in finished_ids]
+        if finished_ids:
+            self.running = [r for r in self.running if r.request_id not in finished_ids]
 
     def _schedule_decodes(self, plan: ScheduledPass, free_kv: int) -> int:
         """Add every decode (oldest first); one that does not fit preempts the newest request, whose pages
         pay for it in this pass. Returns the free KV left."""
         for request in [r for r in self.running if r.phase is Phase.DECODE]:
             need = self.capacity.kv_tokens_to_extend(request, 1)
-            while need > free_kv and request in self.running and len(self.running) > 1:
+            # Still running unless preempted above as a victim (_preempt sets WAITING): a flag, not a scan of running.
+            while need > free_kv and request.phase is Phase.DECODE and len(self.running) > 1:
                 victim = self.running[-1]
                 if victim in plan.scheduled_requests:
                     free_kv += self.capacity.kv_tokens_to_extend(victim, 1)
                     plan.remove_item(victim)
                 free_kv += self._preempt(plan, victim)
-            if request in self.running and need <= free_kv:
+            if request.phase is Phase.DECODE and need <= free_kv:
                 free_kv -= need
                 plan.add_item(request, 1)
         return free_kv

@@ -6,7 +6,12 @@ import itertools
 import logging
 
 import pytest
-from headroom.engine.scheduler.capacity import CountingCapacity, run_counted_pass
+from headroom.engine.scheduler.capacity import (
+    CountingCapacity,
+    finish_counted_pass,
+    run_counted_pass,
+    start_counted_pass,
+)
 from headroom.engine.scheduler.scheduler import Scheduler
 from headroom.engine.scheduler.types import SchedRequest, SchedulerConfig
 
@@ -136,3 +141,20 @@ def test_abort_removes_the_request_wherever_it_is():
     assert scheduler.abort("running") is not None and scheduler.abort("queued") is not None
     assert scheduler.abort("missing") is None
     assert not scheduler.has_work
+
+
+def test_a_decode_preempted_to_pay_for_an_older_one_leaves_the_pass():
+    """Three decodes and one free token: the first takes it, the second preempts the newest (the third), whose
+    pages pay for it; the third, a victim before its own turn came, is in no item of the pass and waits."""
+    capacity = CountingCapacity(34, 8)
+    scheduler = Scheduler(SchedulerConfig(chunked_prefill_size=64, decode_reserve_tokens=0), capacity)
+    for name in ("a", "b", "c"):
+        scheduler.add(SchedRequest(name, prompt_len=10, max_new_tokens=50))
+    run_counted_pass(scheduler, capacity)
+    run_counted_pass(scheduler, capacity)
+    assert [r.phase.value for r in scheduler.running] == ["decode"] * 3 and capacity.free_kv_tokens() == 1
+    plan = start_counted_pass(scheduler, capacity, scheduler.schedule())
+    assert [item.request.request_id for item in plan.items] == ["a", "b"]
+    assert [r.request_id for r in plan.preempted] == ["c"] and [r.request_id for r in scheduler.waiting] == ["c"]
+    finish_counted_pass(scheduler, capacity, plan)
+    assert [r.request_id for r in scheduler.running] == ["a", "b"]
