@@ -15,9 +15,13 @@ Figures (microseconds, steps where all B requests decode and none waits):
 - phases: the gap taken apart by timing the step's parts (a wrapper each, ~0.3 us apiece, counted in the part);
   profile: cProfile of the engine thread over the same steps, the forward left out (cProfile's per-call cost
   inflates small functions: read its figures as shares, the gap's as the truth).
+- sleep_loop / sleep_http: the model replaced by a --sleep-ms wait with the GIL released, as the engine thread
+  waits for a GPU step: the handlers then run during the wait, as they do on the GPU.
+- --fill N serves N short requests first, so that the prefix cache holds what a server that has run a while holds.
 
     PYTHONSAFEPATH=1 .venv/bin/python bench/engine_thread_overhead.py OUT.json [--batches 1 8 16] [--tokens 128]
-        [--prompt-len 256] [--repeats 3] [--fill 0] [--parts llm serve_loop serve_http phases_loop ...]
+        [--prompt-len 256] [--repeats 3] [--fill 0] [--sleep-ms 4]
+        [--parts llm serve_loop serve_http phases_loop phases_http profile_loop sleep_loop sleep_http]
 """
 
 from __future__ import annotations
@@ -224,10 +228,29 @@ def _radix_nodes(state) -> int:
     return count - 1
 
 
+def _sleeping_forward(runner, sleep_s: float) -> None:
+    """The model replaced by a wait of sleep_s with the GIL released, as the engine thread waits for a GPU step
+    (a CUDA graph's replay, then the sampled tokens' copy): positions advance, every row's logits pick byte 65."""
+    import torch
+
+    logits_row = torch.zeros(runner.vocab_size)
+    logits_row[65] = 1.0
+
+    def forward(items, all_positions=False, between_layers=None):
+        time.sleep(sleep_s)
+        for item in items:
+            item.seq.num_computed_tokens += len(item.token_ids)
+        return logits_row.expand(len(items), -1)
+
+    runner.forward = forward
+
+
 def measure_serve(args, rng: random.Random, mode: str, instrument: str) -> dict:
-    """mode http | loop; instrument gaps | phases | profile."""
+    """mode http | loop; instrument gaps | phases | profile | sleep (gaps with the model a sleep of --sleep-ms)."""
     state, server, url = _serve(args, with_http=mode == "http")
     loop, out = state.loop, {}
+    if instrument == "sleep":
+        _sleeping_forward(loop.runner, args.sleep_ms / 1000)
     profiler = cProfile.Profile() if instrument == "profile" else None
     clock = ForwardClock(loop.runner, profiler) if instrument != "phases" else None
     phases = Phases(loop) if instrument == "phases" else None
@@ -352,10 +375,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile-top", type=int, default=40)
+    parser.add_argument("--sleep-ms", type=float, default=4.0, help="sleep_*: the model's step as a GIL-free wait")
     parser.add_argument("--fill", type=int, default=0,
                         help="requests of 32 distinct tokens served before measuring (what the prefix cache holds)")
     parser.add_argument("--parts", nargs="+", default=["llm", "serve_loop", "serve_http", "phases_http",
-                                                       "phases_loop", "profile_loop"])
+                                                       "phases_loop", "profile_loop", "sleep_loop", "sleep_http"])
     args = parser.parse_args()
     import torch
 
@@ -365,7 +389,8 @@ def main() -> None:
                     "machine": {"cpus": len(__import__("os").sched_getaffinity(0)), "python": platform.python_version(),
                                 "torch": torch.__version__, "processor": platform.processor() or platform.machine()},
                     "settings": {"batches": args.batches, "tokens": args.tokens, "prompt_len": args.prompt_len,
-                                 "repeats": args.repeats, "fill": args.fill}}
+                                 "repeats": args.repeats, "fill": args.fill,
+                                 "sleep_ms": args.sleep_ms}}
     config = None
     for part in args.parts:
         started = time.perf_counter()
