@@ -5,11 +5,14 @@ KV slots are always whole pages and eviction never splits one. A node's `ssm_slo
 state after its last token; for a hybrid model a hit is usable only up to the deepest such node, since
 the SSM state of a shorter prefix cannot be rebuilt from KV. Ownership: the tree owns the KV slots and
 checkpoint slots of its nodes and frees them only on eviction; running requests lock their path.
-Which checkpoint goes first when slots run short: checkpoint_policy.eviction_key.
+Which checkpoint goes first when slots run short: checkpoint_policy.eviction_key. What the engine asks every
+pass (the evictable count) and every few decode steps of a full pool (the oldest unlocked leaf) is kept beside
+the tree as it changes, never found by a walk of it: hence a module past 300 lines.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +79,13 @@ class RadixCache:
         self.num_checkpoints = 0
         # Checkpoints dropped so far (slot pressure or their KV evicted): /metrics shows the rate.
         self.num_checkpoints_evicted = 0
+        # Eviction's queue, least recently used first: (last_access, order, node), pushed whenever a node may have
+        # become an unlocked leaf or was touched as one; an entry whose node has since been touched, locked, given
+        # a child or evicted is dropped when met. A full pool evicts every few decode steps, and a walk of the
+        # whole tree each time grew with everything cached.
+        self._lru: list[tuple[int, int, RadixNode]] = []
+        self._lru_order = itertools.count()
+        self._num_nodes = 0
 
     def _child_key(self, tokens: list[int], pos: int) -> tuple[int, ...]:
         return tuple(tokens[pos : pos + self.page_size])
@@ -98,6 +108,7 @@ class RadixCache:
         node.parent.children[tuple(node.key[: self.page_size])] = upper
         node.key, node.kv_slots, node.parent = node.key[at:], node.kv_slots[at:], upper
         upper.children[tuple(node.key[: self.page_size])] = node
+        self._num_nodes += 1
         return upper
 
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
@@ -120,6 +131,7 @@ class RadixCache:
                     break
                 child = self._split(child, common)
             child.last_access = now
+            self._offer(child)
             slots.extend(child.kv_slots)
             pos += common
             node = child
@@ -144,6 +156,7 @@ class RadixCache:
             walk.lock_ref -= 1
             if walk.lock_ref == 0:
                 self.num_locked_tokens -= len(walk.kv_slots)
+                self._offer(walk)
             walk = walk.parent
 
     def insert(self, tokens: list[int], kv_slots: list[int], ssm_slot: int | None = None) -> InsertResult:
@@ -160,12 +173,15 @@ class RadixCache:
                 child = RadixNode(key=tokens[pos:], kv_slots=kv_slots[pos:], parent=node, last_access=now)
                 node.children[self._child_key(tokens, pos)] = child
                 self.num_cached_tokens += len(tokens) - pos
+                self._num_nodes += 1
+                self._offer(child)
                 node, num_existing = child, pos
                 break
             common = self._common_len(child.key, tokens, pos)
             if common < len(child.key):
                 child = self._split(child, common)
             child.last_access = now
+            self._offer(child)
             pos += common
             node, num_existing = child, pos
         else:
@@ -220,23 +236,42 @@ class RadixCache:
             self.num_checkpoints -= 1
             self.num_checkpoints_evicted += 1
 
+    def _offer(self, node: RadixNode) -> None:
+        """Queue node for eviction at its current last_access if it is an unlocked leaf now."""
+        if node is self.root or node.children or node.lock_ref:
+            return
+        heapq.heappush(self._lru, (node.last_access, next(self._lru_order), node))
+        if len(self._lru) > 2 * self._num_nodes + 64:
+            # Mostly entries that have moved on: start again from the tree's unlocked leaves.
+            self._lru = [(leaf.last_access, next(self._lru_order), leaf) for leaf in self._evictable_leaves()]
+            heapq.heapify(self._lru)
+
+    def _pop_lru(self) -> RadixNode | None:
+        """The unlocked leaf touched longest ago (None when every leaf is locked)."""
+        while self._lru:
+            access, _, node = heapq.heappop(self._lru)
+            if access == node.last_access and not node.children and node.lock_ref == 0 and node.parent is not None \
+                    and node.parent.children.get(tuple(node.key[: self.page_size])) is node:
+                return node
+        return None
+
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens KV slots, least recently used unlocked leaves first (their checkpoints too).
         Returns the number of slots freed (less if everything left is locked)."""
         freed = 0
-        leaves = self._evictable_leaves()
-        while freed < num_tokens and leaves:
-            leaves.sort(key=lambda n: n.last_access)
-            node = leaves.pop(0)
+        while freed < num_tokens:
+            node = self._pop_lru()
+            if node is None:
+                break
             parent = node.parent
             assert parent is not None
             del parent.children[tuple(node.key[: self.page_size])]
+            self._num_nodes -= 1
             self.kv_allocator.free(node.kv_slots)
             self._drop_checkpoint(node)
             freed += len(node.kv_slots)
             self.num_cached_tokens -= len(node.kv_slots)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                leaves.append(parent)
+            self._offer(parent)
         return freed
 
     def evict_checkpoints(self, num_slots: int) -> int:

@@ -193,3 +193,95 @@ def test_evictable_count_follows_locks_splits_and_evictions(page):
         radix.unlock(node)
     assert radix.evictable_tokens() == radix.num_cached_tokens
     check_accounting(radix)
+
+
+class WalkingEviction(RadixCache):
+    """Eviction as it was before the LRU queue: collect every unlocked leaf by a walk, take the oldest each time."""
+
+    def evict(self, num_tokens: int) -> int:
+        freed = 0
+        leaves = self._evictable_leaves()
+        while freed < num_tokens and leaves:
+            leaves.sort(key=lambda n: n.last_access)
+            node = leaves.pop(0)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[tuple(node.key[: self.page_size])]
+            self.kv_allocator.free(node.kv_slots)
+            self._drop_checkpoint(node)
+            freed += len(node.kv_slots)
+            self.num_cached_tokens -= len(node.kv_slots)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                leaves.append(parent)
+        return freed
+
+
+def paths(radix: RadixCache) -> list[tuple[tuple[int, ...], int | None]]:
+    """Every node as (its whole prefix, its checkpoint)."""
+    out, stack = [], [(radix.root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        for child in node.children.values():
+            stack.append((child, prefix + tuple(child.key)))
+            out.append((prefix + tuple(child.key), child.ssm_slot))
+    return sorted(out, key=lambda pair: pair[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_eviction_takes_the_same_leaves_as_the_walk_did(seed):
+    """The LRU queue evicts what a walk of the whole tree took, oldest unlocked leaf first, through a random run
+    of inserts (with checkpoints in the hybrid case), matches (which touch and split), locks, unlocks and
+    evictions small and large; the queue stays bounded by the tree's size."""
+    rng = random.Random(seed)
+    hybrid = seed % 2 == 1
+    caches = [(cls(kv, ssm, require_checkpoint=hybrid), kv, ssm, [])
+              for cls in (RadixCache, WalkingEviction)
+              for kv, ssm in [(KVAllocator(512, page_tokens=2), SSMSlotAllocator(64))]]
+    for step in range(600):
+        action = rng.random()
+        prefix = rng.choice([[], [1, 1], [1, 1, 2, 2], [3, 3, 3, 3, 3, 3]])
+        tokens = prefix + [rng.randrange(6) for _ in range(2 * rng.randrange(1, 5))]
+        lock_it, checkpoint, evict_n = rng.random() < 0.4, hybrid and rng.random() < 0.6, rng.choice([1, 2, 7, 40])
+        for radix, kv, ssm, locked in caches:
+            if action < 0.4:
+                match = radix.match_prefix(tokens)
+                slots = kv.alloc(len(tokens) - match.num_tokens)
+                if slots is None:
+                    radix.evict(len(tokens))
+                    continue
+                ckpt = ssm.alloc() if checkpoint else None
+                result = radix.insert(tokens, match.kv_slots + slots, ckpt)
+                kv.free(slots[: result.num_existing - match.num_tokens])
+                if ckpt is not None and not result.ssm_adopted:
+                    ssm.free(ckpt)
+                if lock_it:
+                    radix.lock(result.node)
+                    locked.append(result.node)
+            elif action < 0.55:
+                radix.match_prefix(tokens)
+            elif action < 0.7:
+                if locked:
+                    radix.unlock(locked.pop(0))
+            else:
+                radix.evict(evict_n)
+        (new, new_kv, _, _), (old, old_kv, _, _) = caches
+        assert paths(new) == paths(old), step
+        assert new_kv.num_free_tokens == old_kv.num_free_tokens
+        check_accounting(new)
+        assert len(new._lru) <= 2 * new._num_nodes + 65
+    # Matches alone touch leaves again and again: the queue fills with stale entries and is rebuilt from the tree.
+    for radix, _, _, locked in caches:
+        while locked:
+            radix.unlock(locked.pop())
+    leaves = [list(prefix) for prefix, _ in paths(new) if not any(
+        other[: len(prefix)] == prefix and len(other) > len(prefix) for other, _ in paths(new))]
+    sizes = []
+    for _ in range(400):
+        tokens = rng.choice(leaves)
+        for radix, _, _, _ in caches:
+            radix.match_prefix(tokens)
+        sizes.append(len(new._lru))
+    assert any(b < a for a, b in zip(sizes, sizes[1:], strict=False)) and max(sizes) <= 2 * new._num_nodes + 65
+    for radix, _, _, _ in caches:
+        radix.evict(60)
+    assert paths(new) == paths(old) and new.evictable_tokens() == unlocked(new)
