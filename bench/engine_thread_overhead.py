@@ -33,7 +33,6 @@ import json
 import platform
 import pstats
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -174,20 +173,12 @@ def _serve(args, with_http: bool):
         raise RuntimeError(state.warmup_error)
     if not with_http:
         return state, None, None
-    import uvicorn
-    from headroom.engine.server.app import build_app
-    from headroom.engine.server.transport import HTTPLimits, uvicorn_config
+    # The sibling bench script; PYTHONSAFEPATH (the Makefile's) keeps the script's folder off sys.path.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from http_token_path import serve_in_thread
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    limits = HTTPLimits()
-    server = uvicorn.Server(uvicorn_config(build_app(state, limits=limits), "127.0.0.1", port, limits,
-                                           log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.02)
-    return state, server, f"http://127.0.0.1:{port}"
+    server, url = serve_in_thread(state)
+    return state, server, url
 
 
 def _drive_loop(state, prompts: list[list[int]], tokens: int) -> None:

@@ -93,18 +93,26 @@ class StandInLoop:
 
 
 def _serve(step_s: float, host_s: float):
-    import uvicorn
     from headroom.engine.default_model import ensure_default_model
-    from headroom.engine.server.app import build_app
     from headroom.engine.server.generate import ServerState
     from headroom.engine.server.metrics import EngineMetrics
     from headroom.engine.server.tokenizer import load_tokenizer
-    from headroom.engine.server.transport import HTTPLimits, uvicorn_config
 
     loop = StandInLoop(step_s, host_s)
     state = ServerState(loop=loop, tokenizer=load_tokenizer(ensure_default_model(), [0]), model_name="stand-in",
                         context_length=4096, metrics=EngineMetrics())
     state.ready.set()
+    server, url = serve_in_thread(state)
+    return loop, server, url
+
+
+def serve_in_thread(state):
+    """The real app over a ServerState on a free loopback port, uvicorn in a daemon thread: (server, url).
+    Also bench/engine_thread_overhead.py's."""
+    import uvicorn
+    from headroom.engine.server.app import build_app
+    from headroom.engine.server.transport import HTTPLimits, uvicorn_config
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -114,7 +122,7 @@ def _serve(step_s: float, host_s: float):
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.02)
-    return loop, server, f"http://127.0.0.1:{port}"
+    return server, f"http://127.0.0.1:{port}"
 
 
 def run_case(step_ms: float, host_ms: float, batch: int, tokens: int) -> dict:

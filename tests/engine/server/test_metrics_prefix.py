@@ -34,15 +34,20 @@ def _serve(cache: CacheManager, name: str, prompt: list[int]) -> None:
     cache.finish(seq)
 
 
-def test_counters_slots_and_one_silent_miss_log_a_minute(monkeypatch, caplog):
+def _with_a_silent_miss(monkeypatch):
+    """(clock, cache, metrics, loop, base): a cache that served `base` (300 tokens) and then 250 of them again, whose
+    deepest state inside is at 192 (58 tokens matched without a state); the metrics' clock stands at clock[0]."""
     clock = [1000.0]
     monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
     cache = CacheManager(KVAllocator(2048), SSMSlotAllocator(32), lambda s, d: None, checkpoint_interval=64)
-    metrics, loop = EngineMetrics(with_gpu=False), _loop(cache)
     base = list(range(1000, 1300))
     _serve(cache, "a", base)
-    # 250 of `base` again: the tree holds them but the deepest state inside is at 192.
     _serve(cache, "b", base[:250] + [7] * 20)
+    return clock, cache, EngineMetrics(with_gpu=False), _loop(cache), base
+
+
+def test_counters_slots_and_one_silent_miss_log_a_minute(monkeypatch, caplog):
+    clock, cache, metrics, loop, base = _with_a_silent_miss(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="headroom.prefix_cache"):
         metrics.refresh(loop)
         metrics.refresh(loop)
@@ -72,13 +77,7 @@ def test_passes_count_on_the_engine_thread_and_the_gauges_at_the_scrape(monkeypa
     before rendering, and the miss is not logged twice."""
     from headroom.engine.loop.step import StepStats
 
-    clock = [1000.0]
-    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
-    cache = CacheManager(KVAllocator(2048), SSMSlotAllocator(32), lambda s, d: None, checkpoint_interval=64)
-    metrics, loop = EngineMetrics(with_gpu=False), _loop(cache)
-    base = list(range(1000, 1300))
-    _serve(cache, "a", base)
-    _serve(cache, "b", base[:250] + [7] * 20)
+    _, cache, metrics, loop, _ = _with_a_silent_miss(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="headroom.prefix_cache"):
         metrics.observe_step(StepStats(seconds=0.02, num_prefill_tokens=64, num_decodes=3), loop)
         metrics.observe_step(StepStats(seconds=0.01, num_decodes=3, interjected=[StepStats()]), loop)
