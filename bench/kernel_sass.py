@@ -1,12 +1,17 @@
-"""Instructions a code in the int4 stream kernel's main loop, read off its SASS for sm_90 on a machine without a
+"""Instructions per element in a decode kernel's main loop, read off its SASS for sm_90 on a machine without a
 GPU (Triton compiles for a target it names; its package carries ptxas and cuobjdump).
 
-    .venv/bin/python bench/kernel_sass.py OUT.json [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
 
-A decode GEMV over int4 words is bound by the instructions it issues per code before it is bound by memory
-(kernels/quant_gemv.py's docstring), so the count per code is the figure to drive down between H200 runs. The
-main loop is the backward branch spanning the most code; the kernel is compiled as the launcher specializes it
-for the 4B model's layers (pointers and the K-sized arguments 16-divisible, K a multiple of the tile)."""
+- stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
+  bound by the instructions it issues per code before it is bound by memory (that module's docstring).
+- kivi: paged attention's decode over a KIVI pool (kernels/paged_attention.py, whole-page tiles), instructions
+  per key or value element: the 4B model's attention (4 query heads a KV head, head_dim 256, pages of 32 keys,
+  value groups of 32 channels).
+
+The main loop is the backward branch spanning the most code; each kernel is compiled as its launcher
+specializes it at the 4B shapes (pointers and 16-divisible integer arguments marked so)."""
 
 from __future__ import annotations
 
@@ -18,32 +23,41 @@ import sys
 from pathlib import Path
 
 import triton
-from headroom.kernels.quant_gemv import quant_stream_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-POINTERS = {"x": "*bf16", "w": "*i32", "s": "*bf16", "z": "*i32", "o": "*bf16", "ws": "*fp32", "counters": "*i32"}
-# Integer arguments the launcher's values make 16-divisible at the 4B shapes (Triton specializes on that).
-DIVISIBLE = {"M": False, "N": True, "K": True, "stride_xm": True, "stride_wn": True, "stride_om": True,
-             "k_per_split": True, "magic_bits": True}
-DEFAULT_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,8,3", "1,512,128,8,2",
-                   "4,128,64,4,3", "4,128,128,4,3", "4,64,128,4,3"]
+STREAM_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,8,3", "1,512,128,8,2",
+                  "4,128,64,4,3", "4,128,128,4,3", "4,64,128,4,3"]
+KIVI_CONFIGS = ["2,64,4,2", "2,64,8,2", "4,64,4,2"]
 
 
-def compile_sass(block_m: int, block_n: int, block_k: int, warps: int, stages: int) -> str:
-    """bf16 rows, as the engine's decode passes them (int32 pairs)."""
+def _stream(spec: str) -> tuple[object, dict, dict, dict, float, set]:
+    """(kernel, pointer types, constants, launch options, elements a thread per loop iteration, integer arguments
+    that are not 16-divisible at the 4B shapes); bf16 rows, as the engine's decode passes them (int32 pairs)."""
+    from headroom.kernels.quant_gemv import quant_stream_kernel
+
+    block_m, block_n, block_k, warps, stages = map(int, spec.split(","))
+    pointers = {"x": "*i32", "w": "*i32", "s": "*bf16", "z": "*i32", "o": "*bf16", "ws": "*fp32", "counters": "*i32"}
     constants = {"HAS_ZERO": False, "ZERO": 8, "SCALE_BK": 128, "BLOCK_M": block_m, "BLOCK_N": block_n,
                  "BLOCK_K": block_k, "SPLIT": True, "NUM_STAGES": stages, "EVEN_K": True, "X_PAIRS": True}
-    names = quant_stream_kernel.arg_names
-    signature = {n: "constexpr" if n in constants else POINTERS.get(n, "i32") for n in names}
-    signature["x"] = "*i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS or DIVISIBLE.get(n)}
-    kernel = triton.compile(ASTSource(quant_stream_kernel, signature, constants, attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    cubin = Path("/tmp/kernel_sass.cubin")
-    cubin.write_bytes(kernel.asm["cubin"])
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return (quant_stream_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
+            block_n * block_k / (32 * warps), {"M", "stride_sn", "stride_zn", "num_splits"})
+
+
+def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
+    """The same for a decode launch over a KIVI pool (one query token, 16 rows a program)."""
+    from headroom.kernels.paged_attention import paged_attention_fwd_kernel
+
+    bits, block_n, warps, stages = map(int, spec.split(","))
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
+    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
+                    v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": 16, "BLOCK_N": block_n, "KIND": 2,
+                 "BITS": bits, "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32",
+                 "ROUND_TILES": True, "PAGE_TILE": True, "CONTINUE": False}
+    # A key and a value element for every (key, channel) of the tile.
+    return (paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
+            2 * block_n * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
 
 
 def main_loop(sass: str) -> list[str]:
@@ -55,21 +69,44 @@ def main_loop(sass: str) -> list[str]:
     return [re.sub(r"^@!?U?P[T0-9]+\s+", "", text).split()[0].split(".")[0] for at, text in rows if start <= at <= end]
 
 
+def count(kernel, pointers: dict, constants: dict, options: dict, elements: float, not_divisible: set) -> dict:
+    """Compile for sm_90 and count the main loop: instructions, their mix, registers a thread."""
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constants else pointers.get(n, "i32") for n in names}
+    # Pointers and integer arguments as Triton specializes the 4B shapes: 16-divisible but for those named.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in constants and signature[n] != "fp32" and n not in not_divisible}
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    cubin = Path("/tmp/kernel_sass.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
+    registers = re.search(r"REG:(\d+)", usage)
+    ops = main_loop(sass)
+    return {"loop_instructions": len(ops), "elements_per_thread": elements,
+            "instructions_per_element": round(len(ops) / elements, 2),
+            "registers": int(registers.group(1)) if registers else None,
+            "opcodes": dict(collections.Counter(ops).most_common(14))}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
+    subject = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in ("stream", "kivi") else "stream"
+    specs = [a for a in sys.argv[2:] if a != subject] or (STREAM_CONFIGS if subject == "stream" else KIVI_CONFIGS)
+    build = _stream if subject == "stream" else _kivi
     results = []
-    for spec in sys.argv[2:] or DEFAULT_CONFIGS:
-        block_m, block_n, block_k, warps, stages = map(int, spec.split(","))
-        ops = main_loop(compile_sass(block_m, block_n, block_k, warps, stages))
-        codes_per_thread = block_n * block_k / (32 * warps)
-        row = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "num_warps": warps, "num_stages": stages,
-               "loop_instructions": len(ops), "codes_per_thread": codes_per_thread,
-               "instructions_per_code": round(len(ops) / codes_per_thread, 2),
-               "opcodes": dict(collections.Counter(ops).most_common(12))}
+    for spec in specs:
+        row = {"config": spec, **count(*build(spec))}
         results.append(row)
-        print(f"{spec}: {row['instructions_per_code']} a code ({len(ops)} in the loop)", row["opcodes"])
+        print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
+              f"loop, {row['registers']} registers)", row["opcodes"])
+    fields = ("BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES" if subject == "stream" else "BITS,BLOCK_N,WARPS,STAGES")
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
-                               "triton": triton.__version__, "target": "cuda sm_90", "rows": results}, indent=2) + "\n")
+                               "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
+                               "config_fields": fields, "rows": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 On NVIDIA GPUs I2F runs at a quarter of the FP32 rate (16 a clock per SM on the H200), so kernels that turn
 every packed code of a weight or KV tile into a float are bound by it before they are bound by memory. OR-ing
 an integer below 2^23 into the mantissa of the float 2^23 (bits 0x4B000000) gives the float 2^23 + x exactly,
-and subtracting 2^23 leaves x: one logic op and one add, both at full rate. Used by kernels/quant_gemv.py
-(int4 weight codes) and kernels/paged_attention.py (KIVI KV codes)."""
+and subtracting 2^23 leaves x: one logic op and one add, both at full rate. Used by kernels/paged_attention.py
+(KIVI KV codes); kernels/quant_gemv.py applies the same trick with its own mask per nibble and MAGIC_BITS passed
+in as an argument (see there why)."""
 
 from __future__ import annotations
 
