@@ -35,6 +35,8 @@ LONG, SHORT, EXTRA = int(os.environ.get("CONTENTION_LONG_TOKENS", "16000")), 30,
 factory = from_id_range(32, 127)
 QUESTION_TIMES_S = (1.0, 1.25, 1.5)
 REPEATS = int(os.environ.get("CONTENTION_REPEATS", "1"))
+if REPEATS < 1:
+    raise SystemExit(f"CONTENTION_REPEATS={REPEATS}: the scenarios run at least once")
 
 
 def prompt(label: str, name: str, tokens: int) -> list[int]:
