@@ -552,21 +552,24 @@ def kivi_block_path() -> dict:
     return out
 
 def profile_passes(model: Path) -> dict:
-    """Where the time goes, through the LLM API with decode graphs: one 8,192-token prefill (wall vs kernel
-    time, and where the GPU sat idle) and 32 graphed decode steps at batch 1."""
+    """Where the time goes, through the LLM API with decode graphs: one 8,192- and one 32,768-token prefill (wall
+    vs kernel time, and where the GPU sat idle) and 32 graphed decode steps at batch 1."""
     from decode_parts import gpu_timeline
     from gpu_engine import kernels_by_name
     from headroom.engine.llm import LLM
     from torch.profiler import ProfilerActivity, profile
 
     rng = random.Random(5)
-    llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=40000, ssm_slots=24,
-              chunked_prefill_size=8192, context_length=16384, max_running_requests=8, enable_prefix_cache=False)
+    llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=72000, ssm_slots=24,
+              chunked_prefill_size=8192, context_length=40000, max_running_requests=8, enable_prefix_cache=False)
     prompt = [rng.randrange(1000, 200000) for _ in range(8192)]
+    long_prompt = [rng.randrange(1000, 200000) for _ in range(32768)]
     llm.generate([prompt], max_new_tokens=1, ignore_eos=True)
+    llm.generate([long_prompt[::-1]], max_new_tokens=1, ignore_eos=True)
     llm.generate([prompt[:256]], max_new_tokens=8, ignore_eos=True)
     out: dict = {}
-    for name, prompts, new in (("prefill_8192", [prompt[::-1]], 1), ("decode_bs1_32_steps", [prompt[:200]], 33)):
+    for name, prompts, new in (("prefill_8192", [prompt[::-1]], 1), ("prefill_32768", [long_prompt], 1),
+                               ("decode_bs1_32_steps", [prompt[:200]], 33)):
         torch.cuda.synchronize()
         started = time.perf_counter()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
