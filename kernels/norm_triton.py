@@ -1,5 +1,6 @@
-"""RMSNorm kernels: one program per row (token, or token x head), statistics in fp32, rounding where
-kernels/norm.py's references round, so bf16 results match them up to the last ulp of rsqrt.
+"""RMSNorm kernels: one program per row (token, or token x head; gated_rms_norm and l2_norm: a block of rows),
+statistics in fp32, rounding where kernels/norm.py's references round, so bf16 results match them up to the
+last ulp of rsqrt.
 
 rms_norm also does the decoder's residual step (s = residual + delta, stored, then normed) in the same
 pass, and reads strided [T, H, D] rows (q/k heads cut from a wider projection) without a copy."""
@@ -37,18 +38,21 @@ def rms_norm_fwd_kernel(
 
 @triton.jit
 def gated_rms_norm_fwd_kernel(
-    x, gate, weight, out, stride_x, stride_g, dim, eps, BLOCK_D: tl.constexpr,
+    x, gate, weight, out, stride_xt, stride_xh, stride_gt, stride_gh, num_rows, num_heads, dim, eps,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    i_r = tl.program_id(0).to(tl.int64)
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < dim
-    b_x = tl.load(x + i_r * stride_x + o_d, mask=m_d, other=0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, 0) / dim + eps)
-    b_w = tl.load(weight + o_d, mask=m_d, other=0).to(tl.float32)
-    b_y = ((b_x * rstd).to(out.dtype.element_ty).to(tl.float32) * b_w).to(out.dtype.element_ty).to(tl.float32)
-    b_g = tl.load(gate + i_r * stride_g + o_d, mask=m_d, other=0).to(tl.float32)
+    m = (o_r < num_rows)[:, None] & (o_d < dim)[None, :]
+    i_t, i_h = o_r // num_heads, o_r % num_heads
+    b_x = tl.load(x + (i_t * stride_xt + i_h * stride_xh)[:, None] + o_d[None, :], mask=m, other=0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, 1) / dim + eps)
+    b_w = tl.load(weight + o_d, mask=o_d < dim, other=0).to(tl.float32)
+    b_y = ((b_x * rstd[:, None]).to(out.dtype.element_ty).to(tl.float32) * b_w[None, :])
+    b_y = b_y.to(out.dtype.element_ty).to(tl.float32)
+    b_g = tl.load(gate + (i_t * stride_gt + i_h * stride_gh)[:, None] + o_d[None, :], mask=m, other=0).to(tl.float32)
     b_y = b_y * (b_g / (1.0 + tl.exp(-b_g)))
-    tl.store(out + i_r * dim + o_d, b_y.to(out.dtype.element_ty), mask=m_d)
+    tl.store(out + o_r[:, None] * dim + o_d[None, :], b_y.to(out.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -113,17 +117,38 @@ def rms_norm(
     return out, summed
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * rmsnorm(x) * silu(gate): x, gate [..., D] (same shape), weight [D] -> x's shape, contiguous."""
+# (BLOCK_R rows, num_warps) of a gated_rms_norm program for passes of at least GATED_MANY_ROWS rows (prefill:
+# 262,144 rows of 128 at 8K tokens of the 4B model, where one row a program ran 4x off bandwidth on the H200),
+# and one row of 4 warps below (decode's 32 rows a token, as before). Two variants only, so that no pass size
+# compiles one while serving. bench/prefill_gdn_kernels.py sweeps them on the GPU.
+GATED_MANY_ROWS = 4096
+GATED_CONFIG = (16, 4)
+GATED_FEW_ROWS_CONFIG = (1, 4)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   config: tuple[int, int] | None = None) -> torch.Tensor:
+    """weight * rmsnorm(x) * silu(gate): x, gate [..., D] (same shape; [T, D] or [T, H, D] may have strided rows,
+    e.g. z cut from the in-projection), weight [D] -> x's shape, contiguous. config: (BLOCK_R, num_warps),
+    by row count when None."""
     dim = x.shape[-1]
     if gate.shape != x.shape or weight.shape != (dim,):
         raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)}")
-    x2, g2 = x.reshape(-1, dim), gate.reshape(-1, dim)
-    if x2.stride(-1) != 1 or g2.stride(-1) != 1:
-        x2, g2 = x2.contiguous(), g2.contiguous()
+    x3, g3 = _heads(x, gate)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x2.shape[0]:
-        gated_rms_norm_fwd_kernel[(x2.shape[0],)](
-            x2, g2, weight, out, x2.stride(0), g2.stride(0), dim, eps, BLOCK_D=triton.next_power_of_2(dim),
+    tokens, heads = x3.shape[:2]
+    rows = tokens * heads
+    block_r, num_warps = config or (GATED_CONFIG if rows >= GATED_MANY_ROWS else GATED_FEW_ROWS_CONFIG)
+    if rows:
+        gated_rms_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
+            x3, g3, weight, out, x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), rows, heads, dim, eps,
+            BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps,
         )
     return out
+
+
+def _heads(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, gate [..., D] as [T, H, D] with contiguous last dims: views of [T, D] or [T, H, D], else copies."""
+    if x.dim() in (2, 3) and x.stride(-1) == 1 and gate.stride(-1) == 1:
+        return (x, gate) if x.dim() == 3 else (x[:, None, :], gate[:, None, :])
+    return x.reshape(-1, 1, x.shape[-1]).contiguous(), gate.reshape(-1, 1, x.shape[-1]).contiguous()

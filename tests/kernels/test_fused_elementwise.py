@@ -58,10 +58,33 @@ def test_rms_norm_rotary(rotary_dim, dim, unit_offset):
     torch.testing.assert_close(got, naive_rms_norm_rotary(x, w, 1e-6, unit_offset, positions, inv_freq), atol=1e-4, rtol=1e-4)
 
 
-def test_gated_rms_norm():
+@pytest.mark.parametrize("config", [None, (1, 4), (4, 2), (16, 4), (64, 8)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 3, 20), (1, 1, 20), (13, 5, 32), (9, 24)], ids=str)
+def test_gated_rms_norm(shape, config):
+    """Row blocks over odd row counts (a partial last block), one row, [T, D] and [T, H, D]."""
     gen = _gen(2)
-    x, gate, w = torch.randn(7, 3, 20, generator=gen), torch.randn(7, 3, 20, generator=gen), torch.randn(20, generator=gen)
-    torch.testing.assert_close(gated_rms_norm(x, gate, w, 1e-6), naive_gated_rms_norm(x, gate, w, 1e-6), **TOL)
+    x, gate, w = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), torch.randn(shape[-1], generator=gen)
+    got = gated_rms_norm(x, gate, w, 1e-6, config=config)
+    torch.testing.assert_close(got, naive_gated_rms_norm(x, gate, w, 1e-6), **TOL)
+
+
+def test_gated_rms_norm_strided_gate():
+    """z cut from the merged in-projection (rows of [T, wider] viewed as [T, H, D]) is read in place, as x may be;
+    more rows than GATED_MANY_ROWS take the row-block config."""
+    from headroom.kernels.norm_triton import GATED_MANY_ROWS
+
+    gen = _gen(4)
+    tokens, heads, dim = GATED_MANY_ROWS // 4 + 3, 4, 16
+    wide = torch.randn(tokens, heads * dim + 40, generator=gen)
+    gate = wide[:, 8 : 8 + heads * dim].view(tokens, heads, dim)
+    x = torch.randn(tokens, 2 * heads * dim, generator=gen)[:, : heads * dim].view(tokens, heads, dim)
+    w = torch.randn(dim, generator=gen)
+    got = gated_rms_norm(x, gate, w, 1e-6)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, naive_gated_rms_norm(x, gate, w, 1e-6), **TOL)
+    # A 4-d input (no [T, H, D] view) is still right.
+    x4, g4 = x.reshape(tokens, 2, 2, dim), gate.reshape(tokens, 2, 2, dim)
+    torch.testing.assert_close(gated_rms_norm(x4, g4, w, 1e-6, config=(8, 4)), naive_gated_rms_norm(x4, g4, w, 1e-6), **TOL)
 
 
 def test_gates():
