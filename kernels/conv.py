@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from headroom.kernels.norm import naive_l2_norm
 
 
 def naive_causal_conv1d(
@@ -43,3 +44,16 @@ def naive_causal_conv1d_varlen(
         states[slot] = new_state
         start += length
     return out
+
+
+def naive_causal_conv1d_varlen_qkv(
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, lengths: list[int],
+    key_dim: int, norm_dim: int = 0, eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference for kernels/conv_varlen.py's causal_conv1d_varlen_qkv: the conv's output cut into q, k (key_dim
+    channels each) and v, each contiguous; norm_dim > 0: q and k L2-normed per norm_dim-channel head."""
+    out = naive_causal_conv1d_varlen(x, weight, states, slots, lengths)
+    q, k, v = (part.contiguous() for part in out.split([key_dim, key_dim, x.shape[1] - 2 * key_dim], dim=1))
+    if norm_dim:
+        q, k = (naive_l2_norm(t.view(t.shape[0], -1, norm_dim), eps).view(t.shape) for t in (q, k))
+    return q, k, v

@@ -3,13 +3,20 @@ silu(depthwise conv) over each sequence's rows, the K-1 inputs before a sequence
 in the SSM pool, and each sequence's new state (its last K-1 inputs) written to a separate [B, C, K-1] buffer,
 since programs of the same sequence still read the old one. The reference is kernels/conv.py's
 naive_causal_conv1d, per sequence. Replaces a per-sequence torch.cat + conv1d + silu + copy (about 30 ms of an
-8,192-token pass of the 4B model on the H200)."""
+8,192-token pass of the 4B model on the H200).
+
+causal_conv1d_varlen_qkv writes the output as three contiguous planes q | k | v instead of one [N, C] matrix,
+and can L2-norm every q/k head in the epilogue: fla's chunked kernels copy a strided v whole (its input_guard,
+~80 us a layer at 8K tokens on the H200), and the separate q/k L2 norm re-reads both."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+# (BLOCK_T rows, BLOCK_C channels, num_warps) of a program; bench/prefill_gdn_kernels.py sweeps them on the GPU.
+DEFAULT_CONFIG = (64, 128, 4)
 
 
 @triton.jit
@@ -24,30 +31,56 @@ def _window_input(x, states, row0, slot, p, o_c, m, stride_x, stride_ss, stride_
 
 @triton.jit
 def causal_conv1d_varlen_fwd_kernel(
-    x, weight, states, slots, offsets, out, new_states, stride_x, stride_wc, stride_ss, stride_sc, stride_o,
-    stride_nb, stride_nc, CHANNELS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    x, weight, states, slots, offsets, out, new_states, stride_x, stride_wc, stride_ss, stride_sc, stride_nb,
+    stride_nc, num_tokens, eps, CHANNELS: tl.constexpr, KEY_DIM: tl.constexpr, NORM_DIM: tl.constexpr,
+    KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    i_b, i_t, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Channel blocks fastest: the programs running together read whole rows of x, not one column strip.
+    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0 = tl.load(offsets + i_b).to(tl.int32)
     length = tl.load(offsets + i_b + 1).to(tl.int32) - row0
     t0 = i_t * BLOCK_T
     if t0 >= length:
         return
     slot = tl.load(slots + i_b).to(tl.int64)
-    o_t = t0 + tl.arange(0, BLOCK_T)
-    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    o_dt = tl.arange(0, BLOCK_T)
+    o_t = t0 + o_dt
+    c0 = i_c * BLOCK_C
+    o_c = c0 + tl.arange(0, BLOCK_C)
     m_c = o_c < CHANNELS
     m = (o_t < length)[:, None] & m_c[None, :]
     b_acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(KERNEL):
-        b_in = _window_input(x, states, row0, slot, o_t - (KERNEL - 1) + j, o_c, m, stride_x, stride_ss, stride_sc,
-                             KERNEL)
-        b_w = tl.load(weight + o_c * stride_wc + j, mask=m_c, other=0).to(tl.float32)
-        b_acc += b_in * b_w[None, :]
-    b_out = b_acc / (1.0 + tl.exp(-b_acc))
-    tl.store(out + (row0 + o_t)[:, None].to(tl.int64) * stride_o + o_c[None, :], b_out.to(out.dtype.element_ty),
-             mask=m)
+    if t0 >= KERNEL - 1:
+        # Interior tile: every input is a row of x, at one pointer moved by whole rows.
+        p_x = x + (row0 + t0).to(tl.int64) * stride_x + o_dt[:, None] * stride_x + o_c[None, :]
+        for j in tl.static_range(KERNEL):
+            b_w = tl.load(weight + o_c * stride_wc + j, mask=m_c, other=0).to(tl.float32)
+            b_in = tl.load(p_x + (j - (KERNEL - 1)) * stride_x, mask=m, other=0).to(tl.float32)
+            b_acc += b_in * b_w[None, :]
+    else:
+        for j in tl.static_range(KERNEL):
+            b_w = tl.load(weight + o_c * stride_wc + j, mask=m_c, other=0).to(tl.float32)
+            b_acc += _window_input(x, states, row0, slot, o_t - (KERNEL - 1) + j, o_c, m, stride_x, stride_ss,
+                                   stride_sc, KERNEL) * b_w[None, :]
+    # Rounded to the output dtype before any norm, as the conv-then-l2_norm references round.
+    b_out = (b_acc / (1.0 + tl.exp(-b_acc))).to(out.dtype.element_ty).to(tl.float32)
+    # Planes q [N, KEY_DIM] | k [N, KEY_DIM] | v [N, CHANNELS - 2 KEY_DIM] (one plane when KEY_DIM is 0); a block
+    # never straddles two (the launcher keeps KEY_DIM a multiple of BLOCK_C).
+    is_v = c0 >= 2 * KEY_DIM
+    plane_c0 = tl.where(is_v, 2 * KEY_DIM, tl.where(c0 >= KEY_DIM, KEY_DIM, 0))
+    width = tl.where(is_v, CHANNELS - 2 * KEY_DIM, KEY_DIM)
+    if NORM_DIM > 0:
+        if c0 < 2 * KEY_DIM:
+            # L2 norm of each NORM_DIM-channel head, eps inside the square root (kernels/norm.py naive_l2_norm).
+            if BLOCK_C == NORM_DIM:
+                b_out = b_out * (1.0 / tl.sqrt(tl.sum(b_out * b_out, 1) + eps))[:, None]
+            else:
+                b_h = tl.reshape(b_out, [BLOCK_T, BLOCK_C // NORM_DIM, NORM_DIM])
+                b_h = b_h * (1.0 / tl.sqrt(tl.sum(b_h * b_h, 2) + eps))[:, :, None]
+                b_out = tl.reshape(b_h, [BLOCK_T, BLOCK_C])
+    p_out = (out + plane_c0.to(tl.int64) * num_tokens + (row0 + t0).to(tl.int64) * width
+             + o_dt[:, None] * width + (o_c - plane_c0)[None, :])
+    tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m)
     if t0 + BLOCK_T >= length:
         # The sequence's last tile: its new state is the last K-1 inputs (some still from the old state if the
         # sequence is shorter than that).
@@ -61,28 +94,55 @@ def causal_conv1d_varlen_fwd_kernel(
 
 def causal_conv1d_varlen(
     x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, cu_seqlens: torch.Tensor,
-    max_len: int,
+    max_len: int, config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [N, C] (B sequences' rows, sequence b at cu_seqlens[b]..cu_seqlens[b+1]-1), weight [C, K], states
-    [S, C, K-1] (the pool's), slots [B] -> silu(conv) [N, C] in x's dtype; states[slots[b]] becomes sequence
-    b's last K-1 inputs."""
+    [S, C, K-1] (the pool's), slots [B] -> silu(conv) [N, C] in x's dtype, contiguous; states[slots[b]] becomes
+    sequence b's last K-1 inputs. config: (BLOCK_T, BLOCK_C, num_warps), DEFAULT_CONFIG when None."""
+    out = x.new_empty(x.shape)
+    _launch(x, weight, states, slots, cu_seqlens, max_len, out, 0, 0, 0.0, config or DEFAULT_CONFIG)
+    return out
+
+
+def causal_conv1d_varlen_qkv(
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, cu_seqlens: torch.Tensor,
+    max_len: int, key_dim: int, norm_dim: int = 0, eps: float = 1e-6, config: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """causal_conv1d_varlen with x's channels q | k | v (key_dim, key_dim, the rest) -> (q [N, key_dim], k [N,
+    key_dim], v [N, C - 2 key_dim]), each contiguous. norm_dim > 0 (a power of two dividing key_dim): each
+    norm_dim-channel head of q and k L2-normed, x / sqrt(sum(x^2) + eps) over the output-dtype conv result."""
+    num_tokens, channels = x.shape
+    if not 0 < 2 * key_dim < channels or (norm_dim and (norm_dim & (norm_dim - 1) or key_dim % norm_dim)):
+        raise ValueError(f"conv qkv: key_dim {key_dim} must leave v channels of {channels}, and norm_dim "
+                         f"{norm_dim} be 0 or a power of two dividing it")
+    block_t, block_c, num_warps = config or DEFAULT_CONFIG
+    # A channel block must lie in one plane and hold whole heads: a power of two dividing key_dim.
+    block_c = max(block_c, norm_dim)
+    while key_dim % block_c:
+        block_c //= 2
+    out = x.new_empty(num_tokens * channels)
+    _launch(x, weight, states, slots, cu_seqlens, max_len, out, key_dim, norm_dim, eps, (block_t, block_c, num_warps))
+    planes = out.split([num_tokens * key_dim, num_tokens * key_dim, num_tokens * (channels - 2 * key_dim)])
+    return planes[0].view(num_tokens, key_dim), planes[1].view(num_tokens, key_dim), planes[2].view(num_tokens, -1)
+
+
+def _launch(x, weight, states, slots, cu_seqlens, max_len: int, out, key_dim: int, norm_dim: int, eps: float,
+            config: tuple[int, int, int]) -> None:
     num_tokens, channels = x.shape
     kernel = weight.shape[1]
     num_seqs = slots.shape[0]
-    if states.shape[1:] != (channels, kernel - 1) or cu_seqlens.shape != (num_seqs + 1,):
-        raise ValueError(f"conv: x {tuple(x.shape)}, weight {tuple(weight.shape)}, states {tuple(states.shape)}, "
-                         f"cu_seqlens {tuple(cu_seqlens.shape)} for {num_seqs} slots")
-    out = torch.empty_like(x)
-    new_states = states.new_empty((num_seqs, channels, kernel - 1))
+    if states.shape[1:] != (channels, kernel - 1) or cu_seqlens.shape != (num_seqs + 1,) or x.stride(1) != 1:
+        raise ValueError(f"conv: x {tuple(x.shape)} (stride {x.stride()}), weight {tuple(weight.shape)}, states "
+                         f"{tuple(states.shape)}, cu_seqlens {tuple(cu_seqlens.shape)} for {num_seqs} slots")
     if num_tokens == 0:
-        return out
-    block_t, block_c = 32, 128
-    grid = (num_seqs, triton.cdiv(max_len, block_t), triton.cdiv(channels, block_c))
+        return
+    block_t, block_c, num_warps = config
+    new_states = states.new_empty((num_seqs, channels, kernel - 1))
+    grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len, block_t), num_seqs)
     causal_conv1d_varlen_fwd_kernel[grid](
         x, weight, states, slots, cu_seqlens, out, new_states, x.stride(0), weight.stride(0), states.stride(0),
-        states.stride(1), out.stride(0), new_states.stride(0), new_states.stride(1), CHANNELS=channels,
-        KERNEL=kernel, BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_S=triton.next_power_of_2(max(kernel - 1, 1)),
-        num_warps=4,
+        states.stride(1), new_states.stride(0), new_states.stride(1), num_tokens, eps, CHANNELS=channels,
+        KEY_DIM=key_dim, NORM_DIM=norm_dim, KERNEL=kernel, BLOCK_T=block_t, BLOCK_C=block_c,
+        BLOCK_S=triton.next_power_of_2(max(kernel - 1, 1)), num_warps=num_warps,
     )
     states[slots] = new_states
-    return out
