@@ -20,16 +20,20 @@ def naive_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    qk_normed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g (log decay, <= 0), beta [T, Hv]; state [Hv, Dk, Dv] fp32.
 
     Each q/k head serves Hv // Hk consecutive value heads. Returns (out [T, Hv, Dv] in v's dtype,
-    new state [Hv, Dk, Dv] fp32).
+    new state [Hv, Dk, Dv] fp32). qk_normed: q and k are L2-normed already (the prefill conv's fused norm).
     """
     num_v_heads = v.shape[1]
     repeat = num_v_heads // q.shape[1]
-    q = _l2norm(q.float().repeat_interleave(repeat, dim=1)) * q.shape[-1] ** -0.5
-    k = _l2norm(k.float().repeat_interleave(repeat, dim=1))
+    scale = q.shape[-1] ** -0.5
+    q, k = q.float().repeat_interleave(repeat, dim=1), k.float().repeat_interleave(repeat, dim=1)
+    if not qk_normed:
+        q, k = _l2norm(q), _l2norm(k)
+    q = q * scale
     v32, g32, beta32 = v.float(), g.float(), beta.float()
     s = state.float().clone()
     out = torch.empty_like(v32)

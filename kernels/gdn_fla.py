@@ -168,7 +168,7 @@ def fla_gated_delta_rule(
 
 def naive_gated_delta_rule_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, cu_seqlens: torch.Tensor, is_decode: bool | None = None,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, is_decode: bool | None = None, qk_normed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for gated_delta_rule_varlen: naive_gated_delta_rule per sequence."""
     _check(q, k, v, g, beta, states, cu_seqlens)
@@ -177,5 +177,6 @@ def naive_gated_delta_rule_varlen(
     bounds = cu_seqlens.tolist()
     for b in range(len(bounds) - 1):
         rows = slice(bounds[b], bounds[b + 1])
-        out[rows], finals[b] = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[b])
+        out[rows], finals[b] = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[b],
+                                                          qk_normed)
     return out, finals

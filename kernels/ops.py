@@ -220,8 +220,9 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     return naive_quant_linear(x, weight, bias)
 
 
-def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=None):
-    """Many sequences in one call: fla-core on CUDA when installed, the reference elsewhere."""
+def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=None, qk_normed: bool = False):
+    """Many sequences in one call: fla-core on CUDA when installed, the reference elsewhere. qk_normed: q and k
+    already L2-normed (causal_conv1d_varlen's fused norm), not normed again."""
     from headroom.kernels.gdn_fla import fla_available
 
     if q.is_cuda and fla_available():
@@ -229,28 +230,41 @@ def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu
         from headroom.kernels.gdn_fla import gated_delta_rule_varlen as run
 
         if q.shape[0] == cu_seqlens.shape[0] - 1:  # decode: fla's recurrent kernel norms q/k inside, free
+            assert not qk_normed, "fla's recurrent kernel always norms q and k"
             return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-        # Chunked prefill: q/k normed by our kernel, not fla's l2norm, which autotunes per bucket of
-        # tokens x heads / 65,536: passes just over 8,192 tokens met a new bucket while serving (25 compiles, H200).
-        from headroom.kernels.norm_triton import l2_norm
+        if not qk_normed:
+            # Chunked prefill: q/k normed by our kernel, not fla's l2norm, which autotunes per bucket of tokens x
+            # heads / 65,536: passes just over 8,192 tokens met a new bucket while serving (25 compiles, H200).
+            from headroom.kernels.norm_triton import l2_norm
 
-        return run(l2_norm(q, QK_NORM_EPS), l2_norm(k, QK_NORM_EPS), v, g, beta, states, cu_seqlens,
-                   cu_seqlens_cpu=cu_seqlens_cpu, is_decode=False, qk_normed=True)
+            q, k = l2_norm(q, QK_NORM_EPS), l2_norm(k, QK_NORM_EPS)
+        return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, is_decode=False,
+                   qk_normed=True)
     from headroom.kernels.gdn_fla import naive_gated_delta_rule_varlen
 
-    return naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens)
+    return naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, qk_normed=qk_normed)
 
 
-def causal_conv1d_varlen(x, weight, states, slots, cu_seqlens, lengths: list[int]):
-    """Prefill conv of every sequence of a pass, states updated in their pool slots: one Triton launch on
-    CUDA, the reference per sequence elsewhere."""
+def causal_conv1d_varlen(x, weight, states, slots, cu_seqlens, lengths: list[int], key_dim: int,
+                         qk_norm_dim: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """Prefill conv of every sequence of a pass, x's channels q | k | v (key_dim, key_dim, the rest), states
+    updated in their pool slots -> (q [N, key_dim], k, v [N, C - 2 key_dim], qk_normed). On CUDA one Triton
+    launch writing q, k, v contiguous (fla's chunked kernels would copy a strided v), and with qk_norm_dim > 0
+    q and k L2-normed per head of that many channels in the same pass (qk_normed True). Elsewhere the reference
+    per sequence, cut into views, not normed."""
     if _fused(x, "causal_conv1d_varlen"):
-        from headroom.kernels.conv_varlen import causal_conv1d_varlen as run
+        from headroom.kernels.conv_varlen import causal_conv1d_varlen_qkv as run
+        from headroom.kernels.gdn_fla import QK_NORM_EPS
 
-        return run(x, weight, states, slots, cu_seqlens, max(lengths, default=0))
+        # The epilogue norms whole heads of a channel block: a power-of-two head size (else the separate l2_norm).
+        norm_dim = qk_norm_dim if qk_norm_dim & (qk_norm_dim - 1) == 0 else 0
+        q, k, v = run(x, weight, states, slots, cu_seqlens, max(lengths, default=0), key_dim, norm_dim, QK_NORM_EPS)
+        return q, k, v, norm_dim > 0
     from headroom.kernels.conv import naive_causal_conv1d_varlen
 
-    return naive_causal_conv1d_varlen(x, weight, states, slots, lengths)
+    out = naive_causal_conv1d_varlen(x, weight, states, slots, lengths)
+    q, k, v = torch.split(out, [key_dim, key_dim, x.shape[1] - 2 * key_dim], dim=-1)
+    return q, k, v, False
 
 
 def causal_conv1d_update(x, weight, states, slots):

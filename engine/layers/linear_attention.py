@@ -44,15 +44,21 @@ class GatedDeltaNet:
         beta, g = ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
         slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
         conv_states = ssm_pool.conv[self.pool_layer]
+        qk_normed = False
         if batch.is_decode_only:
             # One token per sequence: one batched conv step over the pool's states, in place.
             conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
+            q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         else:
             if batch.has_captures:
                 _capture_conv_states(mixed, conv_states, batch)
-            conv_out = ops.causal_conv1d_varlen(mixed, self.conv_weight, conv_states, slots, _bounds(batch, x.device),
-                                                [span.length for span in batch.spans])
-        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
+            lengths = [span.length for span in batch.spans]
+            # The q/k L2 norm goes into the fused conv's epilogue only for the plain varlen delta rule below
+            # (the token-by-token and segmented paths norm inside their own kernels).
+            norm_qk = not batch.has_captures and max(lengths) > RECURRENT_ROWS
+            q, k, v, qk_normed = ops.causal_conv1d_varlen(mixed, self.conv_weight, conv_states, slots,
+                                                          _bounds(batch, x.device), lengths, self.key_dim,
+                                                          dk if norm_qk else 0)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
         # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere); short chunks
@@ -63,26 +69,28 @@ class GatedDeltaNet:
         elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device))
         if core is None:
-            core = self._varlen(q, k, v, g, beta, recurrent, slots, batch)
+            core = self._varlen(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
         normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
         return linear(normed.reshape(n, hv * dv), self.out_proj)
 
-    def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
-        """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence."""
+    def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
+        """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence.
+        qk_normed: q and k come L2-normed from the conv (only ever for the one varlen call)."""
         n, hv, dv = v.shape
         if batch.has_captures:
             return _segmented(q, k, v, g, beta, recurrent, slots, batch)
         if q.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
             core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], _bounds(batch, q.device),
-                                                      _bounds(batch, torch.device("cpu")))
+                                                      _bounds(batch, torch.device("cpu")), qk_normed=qk_normed)
             recurrent[slots] = final.to(recurrent.dtype)
         else:
             core = torch.empty((n, hv, dv), dtype=v.dtype, device=q.device)
             for span in batch.spans:
                 slot = span.seq.ssm_slot
                 rows = slice(span.offset, span.offset + span.length)
-                out, new_state = ops.gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent[slot])
+                out, new_state = ops.gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent[slot],
+                                                      qk_normed=qk_normed)
                 recurrent[slot].copy_(new_state)
                 core[rows] = out
         return core

@@ -67,6 +67,20 @@ def test_gated_delta_rule_matches_transformers_chunked(tokens, k_heads, v_heads,
     torch.testing.assert_close(got_state, want_state[0], atol=1e-4, rtol=1e-4)
 
 
+def test_gated_delta_rule_takes_normed_qk():
+    """qk_normed (q, k L2-normed by the prefill conv's epilogue) gives what the rule's own norm gives."""
+    from headroom.kernels.gated_delta import naive_gated_delta_rule
+    from headroom.kernels.norm import naive_l2_norm
+
+    q, k, v = torch.randn(9, 2, 8), torch.randn(9, 2, 8), torch.randn(9, 4, 6)
+    g, beta, state = -torch.rand(9, 4), torch.rand(9, 4), torch.randn(4, 8, 6) * 0.1
+    want, want_state = naive_gated_delta_rule(q, k, v, g, beta, state)
+    got, got_state = naive_gated_delta_rule(naive_l2_norm(q, 1e-6), naive_l2_norm(k, 1e-6), v, g, beta, state,
+                                            qk_normed=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_state, want_state)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rotary_dim", [4, 16])
 def test_rotary_matches_transformers(dtype, rotary_dim):

@@ -74,3 +74,29 @@ def test_fused_ops_turn_off_one_at_a_time():
     finally:
         ops.set_fused(True)
     assert ops._fused(cuda_like, "silu_mul") and not ops._fused(SimpleNamespace(is_cuda=False), "silu_mul")
+
+
+def test_fused_conv_norms_qk_for_the_varlen_rule(tiny_model_factory, monkeypatch):
+    """Chunks longer than RECURRENT_ROWS take the one varlen delta rule: there the prefill conv writes q | k | v
+    planes with q and k L2-normed in its epilogue, and the rule skips its own norm; same tokens and logits."""
+    from headroom.engine.layers import linear_attention
+    from headroom.kernels import conv_varlen
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    naive = _generate(model_dir, vocab, "auto")
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(linear_attention, "RECURRENT_ROWS", 3)
+    norm_dims: list[int] = []
+
+    def counted(*args, _run=conv_varlen.causal_conv1d_varlen_qkv, **kwargs):
+        norm_dims.append(args[7])
+        return _run(*args, **kwargs)
+
+    monkeypatch.setattr(conv_varlen, "causal_conv1d_varlen_qkv", counted)
+    fused = _generate(model_dir, vocab, "auto")
+    # The 4- and 5-row chunks' passes were normed in the conv (per 8-channel head).
+    assert reference.config.linear_key_head_dim in norm_dims
+    for a, b in zip(naive, fused, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=2e-4, rtol=2e-4)
