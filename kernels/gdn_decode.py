@@ -14,30 +14,75 @@ import torch
 import triton
 import triton.language as tl
 
+# Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
+# (more), "rows" (bounds given) and "tail" (gated_delta_tail). block_v: value channels a program (the key axis is
+# one tile); loads_first: a token's inputs are all loaded before its reductions. Set from the H200 sweep
+# (bench/gdn_decode_sweep.py); a call's own config= (the sweep's) overrides its entry for that call only, the
+# engine passes none. Each distinct entry is one compiled variant.
+SMALL_BATCH = 4
+CONFIGS: dict[str, dict] = {
+    "decode_small": {"block_v": 16, "num_warps": 4, "loads_first": True},
+    "decode": {"block_v": 32, "num_warps": 4, "loads_first": True},
+    "rows": {"block_v": 16, "num_warps": 4, "loads_first": True},
+    "tail": {"block_v": 16, "num_warps": 4, "loads_first": True},
+}
+
+
+def _config(kind: str, override: dict | None) -> dict:
+    return CONFIGS[kind] if override is None else {**CONFIGS[kind], **override}
+
 
 @triton.jit
-def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale):
-    """One token on a [BLOCK_K, BLOCK_V] fp32 state tile (p_*: that token's q/k head, value head, gate, beta):
-    q/k L2-normed, decay, delta update; returns the new tile and the output row o = S^T q."""
+def _row_inputs(p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v):
+    """One token's q/k head, value head, gate and beta (p_*), fp32: every load issued before any reduction, whose
+    barriers would otherwise hold a later load back for a memory round trip each."""
     b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
     b_k = tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
+    b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
+    return b_q, b_k, b_v, tl.load(p_g).to(tl.float32), tl.load(p_beta).to(tl.float32)
+
+
+@triton.jit
+def _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale):
+    """One token on a [BLOCK_K, BLOCK_V] fp32 state tile from its loaded inputs: q/k L2-normed, decay, delta
+    update; returns the new tile and the output row o = S^T q."""
     b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
     b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-    b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
-    b_s = b_s * tl.exp(tl.load(p_g).to(tl.float32))
-    b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * tl.load(p_beta).to(tl.float32)
+    b_s = b_s * tl.exp(b_g)
+    b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * b_beta
     b_s = b_s + b_k[:, None] * b_delta[None, :]
     return b_s, tl.sum(b_s * b_q[:, None], 0)
 
 
 @triton.jit
+def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale, LOADS_FIRST: tl.constexpr):
+    """_delta_rule_math on one token's inputs p_*. LOADS_FIRST False keeps the order before issue 18 (q/k, their
+    norms, then v, gate and beta each behind the reductions' barriers), as the sweep's baseline."""
+    if LOADS_FIRST:
+        b_q, b_k, b_v, b_g, b_beta = _row_inputs(p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v)
+        b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
+    else:
+        b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
+        b_s = b_s * tl.exp(tl.load(p_g).to(tl.float32))
+        b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * tl.load(p_beta).to(tl.float32)
+        b_s = b_s + b_k[:, None] * b_delta[None, :]
+        b_o = tl.sum(b_s * b_q[:, None], 0)
+    return b_s, b_o
+
+
+@triton.jit
 def _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale):
+                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale,
+                    LOADS_FIRST: tl.constexpr):
     """_delta_rule_step on row t of the flattened q/k/v/g/beta, its output row stored; returns the new tile."""
     b_s, b_o = _delta_rule_step(
         b_s, q + t * stride_qt + i_hk * stride_qh, k + t * stride_kt + i_hk * stride_kh,
         v + t * stride_vt + i_hv * stride_vh, g + t * stride_gt + i_hv, beta + t * stride_betat + i_hv,
-        o_k, m_k, o_v, m_v, scale,
+        o_k, m_k, o_v, m_v, scale, LOADS_FIRST,
     )
     tl.store(out + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
     return b_s
@@ -49,7 +94,7 @@ def gated_delta_decode_fwd_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers."""
@@ -59,30 +104,44 @@ def gated_delta_decode_fwd_kernel(
     m_k = o_k < DK
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < DV
-    slot = tl.load(slots + i_b).to(tl.int64)
-    p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
-    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
-    if ROWS:
-        for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
-            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
+    slot = tl.load(slots + i_b).to(tl.int64)
+    if not ROWS and LOADS_FIRST:
+        # The graphs' decode step. A program's time is a chain of memory round trips: the slot, then its state;
+        # the token's inputs go out beside the slot's load, so that nothing else waits behind a barrier.
+        b_q, b_k, b_v, b_g, b_beta = _row_inputs(
+            q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
+            v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv, beta + i_b * stride_betab + i_hv,
+            o_k, m_k, o_v, m_v)
+        p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
+        b_s, b_o = _delta_rule_math(tl.load(p_s, mask=m_s, other=0).to(tl.float32), b_q, b_k, b_v, b_g, b_beta,
+                                    scale)
+        tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
+    else:
+        p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
+        b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
+        if ROWS:
+            for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
+                b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
+                                      stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
+                                      o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
+        else:  # the order before issue 18, kept as the sweep's baseline
+            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, i_b, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
                                   stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
-                                  o_k, m_k, o_v, m_v, scale)
-    else:  # straight-line, as the decode graphs replay it
-        b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, i_b, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
-                              stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
-                              o_k, m_k, o_v, m_v, scale)
-    tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
+                                  o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
+        tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
 
 
 def gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None,
+    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, *, config: dict | None = None,
 ) -> torch.Tensor:
     """q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
     slots [B], int); strided rows allowed, last dims contiguous. Returns out [N, Hv, Dv] in v's dtype.
     bounds None: one token per sequence (N = B). bounds [B + 1] (int, device): sequence b's tokens are rows
-    bounds[b]..bounds[b+1], run in order in one launch (short prefill chunks, engine/layers/linear_attention.py)."""
+    bounds[b]..bounds[b+1], run in order in one launch (short prefill chunks, engine/layers/linear_attention.py).
+    config: keys of a CONFIGS entry, for this call only (the sweep's)."""
     num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
     num_seqs = slots.shape[0] if slots.dim() == 1 else -1
@@ -100,17 +159,17 @@ def gated_delta_decode(
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if num_seqs == 0:
         return out
-    # Small batches: narrower value blocks, so that more programs share the state reads. Rows always: each
-    # program walks its rows one after another, so more of them shorten the pass (and one block width is one
-    # compiled variant, which the server's warm-up runs).
-    block_v = 16 if num_seqs < 4 or bounds is not None else 32
-    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
+    # Small batches may want narrower value blocks (more programs share the state reads), rows too (each program
+    # walks its rows one after another, so more of them shorten the pass): CONFIGS says, by measurement.
+    kind = "rows" if bounds is not None else "decode_small" if num_seqs < SMALL_BATCH else "decode"
+    cfg = _config(kind, config)
+    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, cfg["block_v"]))
     gated_delta_decode_fwd_kernel[grid](
         q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=block_v, ROWS=bounds is not None, num_warps=4,
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
     )
     return out
 
@@ -121,7 +180,7 @@ def gated_delta_tail_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
     stride_sb, stride_sh, stride_sk, stride_ot, stride_oh, stride_ps, stride_ph, stride_pk, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    MAX_SNAPS: tl.constexpr,
+    MAX_SNAPS: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -137,7 +196,7 @@ def gated_delta_tail_fwd_kernel(
     for i in range(0, num_rows):
         b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, lo + i, i_hk, i_hv, stride_qt, stride_qh, stride_kt,
                               stride_kh, stride_vt, stride_vh, stride_gt, stride_betat, stride_ot, stride_oh,
-                              o_k, m_k, o_v, m_v, scale)
+                              o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
         for j in tl.static_range(MAX_SNAPS):
             if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
                 slot = tl.load(snap_slot + i_b * MAX_SNAPS + j).to(tl.int64)
@@ -149,7 +208,7 @@ def gated_delta_tail_fwd_kernel(
 def gated_delta_tail(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, row_lo: torch.Tensor, row_hi: torch.Tensor,
-    snap_at: torch.Tensor, snap_slot: torch.Tensor,
+    snap_at: torch.Tensor, snap_slot: torch.Tensor, *, config: dict | None = None,
 ) -> None:
     """kernels/gated_delta.py's naive_gated_delta_tail in one launch, snapshots given as snap_at / snap_slot
     [B, S] int32 (rows done before the snapshot, 0 for none; pool slot). One program per (sequence, value
@@ -171,13 +230,13 @@ def gated_delta_tail(
         raise ValueError("gated delta tail: every last dimension must be contiguous, and the snapshot tables whole")
     if num_seqs == 0:
         return
-    block_v = 16
-    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
+    cfg = _config("tail", config)
+    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, cfg["block_v"]))
     gated_delta_tail_fwd_kernel[grid](
         q, k, v, g, beta, states, out, pool, row_lo, row_hi, snap_at, snap_slot,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=block_v, MAX_SNAPS=max_snaps, num_warps=4,
+        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
     )

@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 from headroom.kernels.gated_delta import naive_gated_delta_decode, naive_gated_delta_rule
-from headroom.kernels.gdn_decode import gated_delta_decode
+from headroom.kernels.gdn_decode import CONFIGS, SMALL_BATCH, gated_delta_decode
+
+# Every launch variant the sweep (bench/gdn_decode_sweep.py) may pick: the shipped entries (None), the order
+# before issue 18, value blocks narrower and wider than a head (masked), other warp counts.
+VARIANTS = [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}, {"block_v": 32, "num_warps": 2},
+            {"block_v": 64, "num_warps": 8, "loads_first": False}, {"block_v": 128, "num_warps": 4}]
 
 
+@pytest.mark.parametrize("config", VARIANTS)
 @pytest.mark.parametrize("num_seqs,hk,hv,dk,dv", [(3, 2, 4, 16, 24), (1, 1, 3, 8, 40), (5, 2, 2, 24, 8)])
-def test_decode_matches_naive_in_place(num_seqs, hk, hv, dk, dv):
+def test_decode_matches_naive_in_place(num_seqs, hk, hv, dk, dv, config):
     gen = torch.Generator().manual_seed(num_seqs * 100 + dv)
     conv_out = torch.randn(num_seqs, 2 * hk * dk + hv * dv, generator=gen)
     # Strided views of one conv output, as the layer passes them.
@@ -20,7 +26,7 @@ def test_decode_matches_naive_in_place(num_seqs, hk, hv, dk, dv):
     states = torch.randn(7, hv, dk, dv, generator=gen)
     slots = torch.randperm(7, generator=gen)[:num_seqs]
     ref_states = states.clone()
-    out = gated_delta_decode(q, k, v, g, beta, states, slots)
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, config=config)
     want = naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     # The slots' states advanced exactly as the reference's; the others untouched.
@@ -34,8 +40,9 @@ def test_bad_state_shape_is_named():
                            torch.zeros(1, dtype=torch.long))
 
 
+@pytest.mark.parametrize("config", [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}])
 @pytest.mark.parametrize("lengths", [[5, 1, 9], [1], [3, 2, 7, 1]])
-def test_rows_run_in_order_from_each_slot(lengths):
+def test_rows_run_in_order_from_each_slot(lengths, config):
     """bounds: each sequence's rows token by token from its slot's state, as the plain recurrence runs them."""
     hk, hv, dk, dv = 2, 4, 16, 24
     gen = torch.Generator().manual_seed(sum(lengths))
@@ -48,7 +55,7 @@ def test_rows_run_in_order_from_each_slot(lengths):
     slots = torch.randperm(6, generator=gen)[: len(lengths)]
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     before = states.clone()
-    out = gated_delta_decode(q, k, v, g, beta, states, slots, bounds)
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, bounds, config=config)
     want_states = before.clone()
     for b, slot in enumerate(slots.tolist()):
         lo, hi = bounds[b].item(), bounds[b + 1].item()
@@ -63,3 +70,30 @@ def test_bounds_must_match_the_slots():
     with pytest.raises(ValueError, match="bounds"):
         gated_delta_decode(q, q, torch.zeros(3, 2, 8), torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2, 8, 8),
                            torch.zeros(2, dtype=torch.long), torch.tensor([0, 3]))
+
+
+def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypatch):
+    """The batch decides the entry (SMALL_BATCH), bounds the rows one; config= changes that launch, not the table."""
+    from headroom.kernels import gdn_decode
+
+    launched = []
+    monkeypatch.setattr(gdn_decode, "gated_delta_decode_fwd_kernel",
+                        type("K", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append((grid, kw))})())
+    before = {name: dict(entry) for name, entry in CONFIGS.items()}
+
+    def call(num_seqs, bounds=None, config=None):
+        q, v = torch.zeros(num_seqs, 1, 8), torch.zeros(num_seqs, 2, 64)
+        gated_delta_decode(q, q, v, torch.zeros(num_seqs, 2), torch.zeros(num_seqs, 2), torch.zeros(20, 2, 8, 64),
+                           torch.arange(num_seqs), bounds, config=config)
+        grid, kw = launched.pop()
+        return grid[2], kw["BLOCK_V"], kw["num_warps"], kw["LOADS_FIRST"]
+
+    def entry(name):
+        cfg = CONFIGS[name]
+        return -(-64 // cfg["block_v"]), cfg["block_v"], cfg["num_warps"], cfg["loads_first"]
+
+    assert call(SMALL_BATCH - 1) == entry("decode_small")
+    assert call(SMALL_BATCH) == entry("decode")
+    assert call(2, torch.tensor([0, 1, 2])) == entry("rows")
+    assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1, CONFIGS["decode_small"]["loads_first"])
+    assert CONFIGS == before

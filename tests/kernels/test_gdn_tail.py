@@ -41,8 +41,9 @@ def test_reference_equals_runs_that_stop_at_each_snapshot():
     assert out[10:14].isnan().all()  # rows of no sequence are left alone
 
 
+@pytest.mark.parametrize("config", [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}])
 @pytest.mark.parametrize("width", [2, 4])
-def test_kernel_matches_the_reference(width):
+def test_kernel_matches_the_reference(width, config):
     q, k, v, g, beta, states, pool = _inputs()
     want_states, want_pool, want_out = states.clone(), pool.clone(), torch.zeros_like(v)
     naive_gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, [a for a, _ in ROWS],
@@ -51,7 +52,7 @@ def test_kernel_matches_the_reference(width):
     at = torch.tensor([[n for n, _ in s] + [0] * (width - len(s)) for s in SNAPSHOTS], dtype=torch.int32)
     slot = torch.tensor([[x for _, x in s] + [0] * (width - len(s)) for s in SNAPSHOTS], dtype=torch.int32)
     gated_delta_tail(q, k, v, g, beta, states, out, pool, torch.tensor([a for a, _ in ROWS], dtype=torch.int32),
-                     torch.tensor([b for _, b in ROWS], dtype=torch.int32), at, slot)
+                     torch.tensor([b for _, b in ROWS], dtype=torch.int32), at, slot, config=config)
     torch.testing.assert_close(out, want_out, **TOL)
     torch.testing.assert_close(states, want_states, **TOL)
     torch.testing.assert_close(pool, want_pool, **TOL)
