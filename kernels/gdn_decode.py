@@ -33,13 +33,19 @@ def _config(kind: str, override: dict | None) -> dict:
 
 
 @triton.jit
-def _row_inputs(p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v):
-    """One token's q/k head, value head, gate and beta (p_*), fp32: every load issued before any reduction, whose
-    barriers would otherwise hold a later load back for a memory round trip each."""
-    b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
-    b_k = tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
+def _value_inputs(p_v, p_g, p_beta, o_v, m_v):
+    """A token's value head, gate and beta (fp32)."""
     b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
-    return b_q, b_k, b_v, tl.load(p_g).to(tl.float32), tl.load(p_beta).to(tl.float32)
+    return b_v, tl.load(p_g).to(tl.float32), tl.load(p_beta).to(tl.float32)
+
+
+@triton.jit
+def _key_inputs(p_q, p_k, o_k, m_k):
+    """A token's q and k heads (fp32), issued after every other load: were Triton to move them through shared
+    memory into the tile's layout right after their load (3.6 does so when they are also used as vectors of
+    their own), a warp issuing in order would hold every later load back until theirs arrived."""
+    b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
+    return b_q, tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
 
 
 @triton.jit
@@ -59,7 +65,8 @@ def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale,
     """_delta_rule_math on one token's inputs p_*. LOADS_FIRST False keeps the order before issue 18 (q/k, their
     norms, then v, gate and beta each behind the reductions' barriers), as the sweep's baseline."""
     if LOADS_FIRST:
-        b_q, b_k, b_v, b_g, b_beta = _row_inputs(p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v)
+        b_v, b_g, b_beta = _value_inputs(p_v, p_g, p_beta, o_v, m_v)
+        b_q, b_k = _key_inputs(p_q, p_k, o_k, m_k)
         b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
     else:
         b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
@@ -107,15 +114,16 @@ def gated_delta_decode_fwd_kernel(
     m_s = m_k[:, None] & m_v[None, :]
     slot = tl.load(slots + i_b).to(tl.int64)
     if not ROWS and LOADS_FIRST:
-        # The graphs' decode step. A program's time is a chain of memory round trips: the slot, then its state;
-        # the token's inputs go out beside the slot's load, so that nothing else waits behind a barrier.
-        b_q, b_k, b_v, b_g, b_beta = _row_inputs(
-            q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
-            v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv, beta + i_b * stride_betab + i_hv,
-            o_k, m_k, o_v, m_v)
+        # The graphs' decode step. A program's time is a chain of memory round trips: the slot, then its state.
+        # Every load goes out before any reduction (whose barriers would hold a later load back a round trip
+        # each), q and k last (_key_inputs).
+        b_v, b_g, b_beta = _value_inputs(v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
+                                         beta + i_b * stride_betab + i_hv, o_v, m_v)
         p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
-        b_s, b_o = _delta_rule_math(tl.load(p_s, mask=m_s, other=0).to(tl.float32), b_q, b_k, b_v, b_g, b_beta,
-                                    scale)
+        b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
+        b_q, b_k = _key_inputs(q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
+                               o_k, m_k)
+        b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
         tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
     else:
