@@ -233,6 +233,14 @@ def decode_norm_rows(report: dict, save) -> None:
         save()
 
 
+def guarded(fn) -> float | str:
+    """fn()'s ms, or its error's last line: a config that fails to compile must not end the sweep."""
+    try:
+        return fn()
+    except Exception as e:
+        return f"error: {type(e).__name__}: {str(e)[-300:]}"
+
+
 def sweeps(report: dict, save) -> None:
     s = scenario(TOKENS[0], 1)
     x, w, slots, cu, lengths = s["x"], s["weight"], s["slots"], s["cu"], s["lengths"]
@@ -241,17 +249,18 @@ def sweeps(report: dict, save) -> None:
         if left_s() < 20:
             conv["skipped_from"] = str(config)
             break
-        conv[str(config)] = timed_ms(lambda c=config: causal_conv1d_varlen_qkv(
-            x, w, s["states"], slots, cu, max(lengths), KEY_DIM, D, EPS, config=c))
+        conv[str(config)] = guarded(lambda c=config: timed_ms(lambda: causal_conv1d_varlen_qkv(
+            x, w, s["states"], slots, cu, max(lengths), KEY_DIM, D, EPS, config=c)))
         save()
     for config in NORM_SWEEP:
         if left_s() < 12:
             norm["skipped_from"] = str(config)
             break
-        norm[str(config)] = timed_ms(lambda c=config: gated_rms_norm(s["core"], s["z"], s["norm_weight"], EPS, config=c))
+        norm[str(config)] = guarded(lambda c=config: timed_ms(
+            lambda: gated_rms_norm(s["core"], s["z"], s["norm_weight"], EPS, config=c)))
         save()
     for name, table in (("conv", conv), ("gated_norm", norm)):
-        timed = {k: v for k, v in table.items() if k.startswith("(")}
+        timed = {k: v for k, v in table.items() if k.startswith("(") and isinstance(v, float)}
         if timed:
             report[f"{name}_best"] = min(timed, key=timed.get)
 
