@@ -3,12 +3,17 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
 
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
   bound by the instructions it issues per code before it is bound by memory (that module's docstring).
 - kivi: paged attention's decode over a KIVI pool (kernels/paged_attention.py, whole-page tiles), instructions
   per key or value element: the 4B model's attention (4 query heads a KV head, head_dim 256, pages of 32 keys,
   value groups of 32 channels).
+- gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
+  4B decode shape) with a split over K. bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
+  instructions issued, so here the count matters less than for int4, but every instruction in the loop is one the
+  warp issues instead of a load.
 
 The main loop is the backward branch spanning the most code; each kernel is compiled as its launcher
 specializes it at the 4B shapes (pointers and 16-divisible integer arguments marked so)."""
@@ -30,6 +35,7 @@ STREAM_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,8
                   "4,128,64,4,3", "4,128,128,4,3", "4,64,128,4,3"]
 KIVI_CONFIGS = ["2,64,4,2", "2,64,8,2", "4,64,4,2"]
 KIVI_DECODE_CONFIGS = ["2,8,4,2", "2,8,8,2", "2,4,4,2", "4,4,4,2", "8,2,4,2"]
+GEMV_CONFIGS = ["1,16,512,4,2", "1,32,256,4,4", "1,32,128,8,4", "1,64,256,4,3", "16,32,128,4,4", "16,64,128,4,4"]
 
 
 def _stream(spec: str) -> tuple[object, dict, dict, dict, float, set]:
@@ -43,6 +49,20 @@ def _stream(spec: str) -> tuple[object, dict, dict, dict, float, set]:
                  "BLOCK_K": block_k, "SPLIT": True, "NUM_STAGES": stages, "EVEN_K": True, "X_PAIRS": True}
     return (quant_stream_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_n * block_k / (32 * warps), {"M", "stride_sn", "stride_zn", "num_splits"})
+
+
+def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
+    """The same for kernels/gemv.py: bf16 weight elements a thread per loop iteration. Constants the kernel does
+    not take are left out, so that one spec counts the kernel of any commit (before/after figures)."""
+    from headroom.kernels.gemv import gemv_fwd_kernel
+
+    block_m, block_n, block_k, warps, stages = map(int, spec.split(","))
+    pointers = {"x": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
+                 "SPLIT": True}
+    constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
+    return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
+            block_n * block_k / (32 * warps), {"M", "num_splits"})
 
 
 def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
@@ -111,7 +131,7 @@ def count(kernel, pointers: dict, constants: dict, options: dict, elements: floa
 def main() -> None:
     out = Path(sys.argv[1])
     subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS),
-                "kivi_decode": (_kivi_decode, KIVI_DECODE_CONFIGS)}
+                "kivi_decode": (_kivi_decode, KIVI_DECODE_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS)}
     subject = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in subjects else "stream"
     build, defaults = subjects[subject]
     specs = [a for a in sys.argv[2:] if a != subject] or defaults
@@ -122,7 +142,7 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "kivi_decode": "BITS,NUM_PAGES,WARPS,STAGES"}[subject]
+              "kivi_decode": "BITS,NUM_PAGES,WARPS,STAGES", "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
                                "config_fields": fields, "rows": results}, indent=2) + "\n")
