@@ -2,7 +2,7 @@
 # One H200 call running the named benches in order, each under its own time limit (device time is scarce: one
 # start, one command). From the repo root on the GPU machine, with the wheels in .whl/ (bench/device_env.sh):
 #   bash bench/gpu_call.sh "$OUT" quant_kernels:100 contention:190 engine_speed:240 ...
-# Benches: quant_kernels, quant_weights, kivi_decode, gpu_plans (GPU_PLANS_KV), contention, engine_speed (parts from ENGINE_SPEED_PARTS), tp_speed.
+# Benches: quant_kernels, quant_weights, gpu_plans (GPU_PLANS_KV), contention, engine_speed (parts from ENGINE_SPEED_PARTS), tp_speed.
 # Each writes as it goes, so one cut short still returns what it measured; everything is packed into
 # $OUT/results.tgz (the device returns at most 8 files) and the summary JSONs are copied beside it.
 set -u
@@ -16,7 +16,6 @@ for job in "$@"; do
   case $name in
     quant_kernels) cmd=(python3 bench/quant_kernels.py "$res/quant_kernels.json") ;;
     quant_weights) cmd=(python3 bench/quant_weights.py "$res/quant_weights.json") ;;
-    kivi_decode) cmd=(python3 bench/kivi_decode_bench.py "$res/kivi_decode.json") ;;
     gpu_plans) cmd=(python3 bench/gpu_plans.py "$res/gpu_plans.json") ;;
     contention) cmd=(bash bench/gpu_contention.sh "$res/contention") ;;
     # shellcheck disable=SC2086

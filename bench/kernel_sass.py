@@ -34,7 +34,6 @@ from triton.compiler import ASTSource
 STREAM_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,8,3", "1,512,128,8,2",
                   "4,128,64,4,3", "4,128,128,4,3", "4,64,128,4,3"]
 KIVI_CONFIGS = ["2,64,4,2", "2,64,8,2", "4,64,4,2"]
-KIVI_DECODE_CONFIGS = ["2,8,4,2", "2,8,8,2", "2,4,4,2", "4,4,4,2", "8,2,4,2"]
 GEMV_CONFIGS = ["1,16,512,4,2", "1,32,256,4,4", "1,32,128,8,4", "1,64,256,4,3", "16,32,128,4,4", "16,64,128,4,4"]
 
 
@@ -81,21 +80,6 @@ def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
             2 * block_n * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
 
 
-def _kivi_decode(spec: str) -> tuple[object, dict, dict, dict, float, set]:
-    """The same for kernels/kivi_decode.py (spec BITS,NUM_PAGES,WARPS,STAGES), the pool read as int32 words."""
-    from headroom.kernels.kivi_decode import kivi_decode_fwd_kernel
-
-    bits, num_pages, warps, stages = map(int, spec.split(","))
-    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens", "k_words",
-                                          "v_words")}
-    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k_scale="*fp16", k_zero="*fp16", v_scale="*fp16",
-                    v_zero="*fp16", sm_scale="fp32")
-    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_M": 16, "NUM_PAGES": num_pages, "BITS": bits, "PAGE": 32,
-                 "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True}
-    return (kivi_decode_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
-            2 * num_pages * 32 * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
-
-
 def main_loop(sass: str) -> list[str]:
     """The instructions of the longest backward branch's body (opcode names, predicates dropped)."""
     rows = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]+);", sass)]
@@ -130,8 +114,7 @@ def count(kernel, pointers: dict, constants: dict, options: dict, elements: floa
 
 def main() -> None:
     out = Path(sys.argv[1])
-    subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS),
-                "kivi_decode": (_kivi_decode, KIVI_DECODE_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS)}
+    subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS)}
     subject = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in subjects else "stream"
     build, defaults = subjects[subject]
     specs = [a for a in sys.argv[2:] if a != subject] or defaults
@@ -142,7 +125,7 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "kivi_decode": "BITS,NUM_PAGES,WARPS,STAGES", "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"}[subject]
+              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
                                "config_fields": fields, "rows": results}, indent=2) + "\n")

@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 from headroom.kernels.attention_merge_triton import merge_splits_into
 from headroom.kernels.int_float import exact_float
-from headroom.kernels.kivi_decode import kivi_decode_fwd_kernel
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
 from headroom.kernels.paged_kv import (
@@ -25,7 +24,6 @@ from headroom.kernels.paged_kv import (
     blockwise_supported,
     naive_dequantize_block,
     naive_paged_attention,
-    power_of_two,
 )
 
 __all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
@@ -252,10 +250,6 @@ def paged_attention_fwd(
         if kv.kind == "kivi":
             num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
-    # A KIVI pool's first key range in a decode launch (the engine's pool pass) takes the word-tile kernel.
-    if not extend and prev is None and kivi_decode_supported(kv, head_dim) and tuning.get("kivi_decode", 1):
-        return _kivi_decode(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, num_splits, out,
-                            out_lse, tuning)
     # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`).
     page_tile = bool(tuning.get("page_tile", 1))
     if tuning:
@@ -300,53 +294,6 @@ def paged_attention_fwd(
     if num_splits == 1:
         return out, out_lse
     merge_splits_into(splits_out, lse, out, out_lse)
-    return out, out_lse
-
-
-# Sub-tiles of the KIVI decode kernel: 64 packed rows (256 keys at int2, 128 at int4, 64 at int8).
-KIVI_DECODE_ROWS = 64
-
-
-def kivi_decode_supported(kv: PagedKV, head_dim: int) -> bool:
-    """Whether kernels/kivi_decode.py reads this pool: KIVI pages of whole packed rows (power-of-two pages), a
-    power-of-two head of at least 64 channels (its four interleaved channel sets are MMA operands of >= 16),
-    and value groups of whole int32 words dividing the head."""
-    if kv.kind != "kivi" or not power_of_two(kv.page_tokens) or not power_of_two(head_dim) or head_dim < 64:
-        return False
-    group = kv.value_group
-    return power_of_two(group) and group % 4 == 0 and head_dim % group == 0 and kv.page_tokens * kv.bits // 8 <= KIVI_DECODE_ROWS
-
-
-def _kivi_decode(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv: PagedKV, scale, num_splits, out, out_lse,
-                 tuning) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode launch of kernels/kivi_decode.py (same results as paged_attention_fwd's), split as that is."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    group = num_q_heads // kv.num_kv_heads
-    rows = kv.page_tokens * kv.bits // 8
-    num_pages = tuning.get("num_pages", max(1, KIVI_DECODE_ROWS // rows))
-    if num_splits == 1:
-        splits_out, lse = out[None], out_lse[None]
-    else:
-        splits_out = q.new_empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32)
-        lse = q.new_empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32)
-    dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
-    k_words, v_words = kv.k.view(torch.int32), kv.v.view(torch.int32)
-    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
-    grid = (kv_table.shape[0], 1, kv.num_kv_heads * num_splits)
-    kivi_decode_fwd_kernel[grid](
-        q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens,
-        k_words, v_words, kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero, scale,
-        q.stride(0), q.stride(1), splits_out.stride(0), splits_out.stride(1), splits_out.stride(2),
-        lse.stride(0), lse.stride(1), kv_table.stride(0),
-        k_words.stride(0), k_words.stride(1), k_words.stride(2),
-        kv.k_scale.stride(0), kv.k_scale.stride(1), kv.v_scale.stride(0), kv.v_scale.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=16, NUM_SPLITS=num_splits, NUM_PAGES=num_pages, BITS=kv.bits,
-        PAGE=kv.page_tokens, GROUP_D=kv.value_group, DOT_FP32=dot_fp32,
-        DOT_PRECISION="ieee" if dot_fp32 else "tf32", ROUND_TILES=q.is_cuda,
-        num_warps=tuning.get("num_warps", 4), num_stages=tuning.get("num_stages", 2),
-    )
-    if num_splits > 1:
-        merge_splits_into(splits_out, lse, out, out_lse)
     return out, out_lse
 
 
