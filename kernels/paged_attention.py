@@ -92,13 +92,15 @@ def _load_kivi_pages(
     o_r = tl.arange(0, ROWS)
     p_x = base + pages[:, None, None] * stride_p + (o_r[None, :, None] * stride_r + o_d[None, None, :])
     packed = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0).to(tl.int32)
-    if per_byte == 1:
-        codes = tl.reshape(packed, (BLOCK_N, BLOCK_D))
-    else:
-        # Token i of a page sits in byte i // per_byte at bit (i % per_byte) * BITS (kv_quant.pack_codes).
-        shifts = tl.arange(0, per_byte) * BITS
-        codes = (packed[:, :, None, :] >> shifts[None, None, :, None]) & ((1 << BITS) - 1)
-        codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
+    # Token i of a page sits in byte i // per_byte at bit p = (i % per_byte) * BITS (kv_quant.pack_codes). The code
+    # is masked in place, not shifted down: OR-ed into the mantissa of the float 2^(23 - p) (exponent 150 - p), in
+    # which bit p weighs 1, the float minus 2^(23 - p) is the code, exactly (kernels/int_float.py's trick with
+    # the magic per position; 10.2 -> 9.6 sm_90 instructions an element at int2, bench/kernel_sass.py kivi).
+    shifts = tl.arange(0, per_byte) * BITS
+    magic_bits = (150 - shifts) << 23
+    codes = (packed[:, :, None, :] & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
+    codes = codes.to(tl.float32, bitcast=True) - magic_bits.to(tl.float32, bitcast=True)[None, None, :, None]
+    codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
     if PER_CHANNEL:
         p_s = pages[:, None] * stride_sp + o_d[None, :]
         m_s = m_pages[:, None] & m_d[None, :]
@@ -119,7 +121,7 @@ def _load_kivi_pages(
         b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
         b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
-    return exact_float(codes) * b_s + b_z
+    return codes * b_s + b_z
 
 
 # NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
