@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split
 
 
 @dataclass(frozen=True)
@@ -32,62 +33,111 @@ _tuned: dict[tuple[int, int, int], GemvConfig] | None = None
 
 
 @triton.jit
+def _accumulate(acc, b_w, b_x, PAIRS: tl.constexpr):
+    """acc (fp32 [BLOCK_N, units]) plus the products of weight tile b_w and x b_x [units], an FFMA each. PAIRS: both are bf16
+    pairs read as int32 (low element in the low half), and a bf16 is the top half of an fp32: the high element is
+    one mask, the low one a shift (a bf16 -> fp32 conversion of the high element costs ptxas two, PRMT and shift)."""
+    if PAIRS:
+        w_lo = (b_w << 16).to(tl.float32, bitcast=True)
+        w_hi = (b_w & -65536).to(tl.float32, bitcast=True)
+        x_lo = (b_x << 16).to(tl.float32, bitcast=True)[None, :]
+        x_hi = (b_x & -65536).to(tl.float32, bitcast=True)[None, :]
+        # two accumulations, not acc + (lo + hi): that compiles to FMUL, FFMA, FADD
+        acc += w_lo * x_lo
+        acc += w_hi * x_hi
+        return acc
+    return acc + b_w.to(tl.float32) * b_x.to(tl.float32)[None, :]
+
+
+@triton.jit
 def gemv_fwd_kernel(
-    x, w, out, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
+    x, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """Program (n, s): out[s, :, n-block] = x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 reduces
-    with a row sum; larger BLOCK_M (at least 16) multiplies on the tensor cores."""
+    """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
+    cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
+    row sum every tile cost shuffles and a tree of adds); larger BLOCK_M (at least 16) on the tensor cores.
+    EVEN_K: K is a multiple of BLOCK_K (so is every split's range, as k_per_split is): no tile carries a mask
+    along K. PAIRS (BLOCK_M 1, bf16, K even): x and w are int32 views, two elements a unit; K, k_per_split and
+    stride_wn stay in elements."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    UNIT: tl.constexpr = 2 if PAIRS else 1
+    BLOCK_U: tl.constexpr = BLOCK_K // UNIT
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
+    offs_u = tl.arange(0, BLOCK_U)
     m_n = offs_n < N
     m_m = offs_m < M
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    p_w = w + offs_n[:, None].to(tl.int64) * stride_wn
+    # The last block's rows past N read row N - 1 again (its store is masked): no load in the loop is predicated
+    # on N, and an unmasked tile needs no zero fill.
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    # Pointers advance by a constant a tile: the loop computes no addresses (session 9's int4 kernel spent 86
+    # IMADs a tile on them before it did the same).
+    p_w = w + rows[:, None] * (stride_wn // UNIT) + (k_lo // UNIT + offs_u)[None, :]
     if BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        p_x = x + k_lo // UNIT + offs_u
+        acc = tl.zeros((BLOCK_N, BLOCK_U), dtype=tl.float32)
     else:
+        p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = offs_k < k_hi
-        b_w = tl.load(p_w + offs_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-        if BLOCK_M == 1:
-            b_x = tl.load(x + offs_k, mask=m_k, other=0.0).to(tl.float32)
-            acc += tl.sum(b_w.to(tl.float32) * b_x[None, :], axis=1)
+        if EVEN_K:
+            b_w = tl.load(p_w)
         else:
-            b_x = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_m[:, None] & m_k[None, :],
-                          other=0.0)
+            # with PAIRS K is even: a pair is in or out whole
+            m_u = offs_u < (k_hi - k0) // UNIT
+            b_w = tl.load(p_w, mask=m_u[None, :], other=0)
+        if BLOCK_M == 1:
+            if EVEN_K:
+                b_x = tl.load(p_x)
+            else:
+                b_x = tl.load(p_x, mask=m_u, other=0)
+            acc = _accumulate(acc, b_w, b_x, PAIRS)
+        else:
+            if EVEN_K:
+                b_x = tl.load(p_x, mask=m_m[:, None], other=0.0)
+            else:
+                b_x = tl.load(p_x, mask=m_m[:, None] & m_u[None, :], other=0.0)
             acc = tl.dot(b_x, tl.trans(b_w), acc)
-    p_out = out + pid_s * stride_os
+        p_w += BLOCK_U
+        p_x += BLOCK_U
     if BLOCK_M == 1:
-        tl.store(p_out + offs_n, acc.to(out.dtype.element_ty), mask=m_n)
+        _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
+                      SPLIT)
     else:
-        tl.store(p_out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out.dtype.element_ty),
-                 mask=m_m[:, None] & m_n[None, :])
+        _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
+                      offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
+                      SPLIT)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
-    """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16."""
+    """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16. One launch
+    also with a split over K: the last split of an output block to finish sums the others' fp32 partials."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
                          "(contiguous [N, K])")
-    split = max(1, config.split)
+    blocks = triton.cdiv(n, config.block_n)
+    # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
+    split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
     split = triton.cdiv(k, k_per_split)
-    block_m = 1 if num_rows == 1 else 16
-    partial = torch.empty((split, num_rows, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    grid = (triton.cdiv(n, config.block_n), split)
-    gemv_fwd_kernel[grid](
-        x, w, partial, num_rows, n, k, k_per_split, x.stride(0), w.stride(0), partial.stride(0), partial.stride(1),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps,
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    # bf16 pairs as int32 for one row (see _accumulate); 4-byte alignment holds for any even K and any
+    # allocation, but a view of x or w may start mid-pair
+    pairs = num_rows == 1 and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 and x.data_ptr() % 4 == 0 \
+        and w.data_ptr() % 4 == 0
+    gemv_fwd_kernel[(blocks, split)](
+        x.view(torch.int32) if pairs else x, w.view(torch.int32) if pairs else w, out, ws, _counters(x.device), num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
+        out.stride(0), BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs, num_warps=config.num_warps,
     )
-    return partial[0] if split == 1 else partial.sum(0).to(x.dtype)
+    return out
 
 
 def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:

@@ -1,5 +1,6 @@
 """The decode GEMV (kernels/gemv.py, Triton interpreter on CPU) against torch's F.linear: one row and several, with and
-without a split over K, shapes that no block divides."""
+without a split over K (summed in the same launch), shapes that no block divides; bf16 one row as int32 pairs, with
+K a multiple of the tile (no K masks) and with a ragged tail, odd K and views that start mid-pair (2-byte loads)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,59 @@ def test_gemv_matches_naive(rows, split):
     w = torch.randn(70, 200, generator=gen)
     out = gemv(x, w, GemvConfig(block_n=32, block_k=64, split=split, num_stages=2))
     torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def _case(seed: int, rows: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 operands for one row; fp32 for several: the interpreter's tl.dot gives garbage on bf16 operands (so did
+    the kernel before this one's changes; the GPU sweep checks bf16 against cuBLAS at every shape)."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if rows == 1 else torch.float32
+    return (torch.randn(rows, k, generator=gen).to(dtype), (torch.randn(n, k, generator=gen) * 0.05).to(dtype))
+
+
+def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    assert out.dtype == x.dtype and out.shape == (x.shape[0], w.shape[0])
+    torch.testing.assert_close(out.float(), F.linear(x.float(), w.float()), atol=0.02, rtol=0.01)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16])
+@pytest.mark.parametrize(("k", "block_k", "split"), [
+    (512, 128, 1),  # K a multiple of the tile: EVEN_K
+    (512, 128, 3),  # ... split over K unevenly (2, 1 and 1 tiles)
+    (1152, 128, 9),  # K long against the rows (the MLP down projection's 9216 / 8): a tile a split
+    (328, 64, 2),  # ragged tail, K even: the last pair tile masked
+    (203, 64, 2),  # odd K: no pairs
+])
+def test_gemv_bf16_tiles_tails_and_splits(rows, k, block_k, split):
+    x, w = _case(rows * 1000 + k + split, rows, 40, k)  # 40 rows: the last block of 16 is partial
+    _check(gemv(x, w, GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2)), x, w)
+
+
+def test_gemv_split_counters_return_to_zero():
+    """Each output block's last split sums the partials and resets its counter, so the next launch (or another
+    kernel sharing quant_matmul's counters) starts from zero."""
+    from headroom.kernels.quant_matmul import _counters
+
+    x, w = _case(7, 1, 48, 256)
+    for _ in range(2):
+        _check(gemv(x, w, GemvConfig(block_n=16, block_k=64, split=4, num_stages=2)), x, w)
+    assert not _counters(x.device).any()
+
+
+def test_gemv_strided_and_misaligned_rows():
+    """Rows of a wider tensor (stride over K) for several rows; one row whose view starts mid-pair takes 2-byte
+    loads, one that starts on a pair takes pairs: the same result."""
+    x_wide, w = _case(11, 4, 24, 258)
+    x = x_wide[:, :256]
+    w = w[:, :256].contiguous()
+    _check(gemv(x, w, GemvConfig(block_n=16, block_k=64, split=2, num_stages=2)), x, w)
+    x_wide, w = x_wide.to(torch.bfloat16), w.to(torch.bfloat16)
+    row = x_wide[1, 1:257].unsqueeze(0)  # data_ptr 2 bytes past a pair
+    assert row.data_ptr() % 4 == 2
+    _check(gemv(row, w, GemvConfig(block_n=16, block_k=64, num_stages=2)), row, w)
+    aligned = x_wide[1, 2:258].unsqueeze(0)
+    torch.testing.assert_close(gemv(aligned, w, GemvConfig(block_n=16, block_k=64, num_stages=2)).float(),
+                               F.linear(aligned.float(), w.float()), atol=0.02, rtol=0.01)
 
 
 def test_gemv_refuses_what_it_cannot_run():
