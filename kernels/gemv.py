@@ -133,9 +133,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
     pairs = num_rows == 1 and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 and x.data_ptr() % 4 == 0 \
         and w.data_ptr() % 4 == 0
     gemv_fwd_kernel[(blocks, split)](
-        x.view(torch.int32) if pairs else x, w.view(torch.int32) if pairs else w, out, ws, _counters(x.device), num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
+        # counters only for a split (a launch without one never touches them, nor allocates them)
+        # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
+        x[0].view(torch.int32) if pairs else x, w.view(torch.int32) if pairs else w, out, ws,
+        _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
         out.stride(0), BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
+        num_warps=config.num_warps,
     )
     return out
 

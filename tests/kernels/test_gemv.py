@@ -72,7 +72,9 @@ def test_gemv_strided_and_misaligned_rows():
     row = x_wide[1, 1:257].unsqueeze(0)  # data_ptr 2 bytes past a pair
     assert row.data_ptr() % 4 == 2
     _check(gemv(row, w, GemvConfig(block_n=16, block_k=64, num_stages=2)), row, w)
-    aligned = x_wide[1, 2:258].unsqueeze(0)
+    odd = torch.cat([x_wide, x_wide[:, :1]], dim=1)  # rows of 259 elements: an odd row stride
+    aligned = odd[1:2, 1:257]  # starts at element 260, on a pair: pairs, though [1, K] could not be viewed so
+    assert aligned.data_ptr() % 4 == 0 and aligned.stride(0) == 259
     torch.testing.assert_close(gemv(aligned, w, GemvConfig(block_n=16, block_k=64, num_stages=2)).float(),
                                F.linear(aligned.float(), w.float()), atol=0.02, rtol=0.01)
 
