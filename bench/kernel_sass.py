@@ -11,7 +11,8 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
   per key or value element: the 4B model's attention (4 query heads a KV head, head_dim 256, pages of 32 keys,
   value groups of 32 channels).
 - gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
-  4B decode shape) with a split over K. bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
+  4B decode shape), compiled without a split over K (a split changes only the epilogue, whose loop over the
+  splits' partials can outgrow a short main loop and be counted instead). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
   instructions issued, so here the count matters less than for int4, but every instruction in the loop is one the
   warp issues instead of a load.
 
@@ -34,7 +35,8 @@ from triton.compiler import ASTSource
 STREAM_CONFIGS = ["1,64,128,4,3", "1,128,128,4,3", "1,256,128,4,3", "1,256,128,8,3", "1,512,128,8,2",
                   "4,128,64,4,3", "4,128,128,4,3", "4,64,128,4,3"]
 KIVI_CONFIGS = ["2,64,4,2", "2,64,8,2", "4,64,4,2"]
-GEMV_CONFIGS = ["1,16,512,4,2", "1,32,256,4,4", "1,32,128,8,4", "1,64,256,4,3", "16,32,128,4,4", "16,64,128,4,4"]
+GEMV_CONFIGS = ["1,16,512,4,1", "1,16,512,4,3", "1,32,256,4,1", "1,32,256,4,4", "1,8,512,4,1", "1,64,128,4,3",
+                "16,32,128,4,4", "16,64,128,4,4"]
 
 
 def _stream(spec: str) -> tuple[object, dict, dict, dict, float, set]:
@@ -61,7 +63,7 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     pointers = {"x": "*i32" if pairs else "*bf16", "w": "*i32" if pairs else "*bf16", "out": "*bf16",
                 "ws": "*fp32", "counters": "*i32"}
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
-                 "SPLIT": True, "PAIRS": pairs}
+                 "SPLIT": False, "PAIRS": pairs}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_n * block_k / (32 * warps), {"M", "num_splits"})

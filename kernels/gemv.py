@@ -1,7 +1,14 @@
 """Skinny matrix products for decode: y [M, N] = x [M, K] @ w [N, K].T for M of 1 to 16 rows, bf16 weights read
 once at full width. Decode is bound by the weight bytes; each program streams a [BLOCK_N, K / SPLIT] strip of w
-and keeps the M x BLOCK_N accumulator in registers, so the grid is sized to the SMs and not to M. A split over K
-writes fp32 partial sums that one reduction adds. Reference: torch's F.linear (the CPU path).
+and keeps its accumulator in registers, so the grid is sized to the SMs and not to M. A split over K parks fp32
+partial sums that the output block's last split to finish adds, in the same launch. Reference: torch's F.linear
+(the CPU path).
+
+One row runs on the CUDA cores at about 2.6 sm_90 instructions a weight element in the loop (bench/kernel_sass.py
+gemv; 5.1-5.8 with a row sum every tile): an FFMA, a mask or a shift from a bf16 pair to fp32, a 16-byte load an
+eighth. bf16 at 4.3 TB/s is 8 weights a cycle an SM against 128 lane-instructions issued, so the loop leaves the
+warps' issue slots mostly to memory; what it needs is bytes in flight, which the sweep buys with tiles, stages
+and splits.
 
 Whether this beats cuBLAS at a shape is measured, not assumed: bench/engine_speed.py's gemv part times both per
 shape and batch, and gemv_tuned_configs.json ships, per GPU and Triton version, the shapes where this kernel won
@@ -74,8 +81,9 @@ def gemv_fwd_kernel(
     # The last block's rows past N read row N - 1 again (its store is masked): no load in the loop is predicated
     # on N, and an unmasked tile needs no zero fill.
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    # Pointers advance by a constant a tile: the loop computes no addresses (session 9's int4 kernel spent 86
-    # IMADs a tile on them before it did the same).
+    # A tile's addresses are these base pointers plus one scalar offset, which ptxas keeps in uniform registers:
+    # no per-element address arithmetic in the loop (advancing the pointers instead cost two IADD3s a 16-byte
+    # load, 64-bit adds; session 9's int4 kernel had spent 86 IMADs a tile on addresses and masks).
     p_w = w + rows[:, None] * (stride_wn // UNIT) + (k_lo // UNIT + offs_u)[None, :]
     if BLOCK_M == 1:
         p_x = x + k_lo // UNIT + offs_u
@@ -84,26 +92,25 @@ def gemv_fwd_kernel(
         p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+        step = (k0 - k_lo) // UNIT
         if EVEN_K:
-            b_w = tl.load(p_w)
+            b_w = tl.load(p_w + step)
         else:
             # with PAIRS K is even: a pair is in or out whole
             m_u = offs_u < (k_hi - k0) // UNIT
-            b_w = tl.load(p_w, mask=m_u[None, :], other=0)
+            b_w = tl.load(p_w + step, mask=m_u[None, :], other=0)
         if BLOCK_M == 1:
             if EVEN_K:
-                b_x = tl.load(p_x)
+                b_x = tl.load(p_x + step)
             else:
-                b_x = tl.load(p_x, mask=m_u, other=0)
+                b_x = tl.load(p_x + step, mask=m_u, other=0)
             acc = _accumulate(acc, b_w, b_x, PAIRS)
         else:
             if EVEN_K:
-                b_x = tl.load(p_x, mask=m_m[:, None], other=0.0)
+                b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
             else:
-                b_x = tl.load(p_x, mask=m_m[:, None] & m_u[None, :], other=0.0)
+                b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
             acc = tl.dot(b_x, tl.trans(b_w), acc)
-        p_w += BLOCK_U
-        p_x += BLOCK_U
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
                       SPLIT)
