@@ -5,7 +5,6 @@ against fla's chunked kernels (engine/layers/linear_attention.py RECURRENT_ROWS)
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from pathlib import Path
@@ -41,32 +40,71 @@ def _graph_time(fn, calls_per_replay: int, replays: int = 20) -> float:
     return start.elapsed_time(end) / 1000 / replays / calls_per_replay
 
 
+# The sweep's configurations, most promising first (a row's share of the budget may end before the last).
+# One row (CUDA cores, int32 pairs): a tile of 4096-16384 weights, 16-byte loads along K; num_stages 1 is plain
+# register loads (fewest instructions, bench/kernel_sass.py gemv), 2-4 cp.async pipelining.
+GEMV_ROW_TILES = [(16, 512, 4), (32, 256, 4), (16, 256, 4), (8, 512, 4), (32, 512, 8), (64, 128, 4), (16, 1024, 8)]
+GEMV_ROW_STAGES = (1, 3, 2)
+# Several rows (tensor cores): session 7's winners (32 x 128 and 32 x 256, 4 stages) first.
+GEMV_MMA_TILES = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (16, 256, 4)]
+GEMV_MMA_STAGES = (4, 3)
+# Each batch's share of the budget, cumulative: one row (issue 18's decode) first and most.
+GEMV_BATCH_BUDGET = {1: 0.6, 8: 0.8, 16: 1.0}
+
+
+def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[int]:
+    """Splits over K worth timing for a tile: none, and those that bring the grid to about 1, 2, 4 and 8 programs
+    an SM where the output blocks alone fill fewer than 4 (the MLP down projection, 2560 x 9216, is 160 blocks of
+    16 rows on 132 SMs). Never 16 or a multiple (Triton would compile num_splits apart as 16-divisible)."""
+    blocks, k_tiles = -(-n // block_n), -(-k // block_k)
+    splits = {1}
+    if blocks < 4 * sms:
+        for waves in (1, 2, 4, 8):
+            split = max(1, min(k_tiles, round(waves * sms / blocks), 32))
+            # as gemv() rounds it: whole tiles a split (7 splits of 18 tiles are 6 of 3)
+            split = -(-k_tiles // -(-k_tiles // split))
+            splits.add(split - 1 if split % 16 == 0 else split)
+    return sorted(splits)
+
+
+def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
+    """The GemvConfigs the sweep times at a shape and row count, most promising first."""
+    from headroom.kernels.gemv import GemvConfig
+
+    tiles, stages = (GEMV_ROW_TILES, GEMV_ROW_STAGES) if rows == 1 else (GEMV_MMA_TILES, GEMV_MMA_STAGES)
+    return [GemvConfig(bn, bk, split, warps, stage) for stage in stages for bn, bk, warps in tiles
+            for split in gemv_splits(n, k, bn, bk, sms)]
+
+
 def gemv_sweep(budget_s: float = 150.0) -> dict:
     """Per shape and batch (1, 8, 16): cuBLAS and the best GemvConfig, each timed over enough weight copies that
     L2 (60 MB) holds none of them between calls; GB/s of weight bytes; and a decode step's linear time with
-    either choice per shape. Configurations past budget_s are skipped (the JSON says how many ran)."""
-    from headroom.kernels.gemv import GemvConfig, gemv
+    either choice per shape. Batches run one after another, each shape of a batch up to its even share of the
+    batch's part of budget_s (GEMV_BATCH_BUDGET; time a row leaves is the next rows'); each row says how many
+    configurations it timed and how many the budget skipped."""
+    from headroom.kernels.gemv import gemv
 
     started = time.perf_counter()
-    # Session 7's first sweeps (splits to 8, 4 and 8 warps) picked 4 warps and splits of 1 to 4 everywhere.
-    tiles = [(bn, bk) for bn, bk in itertools.product((16, 32, 64), (128, 256, 512)) if bn * bk <= 16384]
-    configs = [GemvConfig(bn, bk, split, warps, stages) for (bn, bk), split, warps, stages
-               in itertools.product(tiles, (1, 2, 4), (4,), (2, 4))]
-    out: dict = {"configs_tried": 0, "shapes": {}}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out: dict = {"configs_tried": 0, "configs_skipped": 0, "sms": sms, "shapes": {}}
     for name, (n, k, per_step) in DECODE_SHAPES.items():
-        copies = max(2, -(-300_000_000 // (n * k * 2)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        weight_bytes = n * k * 2
-        rows: dict = {}
-        for m in (1, 8, 16):
+        out["shapes"][name] = {"n": n, "k": k, "per_step": per_step, "weight_bytes": n * k * 2, "batches": {}}
+    batch_start = 0.0
+    for m, share in GEMV_BATCH_BUDGET.items():
+        for index, (name, (n, k, _)) in enumerate(DECODE_SHAPES.items()):
+            deadline = started + budget_s * (batch_start + (share - batch_start) * (index + 1) / len(DECODE_SHAPES))
+            copies = max(2, -(-300_000_000 // (n * k * 2)))
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            weight_bytes = n * k * 2
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             want = F.linear(x, weights[0])
             cublas = _graph_time(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], copies)
-            best: tuple[float, GemvConfig] | None = None
-            errors = 0
-            for config in configs:
-                if time.perf_counter() - started > budget_s:
-                    break
+            best: tuple[float, object] | None = None
+            errors = timed = skipped = 0
+            for config in gemv_configs(n, k, m, sms):
+                if time.perf_counter() > deadline:
+                    skipped += 1
+                    continue
                 try:
                     got = gemv(x, weights[0], config)
                     if not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
@@ -76,16 +114,20 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
                 except Exception:  # noqa: BLE001 - a config that does not compile or run is skipped
                     errors += 1
                     continue
-                out["configs_tried"] += 1
+                timed += 1
                 if best is None or seconds < best[0]:
                     best = (seconds, config)
-            rows[str(m)] = {"cublas_us": cublas * 1e6, "cublas_gb_s": weight_bytes / cublas / 1e9,
-                            "best_us": best[0] * 1e6 if best else None,
-                            "best_gb_s": weight_bytes / best[0] / 1e9 if best else None,
-                            "best_config": vars(best[1]) if best else None, "failed_configs": errors}
-        out["shapes"][name] = {"n": n, "k": k, "per_step": per_step, "weight_bytes": weight_bytes, "batches": rows}
-        del weights
-        torch.cuda.empty_cache()
+            out["configs_tried"] += timed
+            out["configs_skipped"] += skipped
+            out["shapes"][name]["batches"][str(m)] = {
+                "cublas_us": cublas * 1e6, "cublas_gb_s": weight_bytes / cublas / 1e9,
+                "best_us": best[0] * 1e6 if best else None,
+                "best_gb_s": weight_bytes / best[0] / 1e9 if best else None,
+                "best_config": vars(best[1]) if best else None, "failed_configs": errors, "timed_configs": timed,
+                "skipped_configs": skipped}
+            del weights
+            torch.cuda.empty_cache()
+        batch_start = share
     for m in ("1", "8", "16"):
         shapes = out["shapes"].values()
         out[f"step_linear_ms_bs{m}"] = {
