@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 
 # num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants.
@@ -14,8 +15,9 @@ import triton.language as tl
 def merge_splits_fwd_kernel(
     parts, lses, out, out_lse, num_splits, num_heads, head_dim,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
     o_s = tl.arange(0, BLOCK_S)
@@ -50,4 +52,5 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0),
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(dim),
+        PDL=use_pdl(parts.device), launch_pdl=use_pdl(parts.device),
     )

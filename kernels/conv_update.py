@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 
 @triton.jit
 def causal_conv1d_update_fwd_kernel(
     x, weight, states, slots, out, stride_xb, stride_wc, stride_ss, stride_sc, stride_ob,
-    CHANNELS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    CHANNELS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_b, i_c = tl.program_id(0), tl.program_id(1)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
     o_k = tl.arange(0, BLOCK_K)
@@ -52,5 +54,6 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
     causal_conv1d_update_fwd_kernel[(num_seqs, triton.cdiv(channels, block_c))](
         x, weight, states, slots, out, x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
         CHANNELS=channels, KERNEL=kernel, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(kernel),
+        PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
     )
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 _BLOCK = 1024
 
@@ -17,7 +18,8 @@ def _round(x, like):
 
 
 @triton.jit
-def silu_mul_fwd_kernel(gate, up, out, cols, stride_g, stride_u, BLOCK: tl.constexpr):
+def silu_mul_fwd_kernel(gate, up, out, cols, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_c < cols
@@ -28,7 +30,9 @@ def silu_mul_fwd_kernel(gate, up, out, cols, stride_g, stride_u, BLOCK: tl.const
 
 
 @triton.jit
-def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, BLOCK: tl.constexpr):
+def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, BLOCK: tl.constexpr,
+        PDL: tl.constexpr):
+    pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_c < cols
@@ -40,7 +44,9 @@ def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, B
 
 
 @triton.jit
-def gdn_gates_fwd_kernel(b, a, neg_a, dt_bias, beta, g, heads, stride_b, stride_a, BLOCK: tl.constexpr):
+def gdn_gates_fwd_kernel(b, a, neg_a, dt_bias, beta, g, heads, stride_b, stride_a, BLOCK: tl.constexpr,
+        PDL: tl.constexpr):
+    pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, BLOCK)
     mask = o_h < heads
@@ -65,7 +71,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel():
         grid = (gate.shape[0], triton.cdiv(gate.shape[1], _BLOCK))
-        silu_mul_fwd_kernel[grid](gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), BLOCK=_BLOCK)
+        silu_mul_fwd_kernel[grid](gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), BLOCK=_BLOCK,
+                PDL=use_pdl(gate.device), launch_pdl=use_pdl(gate.device))
     return out
 
 
@@ -77,7 +84,8 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     if x.numel():
         grid = (x.shape[0], triton.cdiv(x.shape[1], _BLOCK))
-        sigmoid_mul_fwd_kernel[grid](x, gate, out, x.shape[1], gate.shape[2], gate.stride(0), gate.stride(1), BLOCK=_BLOCK)
+        sigmoid_mul_fwd_kernel[grid](x, gate, out, x.shape[1], gate.shape[2], gate.stride(0), gate.stride(1), BLOCK=_BLOCK,
+                PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device))
     return out
 
 
@@ -91,5 +99,6 @@ def gdn_gates(b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor, dt_bias: to
     g = torch.empty((tokens, heads), dtype=torch.float32, device=b.device)
     if tokens:
         gdn_gates_fwd_kernel[(tokens,)](b, a, neg_a.float(), dt_bias, beta, g, heads, b.stride(0), a.stride(0),
-                                        BLOCK=triton.next_power_of_2(heads))
+                                        BLOCK=triton.next_power_of_2(heads),
+                                        PDL=use_pdl(b.device), launch_pdl=use_pdl(b.device))
     return beta, g

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 # Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
 # (more), "rows" (bounds given) and "tail" (gated_delta_tail). block_v: value channels a program (the key axis is
@@ -105,10 +106,11 @@ def gated_delta_decode_fwd_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr, LOADS_FIRST: tl.constexpr,
+    ROWS: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers."""
+    pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
     o_k = tl.arange(0, BLOCK_K)
@@ -182,6 +184,7 @@ def gated_delta_decode(
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=cfg["block_v"], ROWS=bounds is not None, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
+        PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
     )
     return out
 
@@ -192,8 +195,9 @@ def gated_delta_tail_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
     stride_sb, stride_sh, stride_sk, stride_ot, stride_oh, stride_ps, stride_ph, stride_pk, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    MAX_SNAPS: tl.constexpr, LOADS_FIRST: tl.constexpr,
+    MAX_SNAPS: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
     o_k = tl.arange(0, BLOCK_K)
@@ -251,4 +255,5 @@ def gated_delta_tail(
         pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
+        PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
     )

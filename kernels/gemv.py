@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import use_pdl
 from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,37 @@ def _accumulate(acc, b_w, b_x, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(p_w, step, offs_u, remaining, EVEN_K: tl.constexpr, UNIT: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K / UNIT] weight tile `step` units into the split's range (remaining: elements left)."""
+    if EVEN_K:
+        return tl.load(p_w + step)
+    # with PAIRS K is even: a pair is in or out whole
+    return tl.load(p_w + step, mask=(offs_u < remaining // UNIT)[None, :], other=0)
+
+
+@triton.jit
+def _multiply_add(acc, b_w, p_x, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+                  PAIRS: tl.constexpr, UNIT: tl.constexpr):
+    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more."""
+    m_u = offs_u < remaining // UNIT
+    if BLOCK_M == 1:
+        if EVEN_K:
+            b_x = tl.load(p_x + step)
+        else:
+            b_x = tl.load(p_x + step, mask=m_u, other=0)
+        return _accumulate(acc, b_w, b_x, PAIRS)
+    if EVEN_K:
+        b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
+    else:
+        b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
+    return tl.dot(b_x, tl.trans(b_w), acc)
+
+
+@triton.jit
 def gemv_fwd_kernel(
     x, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -91,26 +120,19 @@ def gemv_fwd_kernel(
     else:
         p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+    k_first = k_lo
+    if PDL:
+        # Programmatic dependent launch (kernels/pdl.py): the weights do not depend on the kernel before this one,
+        # so the first tile is in flight before waiting on it; only x (and the outputs, the split counters) do.
+        gdc_launch_dependents()
+        b_w = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
+        gdc_wait()
+        acc = _multiply_add(acc, b_w, p_x, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT)
+        k_first = k_lo + BLOCK_K
+    for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
-        if EVEN_K:
-            b_w = tl.load(p_w + step)
-        else:
-            # with PAIRS K is even: a pair is in or out whole
-            m_u = offs_u < (k_hi - k0) // UNIT
-            b_w = tl.load(p_w + step, mask=m_u[None, :], other=0)
-        if BLOCK_M == 1:
-            if EVEN_K:
-                b_x = tl.load(p_x + step)
-            else:
-                b_x = tl.load(p_x + step, mask=m_u, other=0)
-            acc = _accumulate(acc, b_w, b_x, PAIRS)
-        else:
-            if EVEN_K:
-                b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
-            else:
-                b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
-            acc = tl.dot(b_x, tl.trans(b_w), acc)
+        b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
+        acc = _multiply_add(acc, b_w, p_x, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT)
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
                       SPLIT)
@@ -146,7 +168,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
         _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
         out.stride(0), BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
-        num_warps=config.num_warps,
+        PDL=use_pdl(x.device), num_warps=config.num_warps, launch_pdl=use_pdl(x.device),
     )
     return out
 

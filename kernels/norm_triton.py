@@ -10,13 +10,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 
 @triton.jit
 def rms_norm_fwd_kernel(
     x, delta, weight, out, summed, stride_xt, stride_xh, stride_dt, num_heads, dim, eps,
-    BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr,
+    BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
     o_d = tl.arange(0, BLOCK_D)
@@ -39,8 +41,9 @@ def rms_norm_fwd_kernel(
 @triton.jit
 def gated_rms_norm_fwd_kernel(
     x, gate, weight, out, stride_xt, stride_xh, stride_gt, stride_gh, num_rows, num_heads, dim, eps,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_d = tl.arange(0, BLOCK_D)
     m = (o_r < num_rows)[:, None] & (o_d < dim)[None, :]
@@ -112,7 +115,7 @@ def rms_norm(
             x, delta if delta is not None else x, weight, out, summed if summed is not None else out,
             stride_t, stride_h, delta.stride(0) if delta is not None else 0, heads, dim, eps,
             BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset, HAS_DELTA=delta is not None,
-            num_warps=4 if dim <= 1024 else 8,
+            num_warps=4 if dim <= 1024 else 8, PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
         )
     return out, summed
 
@@ -145,6 +148,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         gated_rms_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
             x3, g3, weight, out, x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), rows, heads, dim, eps,
             BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps,
+            PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
         )
     return out
 

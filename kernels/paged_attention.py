@@ -25,6 +25,7 @@ from headroom.kernels.paged_kv import (
     naive_dequantize_block,
     naive_paged_attention,
 )
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 __all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
            "paged_attention_fwd", "paged_attention_fwd_kernel"]
@@ -137,8 +138,9 @@ def paged_attention_fwd_kernel(
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
-    CONTINUE: tl.constexpr,
+    CONTINUE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
     q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
@@ -291,7 +293,7 @@ def paged_attention_fwd(
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
     )
     if num_splits == 1:
         return out, out_lse

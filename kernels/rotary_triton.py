@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.pdl import pdl_enter, use_pdl
 
 
 @triton.jit
@@ -22,8 +23,9 @@ def _normed(x, weight, offs, mask, rstd, UNIT_OFFSET: tl.constexpr):
 @triton.jit
 def rms_norm_rotary_fwd_kernel(
     x, weight, positions, inv_freq, out, stride_xt, stride_xh, num_heads, dim, rotary_dim, eps,
-    BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+    BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
     row = x + i_t * stride_xt + i_h * stride_xh
@@ -66,5 +68,6 @@ def rms_norm_rotary(
         rms_norm_rotary_fwd_kernel[(tokens * heads,)](
             x, weight, positions, inv_freq.float(), out, x.stride(0), x.stride(1), heads, dim, rotary_dim, eps,
             BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset,
+            PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
         )
     return out
