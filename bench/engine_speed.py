@@ -351,7 +351,7 @@ def main() -> None:
             "serve_switch5": lambda s: part_serve(s, flags=("--gil-switch-ms", "5")),
             "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
-            "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
+            "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])
     # Parts that would start after this many seconds are skipped (ENGINE_SPEED_DEADLINE_S; default none),
     # so that one device command ends inside its limit with every file written.

@@ -54,35 +54,42 @@ def _accumulate(acc, b_w, b_x, PAIRS: tl.constexpr):
         # two accumulations, not acc + (lo + hi): that compiles to FMUL, FFMA, FADD
         acc += w_lo * x_lo
         acc += w_hi * x_hi
-        return acc
-    return acc + b_w.to(tl.float32) * b_x.to(tl.float32)[None, :]
+    else:
+        # (if/else, not an early return: see _multiply_add)
+        acc += b_w.to(tl.float32) * b_x.to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
 def _weight_tile(p_w, step, offs_u, remaining, EVEN_K: tl.constexpr, UNIT: tl.constexpr):
     """The [BLOCK_N, BLOCK_K / UNIT] weight tile `step` units into the split's range (remaining: elements left)."""
     if EVEN_K:
-        return tl.load(p_w + step)
-    # with PAIRS K is even: a pair is in or out whole
-    return tl.load(p_w + step, mask=(offs_u < remaining // UNIT)[None, :], other=0)
+        b_w = tl.load(p_w + step)
+    else:
+        # with PAIRS K is even: a pair is in or out whole
+        b_w = tl.load(p_w + step, mask=(offs_u < remaining // UNIT)[None, :], other=0)
+    return b_w
 
 
 @triton.jit
 def _multiply_add(acc, b_w, p_x, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
                   PAIRS: tl.constexpr, UNIT: tl.constexpr):
     """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more."""
+    # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
     if BLOCK_M == 1:
         if EVEN_K:
             b_x = tl.load(p_x + step)
         else:
             b_x = tl.load(p_x + step, mask=m_u, other=0)
-        return _accumulate(acc, b_w, b_x, PAIRS)
-    if EVEN_K:
-        b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
+        acc = _accumulate(acc, b_w, b_x, PAIRS)
     else:
-        b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
-    return tl.dot(b_x, tl.trans(b_w), acc)
+        if EVEN_K:
+            b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
+        else:
+            b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
+        acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc
 
 
 @triton.jit
