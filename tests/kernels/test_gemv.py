@@ -120,3 +120,24 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_C")
     assert module.load_tuned_configs(cuda) == {}
     assert module.load_tuned_configs(torch.device("cpu")) == {}
+
+
+
+def test_compiles_for_the_h200():
+    """The GPU compiler takes every variant the engine launches - one row (bf16 pairs) with and without a split,
+    16 rows on the tensor cores - with PDL on and off (the interpreter ran a one-row GEMV that Triton's sm_90
+    compiler rejected, session 10); with PDL the kernel waits on its producer (griddepcontrol)."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for rows, split in ((1, False), (1, True), (16, False)):
+        for pdl in (False, True):
+            pairs = rows == 1
+            pointers = {"x": "*i32" if pairs else "*bf16", "w": "*i32" if pairs else "*bf16", "out": "*bf16",
+                        "ws": "*fp32", "counters": "*i32"}
+            constants = {"BLOCK_M": rows, "BLOCK_N": 16 if pairs else 32, "BLOCK_K": 512 if pairs else 128,
+                         "NUM_STAGES": 3, "EVEN_K": True, "SPLIT": split, "PAIRS": pairs, "PDL": pdl}
+            variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, constants))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        assert ("griddepcontrol.wait" in result["ptx"]) == constants["PDL"], constants
