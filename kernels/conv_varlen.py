@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 # (BLOCK_T rows, BLOCK_C channels, num_warps) of a program; bench/prefill_gdn_kernels.py sweeps them on the GPU.
-# H200, session 10 (bench/results/session10/prefill_gdn_kernels.json, 8,192 x 8,192): 0.177 ms, 64 x 128 x 4 warps
-# 0.186, the replaced kernel 0.253; 128 elements a thread or more (64 x 128 x 2, 128 x 128 x 4) fell off a cliff
-# (2.7 ms: spilled).
+# H200, session 10 (bench/results/session10/call3/prefill_gdn_kernels.json, 8,192 x 8,192): 0.177 ms, 64 x 128 x 4
+# warps 0.186, the replaced kernel 0.253; 128 elements a thread or more (64 x 128 x 2, 128 x 128 x 4) fell off a
+# cliff (2.7 ms: spilled).
 DEFAULT_CONFIG = (32, 128, 2)
 
 

@@ -22,9 +22,9 @@ from headroom.kernels.pdl import pdl_enter, use_pdl
 # engine passes none. Each distinct entry is one compiled variant.
 SMALL_BATCH = 4
 CONFIGS: dict[str, dict] = {
-    # H200, session 10 (bench/results/session10/gdn_decode_sweep.json), cold us a call in a 24-layer graph: batch 1
-    # 3.66 (the old 16 x 4 warps 4.05), batch 8 12.4 (14.6), batch 16 21.3 (24.4); rows (a 30-, 1- and 64-token
-    # chunk) 80 against 140; tail 248 against 441.
+    # H200, session 10 (bench/results/session10/call2/gdn_decode_sweep.json), cold us a call in a 24-layer graph:
+    # batch 1 3.66 (the old 16 x 4 warps 4.05), batch 8 12.4 (14.6), batch 16 21.3 (24.4); rows (a 30-, 1- and
+    # 64-token chunk) 80 against 140; tail 248 against 441.
     # One warp keeps the key-axis sums inside the warp (2 barriers instead of 13-17).
     "decode_small": {"block_v": 16, "num_warps": 1, "loads_first": True},
     "decode": {"block_v": 64, "num_warps": 4, "loads_first": True},

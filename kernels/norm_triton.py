@@ -125,8 +125,8 @@ def rms_norm(
 # and one row of 4 warps below (decode's 32 rows a token, as before). Two variants only, so that no pass size
 # compiles one while serving. bench/prefill_gdn_kernels.py sweeps them on the GPU.
 GATED_MANY_ROWS = 4096
-# H200, session 10 (bench/results/session10/prefill_gdn_kernels.json): 8K tokens 0.055 ms (16 x 4: 0.057; one row a
-# program with the gate copied first, as before: 0.253).
+# H200, session 10 (bench/results/session10/call3/prefill_gdn_kernels.json): 8K tokens 0.055 ms (16 x 4: 0.057;
+# one row a program with the gate copied first, as before: 0.253).
 GATED_CONFIG = (4, 2)
 GATED_FEW_ROWS_CONFIG = (1, 4)
 
