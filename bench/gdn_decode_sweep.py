@@ -117,6 +117,31 @@ def decode_inputs(batch: int, gen: torch.Generator) -> dict:
             "slots": torch.randperm(SLOTS, generator=gen)[:batch].to(DEV)}
 
 
+def sweep(variants: list[dict], run, want: dict, timing) -> dict:
+    """Per configuration: run(cfg) -> the tensors named as in want (the first is the output, the others states),
+    each compared with want's; then timing(cfg) -> more fields. Past the budget a configuration is skipped, and
+    one that fails (compile, resources) records its error and leaves the others."""
+    rows: dict = {}
+    for cfg in variants:
+        if over_budget():
+            rows[name(cfg)] = {"skipped": "budget"}
+            continue
+        try:
+            got = run(cfg)
+            row = {"config": cfg, **{key: diff(got[key], want[key]) for key in want}}
+            first, *others = want
+            row["ok"] = all(correct(row[first], row[key]) for key in others)
+            row.update(timing(cfg))
+            rows[name(cfg)] = row
+        except Exception:  # noqa: BLE001 - one configuration failing leaves the others
+            rows[name(cfg)] = {"config": cfg, "error": traceback.format_exc()[-1500:]}
+    return rows
+
+
+def ranked_cold(rows: dict) -> list:
+    return [[round(us, 2), n] for us, n in sorted((r["cold_us"], n) for n, r in rows.items() if r.get("ok"))]
+
+
 def layer_calls(x: dict, pool: torch.Tensor, slots: torch.Tensor, cfg: dict) -> None:
     """One decode step's GDN calls: one a layer, each on its own inputs and its layer's states."""
     for layer in range(LAYERS):
@@ -138,27 +163,21 @@ def decode_section(flush: torch.Tensor | None) -> dict:
         before = pool[0].clone()
         want_states = before.clone()
         want_out = naive_gated_delta_decode(*layer0, want_states, x["slots"])
-        rows: dict = {}
-        for cfg in VARIANTS:
-            if over_budget():
-                rows[name(cfg)] = {"skipped": "budget"}
-                continue
-            try:
-                states = before.clone()
-                out = gdn_decode.gated_delta_decode(*layer0, states, x["slots"], config=cfg)
-                row = {"config": cfg, "out": diff(out, want_out), "states": diff(states, want_states)}
-                row["ok"] = correct(row["out"], row["states"])
-                def step(cfg=cfg, x=x):
-                    layer_calls(x, pool, x["slots"], cfg)
+        def run(cfg, layer0=layer0, x=x, before=before):
+            states = before.clone()
+            return {"out": gdn_decode.gated_delta_decode(*layer0, states, x["slots"], config=cfg), "states": states}
 
-                row["cold_us"] = graph_us(step, LAYERS, flush, replays=15)
-                row["warm_us"] = graph_us(step, LAYERS, None, replays=15) if not CPU else None
-                row["cold_GBps"] = batch * res["state_bytes_read_and_written_per_sequence"] / row["cold_us"] / 1e3
-                rows[name(cfg)] = row
-            except Exception:  # noqa: BLE001 - one configuration failing (compile, resources) leaves the others
-                rows[name(cfg)] = {"config": cfg, "error": traceback.format_exc()[-1500:]}
-        ranked = sorted((r["cold_us"], n) for n, r in rows.items() if r.get("ok"))
-        res["batches"][str(batch)] = {"ranked_cold_us": [[round(us, 2), n] for us, n in ranked], "variants": rows}
+        def timing(cfg, x=x, batch=batch):
+            def step(cfg=cfg, x=x):
+                layer_calls(x, pool, x["slots"], cfg)
+
+            cold = graph_us(step, LAYERS, flush, replays=15)
+            return {"cold_us": cold, "warm_us": graph_us(step, LAYERS, None, replays=15) if not CPU else None,
+                    "cold_GBps": batch * res["state_bytes_read_and_written_per_sequence"] / cold / 1e3}
+
+        rows = sweep(VARIANTS, run, {"out": want_out, "states": want_states}, timing)
+        ranked = ranked_cold(rows)
+        res["batches"][str(batch)] = {"ranked_cold_us": ranked, "variants": rows}
         print(f"decode b{batch}: {ranked[:5]}", flush=True)
     return res
 
@@ -218,23 +237,18 @@ def rows_section(flush: torch.Tensor | None) -> dict:
         lo, hi = bounds[b].item(), bounds[b + 1].item()
         want_out[lo:hi], want_states[slot] = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi],
                                                                     beta[lo:hi], before[slot])
-    rows: dict = {}
-    for cfg in ROW_VARIANTS:
-        if over_budget():
-            rows[name(cfg)] = {"skipped": "budget"}
-            continue
-        try:
-            states = before.clone()
-            out = gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds, config=cfg)
-            row = {"config": cfg, "out": diff(out, want_out), "states": diff(states, want_states)}
-            row["ok"] = correct(row["out"], row["states"])
-            row["cold_us"] = graph_us(lambda cfg=cfg, s=states: gdn_decode.gated_delta_decode(
-                q, k, v, g, beta, s, slots, bounds, config=cfg), 1, flush, replays=10)
-            rows[name(cfg)] = row
-        except Exception:  # noqa: BLE001
-            rows[name(cfg)] = {"config": cfg, "error": traceback.format_exc()[-1500:]}
-    ranked = sorted((r["cold_us"], n) for n, r in rows.items() if r.get("ok"))
-    return {"lengths": ROWS_LENGTHS, "ranked_cold_us": [[round(us, 2), n] for us, n in ranked], "variants": rows}
+    def run(cfg):
+        states = before.clone()
+        return {"out": gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds, config=cfg),
+                "states": states}
+
+    def timing(cfg):
+        states = before.clone()
+        return {"cold_us": graph_us(lambda: gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds,
+                                                                           config=cfg), 1, flush, replays=10)}
+
+    rows = sweep(ROW_VARIANTS, run, {"out": want_out, "states": want_states}, timing)
+    return {"lengths": ROWS_LENGTHS, "ranked_cold_us": ranked_cold(rows), "variants": rows}
 
 
 def tail_section(flush: torch.Tensor | None) -> dict:
@@ -255,24 +269,18 @@ def tail_section(flush: torch.Tensor | None) -> dict:
     at = torch.tensor([[a for a, _ in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
     slot = torch.tensor([[x for _, x in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
     lo_t, hi_t = (torch.tensor(x, dtype=torch.int32, device=DEV) for x in (lo, hi))
-    rows: dict = {}
-    for cfg in ROW_VARIANTS:
-        if over_budget():
-            rows[name(cfg)] = {"skipped": "budget"}
-            continue
-        try:
-            states, pool, out = start.clone(), torch.zeros_like(want_pool), torch.zeros_like(v)
-            gdn_decode.gated_delta_tail(q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, config=cfg)
-            row = {"config": cfg, "out": diff(out, want_out), "states": diff(states, want_states),
-                   "pool": diff(pool, want_pool)}
-            row["ok"] = correct(row["out"], row["states"]) and correct(row["out"], row["pool"])
-            row["cold_us"] = graph_us(lambda cfg=cfg, s=states, p=pool, o=out: gdn_decode.gated_delta_tail(
-                q, k, v, g, beta, s, o, p, lo_t, hi_t, at, slot, config=cfg), 1, flush, replays=10)
-            rows[name(cfg)] = row
-        except Exception:  # noqa: BLE001
-            rows[name(cfg)] = {"config": cfg, "error": traceback.format_exc()[-1500:]}
-    ranked = sorted((r["cold_us"], n) for n, r in rows.items() if r.get("ok"))
-    return {"ranked_cold_us": [[round(us, 2), n] for us, n in ranked], "variants": rows}
+    def run(cfg):
+        states, pool, out = start.clone(), torch.zeros_like(want_pool), torch.zeros_like(v)
+        gdn_decode.gated_delta_tail(q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, config=cfg)
+        return {"out": out, "states": states, "pool": pool}
+
+    def timing(cfg):
+        states, pool, out = start.clone(), torch.zeros_like(want_pool), torch.zeros_like(v)
+        return {"cold_us": graph_us(lambda: gdn_decode.gated_delta_tail(
+            q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, config=cfg), 1, flush, replays=10)}
+
+    rows = sweep(ROW_VARIANTS, run, {"out": want_out, "states": want_states, "pool": want_pool}, timing)
+    return {"ranked_cold_us": ranked_cold(rows), "variants": rows}
 
 
 def picks(report: dict) -> dict:
