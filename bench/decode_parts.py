@@ -22,6 +22,29 @@ DECODE_SHAPES = {
 }
 
 
+def graph_replay_us(fn, calls: int, replays: int, before_each=None) -> float:
+    """us a call of fn (which makes `calls` calls) replayed from a CUDA graph: the median over `replays` replays
+    timed one by one, before_each() run ahead of each outside the timed span (an L2 flush, say)."""
+    fn()  # compiled and loaded outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        if before_each is not None:
+            before_each()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def _graph_time(fn, calls_per_replay: int, replays: int = 20) -> float:
     """Seconds per call of fn (which makes calls_per_replay calls), replayed from a CUDA graph: launch gaps out."""
     fn()

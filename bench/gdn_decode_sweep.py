@@ -29,6 +29,9 @@ if CPU:
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the bench's siblings, under PYTHONSAFEPATH too
+from decode_parts import graph_replay_us  # noqa: E402
 from headroom.kernels import gdn_decode  # noqa: E402
 from headroom.kernels.gated_delta import (  # noqa: E402
     naive_gated_delta_decode,
@@ -89,23 +92,7 @@ def graph_us(fn, calls: int, flush: torch.Tensor | None, replays: int) -> float:
         began = time.perf_counter()
         fn()
         return (time.perf_counter() - began) * 1e6 / calls
-    fn()  # compiled and loaded outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        flush_l2(flush)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(times)[len(times) // 2]
+    return graph_replay_us(fn, calls, replays, lambda: flush_l2(flush))
 
 
 def decode_inputs(batch: int, gen: torch.Generator) -> dict:

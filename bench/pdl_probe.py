@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+sys.path.insert(0, str(Path(__file__).parent))  # the bench's siblings, under PYTHONSAFEPATH too
+from decode_parts import graph_replay_us  # noqa: E402
 
 CHAIN = 200
 
@@ -49,31 +53,6 @@ def stream_kernel(x, w, y, n, per_program, PDL: tl.constexpr, EARLY: tl.constexp
     tl.store(y + pid, tl.load(x + pid) + total)
 
 
-def graph_us(launch, chain: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # compile outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / chain)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def main(path: str) -> None:
     out: dict = {"command": "python3 bench/pdl_probe.py " + path, "gpu": torch.cuda.get_device_name(),
                  "triton": triton.__version__, "torch": torch.__version__, "chain": CHAIN}
@@ -87,8 +66,8 @@ def main(path: str) -> None:
                                                       launch_pdl=pdl)
         return launch
 
-    out["tiny_plain_us"] = graph_us(tiny(False), CHAIN)
-    out["tiny_pdl_us"] = graph_us(tiny(True), CHAIN)
+    out["tiny_plain_us"] = graph_replay_us(tiny(False), CHAIN, 20)
+    out["tiny_pdl_us"] = graph_replay_us(tiny(True), CHAIN, 20)
     programs, per_program = 264, 8192  # 264 x 8192 bf16 = 4.3 MB a kernel
     weights = [torch.randn(programs * per_program, device="cuda", dtype=torch.bfloat16) for _ in range(CHAIN // 10)]
     xs = [torch.zeros(programs, device="cuda") for _ in range(2)]
@@ -100,9 +79,9 @@ def main(path: str) -> None:
                                            per_program, PDL=pdl, EARLY=early, BLOCK=1024, launch_pdl=pdl)
         return launch
 
-    out["stream_plain_us"] = graph_us(streamed(False, False), CHAIN)
-    out["stream_pdl_us"] = graph_us(streamed(True, False), CHAIN)
-    out["stream_pdl_early_us"] = graph_us(streamed(True, True), CHAIN)
+    out["stream_plain_us"] = graph_replay_us(streamed(False, False), CHAIN, 20)
+    out["stream_pdl_us"] = graph_replay_us(streamed(True, False), CHAIN, 20)
+    out["stream_pdl_early_us"] = graph_replay_us(streamed(True, True), CHAIN, 20)
     out["stream_bytes_per_kernel"] = programs * per_program * 2
     out["stream_plain_TBps"] = out["stream_bytes_per_kernel"] / out["stream_plain_us"] / 1e6
     out["stream_pdl_early_TBps"] = out["stream_bytes_per_kernel"] / out["stream_pdl_early_us"] / 1e6
