@@ -45,14 +45,12 @@ HK, HV, DK, DV, LAYERS, SLOTS, BATCHES = (2, 4, 16, 32, 3, 6, (1, 3)) if CPU els
 BUDGET_S = float(os.environ.get("GDN_SWEEP_BUDGET_S", "55"))
 # The short-chunk pass of bench/engine_speed_parts.py's gdn_rows check.
 ROWS_LENGTHS = [3, 1, 4] if CPU else [30, 1, 64]
-# The order before issue 18 at its two shipped widths (the baseline), then loads-first over widths and warps; at
-# most 128 state elements a thread (256 would spill), at least 4.
-VARIANTS = [{"block_v": 16, "num_warps": 4, "loads_first": False}, {"block_v": 32, "num_warps": 4, "loads_first": False}]
-VARIANTS += [{"block_v": bv, "num_warps": w, "loads_first": True} for bv in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)
-             if 4 <= DK * bv // (32 * w) <= 128]
+# Widths and warps, at most 128 state elements a thread (256 would spill), at least 4. (Session 10's sweep also ran
+# the load order from before issue 18; it lost everywhere and is gone: bench/results/session10/call2.)
+VARIANTS = [{"block_v": bv, "num_warps": w} for bv in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)
+            if 4 <= DK * bv // (32 * w) <= 128]
 # The rows and tail paths walk up to hundreds of rows a program: narrower blocks, fewer variants.
-ROW_VARIANTS = [{"block_v": 16, "num_warps": 4, "loads_first": False}] + [
-    {"block_v": bv, "num_warps": w, "loads_first": True} for bv in (8, 16, 32) for w in (1, 2, 4)]
+ROW_VARIANTS = [{"block_v": bv, "num_warps": w} for bv in (8, 16, 32) for w in (1, 2, 4)]
 if CPU:  # the interpreter proves the paths run; one variant of each kind is enough
     VARIANTS, ROW_VARIANTS = VARIANTS[:1] + VARIANTS[-3:], ROW_VARIANTS[:2]
 
@@ -64,7 +62,7 @@ def over_budget() -> bool:
 
 
 def name(cfg: dict) -> str:
-    return f"bv{cfg['block_v']}_w{cfg['num_warps']}_{'loads_first' if cfg['loads_first'] else 'baseline'}"
+    return f"bv{cfg['block_v']}_w{cfg['num_warps']}"
 
 
 def diff(got: torch.Tensor, want: torch.Tensor) -> dict:
@@ -171,14 +169,14 @@ def decode_section(flush: torch.Tensor | None) -> dict:
 
 def profiled(section: dict, flush: torch.Tensor | None, top: int = 4, replays: int = 5) -> dict:
     """Kernel time alone (torch.profiler's CUDA events, no launch gaps) at batch 1 of the `top` fastest correct
-    configurations and the baseline, cold: us a call."""
+    configurations and the shipped one, cold: us a call."""
     if CPU:
         return {"skipped": "cpu"}
     from torch.profiler import ProfilerActivity, profile
 
     ranked = [n for _, n in section["batches"]["1"]["ranked_cold_us"]]
-    picks = list(dict.fromkeys(ranked[:top] + [name(VARIANTS[0])]))
-    picks = [n for n in picks if section["batches"]["1"]["variants"][n].get("ok")]
+    picks = list(dict.fromkeys(ranked[:top] + [name(gdn_decode.CONFIGS["decode_small"])]))
+    picks = [n for n in picks if section["batches"]["1"]["variants"].get(n, {}).get("ok")]
     cfgs = {n: section["batches"]["1"]["variants"][n]["config"] for n in picks}
     gen = torch.Generator().manual_seed(1)
     x = decode_inputs(1, gen)

@@ -17,7 +17,7 @@ from headroom.kernels.pdl import pdl_enter, use_pdl
 
 # Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
 # (more), "rows" (bounds given) and "tail" (gated_delta_tail). block_v: value channels a program (the key axis is
-# one tile); loads_first: a token's inputs are all loaded before its reductions. Set from the H200 sweep
+# one tile). Set from the H200 sweep
 # (bench/gdn_decode_sweep.py); a call's own config= (the sweep's) overrides its entry for that call only, the
 # engine passes none. Each distinct entry is one compiled variant.
 SMALL_BATCH = 4
@@ -25,11 +25,13 @@ CONFIGS: dict[str, dict] = {
     # H200, session 10 (bench/results/session10/call2/gdn_decode_sweep.json), cold us a call in a 24-layer graph:
     # batch 1 3.66 (the old 16 x 4 warps 4.05), batch 8 12.4 (14.6), batch 16 21.3 (24.4); rows (a 30-, 1- and
     # 64-token chunk) 80 against 140; tail 248 against 441.
-    # One warp keeps the key-axis sums inside the warp (2 barriers instead of 13-17).
-    "decode_small": {"block_v": 16, "num_warps": 1, "loads_first": True},
-    "decode": {"block_v": 64, "num_warps": 4, "loads_first": True},
-    "rows": {"block_v": 8, "num_warps": 1, "loads_first": True},
-    "tail": {"block_v": 8, "num_warps": 1, "loads_first": True},
+    # One warp keeps the key-axis sums inside the warp (2 barriers instead of 13-17). Every variant loaded a token's
+    # inputs before its reductions; the order before (v, gate and beta behind the q/k norms' barriers) lost at
+    # every width and batch of that sweep, and is gone.
+    "decode_small": {"block_v": 16, "num_warps": 1},
+    "decode": {"block_v": 64, "num_warps": 4},
+    "rows": {"block_v": 8, "num_warps": 1},
+    "tail": {"block_v": 8, "num_warps": 1},
 }
 
 
@@ -66,35 +68,22 @@ def _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale):
 
 
 @triton.jit
-def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale, LOADS_FIRST: tl.constexpr):
-    """_delta_rule_math on one token's inputs p_*. LOADS_FIRST False keeps the order before issue 18 (q/k, their
-    norms, then v, gate and beta each behind the reductions' barriers), as the sweep's baseline."""
-    if LOADS_FIRST:
-        b_v, b_g, b_beta = _value_inputs(p_v, p_g, p_beta, o_v, m_v)
-        b_q, b_k = _key_inputs(p_q, p_k, o_k, m_k)
-        b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
-    else:
-        b_q = tl.load(p_q + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(p_k + o_k, mask=m_k, other=0).to(tl.float32)
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_v = tl.load(p_v + o_v, mask=m_v, other=0).to(tl.float32)
-        b_s = b_s * tl.exp(tl.load(p_g).to(tl.float32))
-        b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * tl.load(p_beta).to(tl.float32)
-        b_s = b_s + b_k[:, None] * b_delta[None, :]
-        b_o = tl.sum(b_s * b_q[:, None], 0)
-    return b_s, b_o
+def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale):
+    """_delta_rule_math on one token's inputs p_*, every load issued before the reductions (whose barriers would
+    each hold a later load back a memory round trip)."""
+    b_v, b_g, b_beta = _value_inputs(p_v, p_g, p_beta, o_v, m_v)
+    b_q, b_k = _key_inputs(p_q, p_k, o_k, m_k)
+    return _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
 
 
 @triton.jit
 def _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale,
-                    LOADS_FIRST: tl.constexpr):
+                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale):
     """_delta_rule_step on row t of the flattened q/k/v/g/beta, its output row stored; returns the new tile."""
     b_s, b_o = _delta_rule_step(
         b_s, q + t * stride_qt + i_hk * stride_qh, k + t * stride_kt + i_hk * stride_kh,
         v + t * stride_vt + i_hv * stride_vh, g + t * stride_gt + i_hv, beta + t * stride_betat + i_hv,
-        o_k, m_k, o_v, m_v, scale, LOADS_FIRST,
+        o_k, m_k, o_v, m_v, scale,
     )
     tl.store(out + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
     return b_s
@@ -106,7 +95,7 @@ def gated_delta_decode_fwd_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr,
+    ROWS: tl.constexpr, PDL: tl.constexpr,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers."""
@@ -119,7 +108,7 @@ def gated_delta_decode_fwd_kernel(
     m_v = o_v < DV
     m_s = m_k[:, None] & m_v[None, :]
     slot = tl.load(slots + i_b).to(tl.int64)
-    if not ROWS and LOADS_FIRST:
+    if not ROWS:
         # The graphs' decode step. A program's time is a chain of memory round trips: the slot, then its state.
         # Every load goes out before any reduction (whose barriers would hold a later load back a round trip
         # each), q and k last (_key_inputs).
@@ -135,15 +124,10 @@ def gated_delta_decode_fwd_kernel(
     else:
         p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
-        if ROWS:
-            for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
-                b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
-                                      stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
-                                      o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
-        else:  # the order before issue 18, kept as the sweep's baseline
-            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, i_b, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
+        for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
+            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
                                   stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
-                                  o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
+                                  o_k, m_k, o_v, m_v, scale)
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
 
 
@@ -183,7 +167,7 @@ def gated_delta_decode(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, num_warps=cfg["num_warps"],
         PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
     )
     return out
@@ -195,7 +179,7 @@ def gated_delta_tail_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
     stride_sb, stride_sh, stride_sk, stride_ot, stride_oh, stride_ps, stride_ph, stride_pk, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    MAX_SNAPS: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr,
+    MAX_SNAPS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
@@ -212,7 +196,7 @@ def gated_delta_tail_fwd_kernel(
     for i in range(0, num_rows):
         b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, lo + i, i_hk, i_hv, stride_qt, stride_qh, stride_kt,
                               stride_kh, stride_vt, stride_vh, stride_gt, stride_betat, stride_ot, stride_oh,
-                              o_k, m_k, o_v, m_v, scale, LOADS_FIRST)
+                              o_k, m_k, o_v, m_v, scale)
         for j in tl.static_range(MAX_SNAPS):
             if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
                 slot = tl.load(snap_slot + i_b * MAX_SNAPS + j).to(tl.int64)
@@ -254,6 +238,6 @@ def gated_delta_tail(
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, LOADS_FIRST=cfg["loads_first"], num_warps=cfg["num_warps"],
+        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, num_warps=cfg["num_warps"],
         PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
     )

@@ -7,10 +7,10 @@ import torch
 from headroom.kernels.gated_delta import naive_gated_delta_decode, naive_gated_delta_rule
 from headroom.kernels.gdn_decode import CONFIGS, SMALL_BATCH, gated_delta_decode
 
-# Every launch variant the sweep (bench/gdn_decode_sweep.py) may pick: the shipped entries (None), the order
-# before issue 18, value blocks narrower and wider than a head (masked), other warp counts.
-VARIANTS = [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}, {"block_v": 32, "num_warps": 2},
-            {"block_v": 64, "num_warps": 8, "loads_first": False}, {"block_v": 128, "num_warps": 4}]
+# Every launch variant the sweep (bench/gdn_decode_sweep.py) may pick: the shipped entries (None), value blocks
+# narrower and wider than a head (masked), other warp counts.
+VARIANTS = [None, {"block_v": 8, "num_warps": 1}, {"block_v": 32, "num_warps": 2}, {"block_v": 64, "num_warps": 8},
+            {"block_v": 128, "num_warps": 4}]
 
 
 @pytest.mark.parametrize("config", VARIANTS)
@@ -40,7 +40,7 @@ def test_bad_state_shape_is_named():
                            torch.zeros(1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("config", [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}])
+@pytest.mark.parametrize("config", [None, {"block_v": 16, "num_warps": 4}, {"block_v": 8, "num_warps": 1}])
 @pytest.mark.parametrize("lengths", [[5, 1, 9], [1], [3, 2, 7, 1]])
 def test_rows_run_in_order_from_each_slot(lengths, config):
     """bounds: each sequence's rows token by token from its slot's state, as the plain recurrence runs them."""
@@ -86,14 +86,14 @@ def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypa
         gated_delta_decode(q, q, v, torch.zeros(num_seqs, 2), torch.zeros(num_seqs, 2), torch.zeros(20, 2, 8, 64),
                            torch.arange(num_seqs), bounds, config=config)
         grid, kw = launched.pop()
-        return grid[2], kw["BLOCK_V"], kw["num_warps"], kw["LOADS_FIRST"]
+        return grid[2], kw["BLOCK_V"], kw["num_warps"]
 
     def entry(name):
         cfg = CONFIGS[name]
-        return -(-64 // cfg["block_v"]), cfg["block_v"], cfg["num_warps"], cfg["loads_first"]
+        return -(-64 // cfg["block_v"]), cfg["block_v"], cfg["num_warps"]
 
     assert call(SMALL_BATCH - 1) == entry("decode_small")
     assert call(SMALL_BATCH) == entry("decode")
     assert call(2, torch.tensor([0, 1, 2])) == entry("rows")
-    assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1, CONFIGS["decode_small"]["loads_first"])
+    assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1)
     assert CONFIGS == before

@@ -41,7 +41,7 @@ def test_reference_equals_runs_that_stop_at_each_snapshot():
     assert out[10:14].isnan().all()  # rows of no sequence are left alone
 
 
-@pytest.mark.parametrize("config", [None, {"loads_first": False}, {"block_v": 8, "num_warps": 1}])
+@pytest.mark.parametrize("config", [None, {"block_v": 16, "num_warps": 4}, {"block_v": 8, "num_warps": 1}])
 @pytest.mark.parametrize("width", [2, 4])
 def test_kernel_matches_the_reference(width, config):
     q, k, v, g, beta, states, pool = _inputs()
