@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
 # num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants.
@@ -52,5 +52,5 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0),
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(dim),
-        PDL=use_pdl(parts.device), launch_pdl=use_pdl(parts.device),
+        **pdl_launch(parts.device),
     )

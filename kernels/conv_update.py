@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -54,6 +54,6 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
     causal_conv1d_update_fwd_kernel[(num_seqs, triton.cdiv(channels, block_c))](
         x, weight, states, slots, out, x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
         CHANNELS=channels, KERNEL=kernel, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(kernel),
-        PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
+        **pdl_launch(x.device),
     )
     return out

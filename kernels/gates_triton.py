@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 _BLOCK = 1024
 
@@ -72,7 +72,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if out.numel():
         grid = (gate.shape[0], triton.cdiv(gate.shape[1], _BLOCK))
         silu_mul_fwd_kernel[grid](gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), BLOCK=_BLOCK,
-                PDL=use_pdl(gate.device), launch_pdl=use_pdl(gate.device))
+                **pdl_launch(gate.device))
     return out
 
 
@@ -85,7 +85,7 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if x.numel():
         grid = (x.shape[0], triton.cdiv(x.shape[1], _BLOCK))
         sigmoid_mul_fwd_kernel[grid](x, gate, out, x.shape[1], gate.shape[2], gate.stride(0), gate.stride(1), BLOCK=_BLOCK,
-                PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device))
+                **pdl_launch(x.device))
     return out
 
 
@@ -99,6 +99,5 @@ def gdn_gates(b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor, dt_bias: to
     g = torch.empty((tokens, heads), dtype=torch.float32, device=b.device)
     if tokens:
         gdn_gates_fwd_kernel[(tokens,)](b, a, neg_a.float(), dt_bias, beta, g, heads, b.stride(0), a.stride(0),
-                                        BLOCK=triton.next_power_of_2(heads),
-                                        PDL=use_pdl(b.device), launch_pdl=use_pdl(b.device))
+                                        BLOCK=triton.next_power_of_2(heads), **pdl_launch(b.device))
     return beta, g

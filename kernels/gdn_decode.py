@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 # Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
 # (more), "rows" (bounds given) and "tail" (gated_delta_tail). block_v: value channels a program (the key axis is
@@ -167,8 +167,7 @@ def gated_delta_decode(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, num_warps=cfg["num_warps"],
-        PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, num_warps=cfg["num_warps"], **pdl_launch(q.device),
     )
     return out
 
@@ -238,6 +237,5 @@ def gated_delta_tail(
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, num_warps=cfg["num_warps"],
-        PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
+        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, num_warps=cfg["num_warps"], **pdl_launch(q.device),
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import use_pdl
+from headroom.kernels.pdl import pdl_launch
 from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -175,7 +175,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
         _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
         out.stride(0), BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
-        PDL=use_pdl(x.device), num_warps=config.num_warps, launch_pdl=use_pdl(x.device),
+        num_warps=config.num_warps, **pdl_launch(x.device),
     )
     return out
 

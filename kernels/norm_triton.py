@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def rms_norm(
             x, delta if delta is not None else x, weight, out, summed if summed is not None else out,
             stride_t, stride_h, delta.stride(0) if delta is not None else 0, heads, dim, eps,
             BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset, HAS_DELTA=delta is not None,
-            num_warps=4 if dim <= 1024 else 8, PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
+            num_warps=4 if dim <= 1024 else 8, **pdl_launch(x.device),
         )
     return out, summed
 
@@ -147,8 +147,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     if rows:
         gated_rms_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
             x3, g3, weight, out, x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), rows, heads, dim, eps,
-            BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps,
-            PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
+            BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps, **pdl_launch(x.device),
         )
     return out
 

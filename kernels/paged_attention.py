@@ -25,7 +25,7 @@ from headroom.kernels.paged_kv import (
     naive_dequantize_block,
     naive_paged_attention,
 )
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 __all__ = ["dequantize_block", "naive_dequantize_block", "naive_paged_attention", "paged_attention",
            "paged_attention_fwd", "paged_attention_fwd_kernel"]
@@ -293,7 +293,7 @@ def paged_attention_fwd(
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
-        num_warps=num_warps, num_stages=num_stages, PDL=use_pdl(q.device), launch_pdl=use_pdl(q.device),
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device),
     )
     if num_splits == 1:
         return out, out_lse

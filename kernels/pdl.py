@@ -41,8 +41,12 @@ def _supported(index: int) -> bool:
 
 
 def use_pdl(device: torch.device) -> bool:
-    """Whether launches on this device take PDL (pass it as the kernel's PDL and as launch_pdl)."""
+    """Whether launches on this device take PDL."""
     return device.type == "cuda" and _supported(device.index if device.index is not None else torch.cuda.current_device())
 
 
-__all__ = ["pdl_enter", "use_pdl"]
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """A PDL kernel's launch arguments on this device: its PDL constexpr and Triton's launch_pdl, which must agree
+    (a kernel launched with PDL that never waits would read its producer's data early)."""
+    on = use_pdl(device)
+    return {"PDL": on, "launch_pdl": on}

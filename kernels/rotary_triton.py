@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.pdl import pdl_enter, use_pdl
+from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -67,7 +67,6 @@ def rms_norm_rotary(
     if tokens * heads:
         rms_norm_rotary_fwd_kernel[(tokens * heads,)](
             x, weight, positions, inv_freq.float(), out, x.stride(0), x.stride(1), heads, dim, rotary_dim, eps,
-            BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset,
-            PDL=use_pdl(x.device), launch_pdl=use_pdl(x.device),
+            BLOCK_D=triton.next_power_of_2(dim), UNIT_OFFSET=unit_offset, **pdl_launch(x.device),
         )
     return out

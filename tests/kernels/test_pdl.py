@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.pdl import use_pdl
+from headroom.kernels.pdl import pdl_launch, use_pdl
 
 from tests.kernels.sm90 import compile_sm90
 
@@ -38,6 +38,7 @@ KERNELS = [
 
 def test_off_without_a_gpu():
     assert not use_pdl(torch.device("cpu"))
+    assert pdl_launch(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
 
 
 @pytest.mark.parametrize("pdl", [True, False])
