@@ -1,5 +1,6 @@
 """Parts of bench/engine_speed.py that decide two kernel paths by measurement on the GPU:
-gemv_sweep: kernels/gemv.py's configurations against cuBLAS (torch's F.linear) at the 4B model's decode shapes;
+gemv_sweep: kernels/gemv.py's configurations against cuBLAS (torch's F.linear) at the 4B model's decode shapes,
+and its fused SwiGLU down projection (silu_mul_gemv) against silu_mul + cuBLAS;
 short_pass_sweep: lone short prefill passes with the Gated DeltaNet rows token by token (kernels/gdn_decode.py)
 against fla's chunked kernels (engine/layers/linear_attention.py RECURRENT_ROWS)."""
 
@@ -20,6 +21,21 @@ DECODE_SHAPES = {
     "gdn_out_proj": (2560, 4096, 24), "attn_qkv": (10240, 2560, 8), "attn_o_proj": (2560, 4096, 8),
     "lm_head": (248320, 2560, 1),
 }
+# The MLP down projection with SwiGLU's activation fused (kernels/gemv.py silu_mul_gemv), swept as a shape of its
+# own right after the one it replaces: name -> (the plain shape, the table's input kind). Its input is the gate|up
+# output [M, 2K] and its baseline silu_mul + cuBLAS, timed together (also silu_mul + the plain shape's best GEMV,
+# which the engine runs instead where the plain shape has an entry); its entries carry "input": "silu_mul".
+FUSED_SHAPES = {"mlp_down_silu_mul": ("mlp_down", "silu_mul")}
+
+
+def _sweep_shapes() -> list[tuple[str, int, int, int, str, str | None]]:
+    """(name, n, k, per step, input kind, the plain shape it replaces) in sweep order: each fused shape follows
+    its plain one (whose best configuration it times as a baseline)."""
+    shapes = []
+    for name, (n, k, per_step) in DECODE_SHAPES.items():
+        shapes.append((name, n, k, per_step, "x", None))
+        shapes += [(fused, n, k, per_step, kind, name) for fused, (plain, kind) in FUSED_SHAPES.items() if plain == name]
+    return shapes
 
 
 def graph_replay_us(fn, calls: int, replays: int, before_each=None) -> float:
@@ -104,24 +120,55 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
     L2 (60 MB) holds none of them between calls; GB/s of weight bytes; and a decode step's linear time with
     either choice per shape. Batches run one after another, each shape of a batch up to its even share of the
     batch's part of budget_s (GEMV_BATCH_BUDGET; time a row leaves is the next rows'); each row says how many
-    configurations it timed and how many the budget skipped."""
-    from headroom.kernels.gemv import gemv
+    configurations it timed and how many the budget skipped. A fused shape (FUSED_SHAPES) times silu_mul_gemv
+    on a gate|up output against silu_mul then cuBLAS ("cublas_us", the two kernels in one graph) and against
+    silu_mul then its plain shape's best GEMV ("unfused_gemv_us"), with silu_mul alone beside them."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import GemvConfig, gemv, silu_mul_gemv
 
     started = time.perf_counter()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out: dict = {"configs_tried": 0, "configs_skipped": 0, "sms": sms, "shapes": {}}
-    for name, (n, k, per_step) in DECODE_SHAPES.items():
+    shapes = _sweep_shapes()
+    for name, n, k, per_step, kind, replaces in shapes:
         out["shapes"][name] = {"n": n, "k": k, "per_step": per_step, "weight_bytes": n * k * 2, "batches": {}}
+        if kind != "x":
+            out["shapes"][name].update(input=kind, replaces=replaces)
     batch_start = 0.0
     for m, share in GEMV_BATCH_BUDGET.items():
-        for index, (name, (n, k, _)) in enumerate(DECODE_SHAPES.items()):
-            deadline = started + budget_s * (batch_start + (share - batch_start) * (index + 1) / len(DECODE_SHAPES))
+        for index, (name, n, k, _, kind, replaces) in enumerate(shapes):
+            deadline = started + budget_s * (batch_start + (share - batch_start) * (index + 1) / len(shapes))
             copies = max(2, -(-300_000_000 // (n * k * 2)))
             weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
             weight_bytes = n * k * 2
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            want = F.linear(x, weights[0])
-            cublas = _graph_time(lambda x=x, ws=weights: [F.linear(x, w) for w in ws], copies)
+            extra: dict = {}
+            if kind == "x":
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+                def product(w, config, x=x):
+                    return gemv(x, w, config)
+
+                def baseline(w, x=x):
+                    return F.linear(x, w)
+            else:
+                gate, up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16).split([k, k], dim=-1)
+
+                def product(w, config, gate=gate, up=up):
+                    return silu_mul_gemv(gate, up, w, config)
+
+                def baseline(w, gate=gate, up=up):
+                    return F.linear(silu_mul(gate, up), w)
+
+                extra["silu_mul_us"] = _graph_time(
+                    lambda g=gate, u=up, calls=copies: [silu_mul(g, u) for _ in range(calls)], copies) * 1e6
+                plain_best = out["shapes"][replaces]["batches"][str(m)]["best_config"]
+                if plain_best is not None:
+                    config = GemvConfig(**plain_best)
+                    extra["unfused_gemv_us"] = _graph_time(
+                        lambda g=gate, u=up, c=config, ws=weights: [gemv(silu_mul(g, u), w, c) for w in ws],
+                        copies) * 1e6
+            want = baseline(weights[0])
+            cublas = _graph_time(lambda ws=weights, run=baseline: [run(w) for w in ws], copies)
             best: tuple[float, object] | None = None
             errors = timed = skipped = 0
             for config in gemv_configs(n, k, m, sms):
@@ -129,11 +176,11 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
                     skipped += 1
                     continue
                 try:
-                    got = gemv(x, weights[0], config)
+                    got = product(weights[0], config)
                     if not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
                         errors += 1
                         continue
-                    seconds = _graph_time(lambda x=x, c=config, ws=weights: [gemv(x, w, c) for w in ws], copies)
+                    seconds = _graph_time(lambda c=config, ws=weights, run=product: [run(w, c) for w in ws], copies)
                 except Exception:  # noqa: BLE001 - a config that does not compile or run is skipped
                     errors += 1
                     continue
@@ -147,17 +194,33 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
                 "best_us": best[0] * 1e6 if best else None,
                 "best_gb_s": weight_bytes / best[0] / 1e9 if best else None,
                 "best_config": vars(best[1]) if best else None, "failed_configs": errors, "timed_configs": timed,
-                "skipped_configs": skipped}
+                "skipped_configs": skipped, **extra}
             del weights
             torch.cuda.empty_cache()
         batch_start = share
     for m in ("1", "8", "16"):
-        shapes = out["shapes"].values()
-        out[f"step_linear_ms_bs{m}"] = {
-            "cublas": sum(s["per_step"] * s["batches"][m]["cublas_us"] for s in shapes) / 1000,
-            "best_of_both": sum(s["per_step"] * min(s["batches"][m]["cublas_us"], s["batches"][m]["best_us"] or 1e9)
-                                for s in shapes) / 1000}
+        out[f"step_linear_ms_bs{m}"] = _step_linear_ms(out["shapes"], m)
     out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def _step_linear_ms(shapes: dict, m: str) -> dict:
+    """A decode step's linear time at batch m: all cuBLAS, and the faster of cuBLAS and the GEMV per shape (the
+    plain shapes, as before the fused ones); then with the MLP activation counted: silu_mul + cuBLAS for the
+    down projection, and the fastest of that, silu_mul + the GEMV and the fused GEMV."""
+    plain = [s for s in shapes.values() if "input" not in s]
+
+    def best(row: dict) -> float:
+        return min(row["cublas_us"], row["best_us"] or 1e9)
+
+    out = {"cublas": sum(s["per_step"] * s["batches"][m]["cublas_us"] for s in plain) / 1000,
+           "best_of_both": sum(s["per_step"] * best(s["batches"][m]) for s in plain) / 1000}
+    out.update(cublas_with_activation=out["cublas"], best_with_activation=out["best_of_both"])
+    for fused in (s for s in shapes.values() if "input" in s):
+        row, replaced = fused["batches"][m], shapes[fused["replaces"]]["batches"][m]
+        out["cublas_with_activation"] += fused["per_step"] * row["silu_mul_us"] / 1000
+        fastest = min(row["silu_mul_us"] + best(replaced), row["best_us"] or 1e9)
+        out["best_with_activation"] += fused["per_step"] * (fastest - best(replaced)) / 1000
     return out
 
 
@@ -168,13 +231,26 @@ GEMV_MIN_GAIN = 0.03
 
 def gemv_table(sweep: dict) -> list[dict]:
     """kernels/gemv_tuned_configs.json's configs for this GPU from a gemv_sweep: the (shape, rows) where the best
-    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings (kernels/tuned_table.py writes the table)."""
+    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings (kernels/tuned_table.py writes the table). A
+    fused shape's entry ("input": "silu_mul") must beat what the engine runs without it by as much: silu_mul then
+    cuBLAS, or silu_mul then the GEMV where the plain shape has its own entry."""
+    def wins(row: dict, baseline_us: float) -> bool:
+        return row["best_us"] is not None and row["best_us"] <= (1 - GEMV_MIN_GAIN) * baseline_us
+
     configs = []
     for name, shape in sweep["shapes"].items():
         for m, row in shape["batches"].items():
-            if row["best_us"] is not None and row["best_us"] <= (1 - GEMV_MIN_GAIN) * row["cublas_us"]:
-                configs.append({"layer": name, "n": shape["n"], "k": shape["k"], "m": int(m), **row["best_config"],
-                                "us": round(row["best_us"], 2), "cublas_us": round(row["cublas_us"], 2)})
+            baseline, fused = row["cublas_us"], {}
+            if "input" in shape:
+                fused = {"input": shape["input"]}
+                replaced = sweep["shapes"][shape["replaces"]]["batches"][m]
+                if wins(replaced, replaced["cublas_us"]) and "unfused_gemv_us" in row:
+                    baseline = min(baseline, row["unfused_gemv_us"])
+                    fused["unfused_gemv_us"] = round(row["unfused_gemv_us"], 2)
+            if wins(row, baseline):
+                configs.append({"layer": name, "n": shape["n"], "k": shape["k"], "m": int(m), **fused,
+                                **row["best_config"], "us": round(row["best_us"], 2),
+                                "cublas_us": round(row["cublas_us"], 2)})
     return configs
 
 

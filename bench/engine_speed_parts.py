@@ -185,14 +185,26 @@ def kernel_checks() -> dict:
 
 
 def _gemv_check() -> list[dict]:
-    """Every (shape, rows) the shipped GEMV table runs on this GPU: the Triton GEMV and cuBLAS (bf16 F.linear)
-    each against fp32 math on the same bf16 operands, so the GEMV's error sits beside cuBLAS's own."""
+    """Every (shape, rows, input) the shipped GEMV table runs on this GPU: the Triton GEMV and cuBLAS (bf16
+    F.linear) each against fp32 math on the same bf16 operands, so the GEMV's error sits beside cuBLAS's own. A
+    fused down projection ("silu_mul" input) against fp32 silu(gate) * up @ w.T, beside silu_mul + cuBLAS, and
+    against silu_mul + the same GEMV configuration, which it should equal bit for bit (the activation rounded
+    as silu_mul rounds it)."""
     import torch.nn.functional as F
-    from headroom.kernels.gemv import gemv, load_tuned_configs
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import SILU_MUL_INPUT, gemv, load_tuned_configs, silu_mul_gemv
 
     rows = []
-    for (n, k, m), config in sorted(load_tuned_configs(DEV).items()):
+    for (n, k, m, kind), config in sorted(load_tuned_configs(DEV).items()):
         w = (torch.randn(n, k, device=DEV) * 0.02).bfloat16()
+        if kind == SILU_MUL_INPUT:
+            gate, up = torch.randn(m, 2 * k, device=DEV).bfloat16().split([k, k], dim=-1)
+            want = (F.silu(gate.float()) * up.float()) @ w.float().t()
+            got = silu_mul_gemv(gate, up, w, config)
+            rows.append({"n": n, "k": k, "m": m, "input": kind, "gemv": _diff(got, want),
+                         "cublas": _diff(F.linear(silu_mul(gate, up), w), want),
+                         "vs_silu_mul_then_gemv": _diff(got, gemv(silu_mul(gate, up), w, config))})
+            continue
         x = torch.randn(m, k, device=DEV).bfloat16()
         want = x.float() @ w.float().t()
         rows.append({"n": n, "k": k, "m": m, "gemv": _diff(gemv(x, w, config), want),

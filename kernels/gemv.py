@@ -12,7 +12,12 @@ and splits.
 
 Whether this beats cuBLAS at a shape is measured, not assumed: bench/engine_speed.py's gemv part times both per
 shape and batch, and gemv_tuned_configs.json ships, per GPU and Triton version, the shapes where this kernel won
-with the configuration that did; tuned_gemv runs those and returns None for every other shape (cuBLAS then)."""
+with the configuration that did; tuned_gemv runs those and returns None for every other shape (cuBLAS then).
+
+silu_mul_gemv is SwiGLU's down projection with the activation fused (the kernel's SILU_MUL): the input row is
+silu(gate) * up, made from the gate|up projection's output as each tile is loaded, rounded as kernels/gates.py's
+silu_mul rounds it, so decode skips that kernel, its launch and its [M, I] round trip. Its table entries are
+separate (input "silu_mul"), timed against silu_mul + cuBLAS."""
 
 from __future__ import annotations
 
@@ -37,26 +42,46 @@ class GemvConfig:
 
 
 TUNED_CONFIGS = Path(__file__).with_name("gemv_tuned_configs.json")
-# (out_features, in_features, rows) -> config, for this process's GPU; loaded on first use.
-_tuned: dict[tuple[int, int, int], GemvConfig] | None = None
+# A table entry's "input": the row as given, or SwiGLU's gate and up halves with the row silu(gate) * up
+# (silu_mul_gemv: the down projection with its activation fused). A key of its own, so that the plain down
+# shape's entry (timed against cuBLAS alone) and the fused one (against silu_mul + cuBLAS) cannot be confused.
+PLAIN_INPUT, SILU_MUL_INPUT = "x", "silu_mul"
+# (out_features, in_features, rows, input) -> config, for this process's GPU; loaded on first use.
+_tuned: dict[tuple[int, int, int, str], GemvConfig] | None = None
 
 
 @triton.jit
-def _accumulate(acc, b_w, b_x, PAIRS: tl.constexpr):
+def _silu_mul(g, u, dtype: tl.constexpr):
+    """silu(g) * u of fp32 g, u as gates_triton's silu_mul kernel computes it in `dtype`: the silu rounded to dtype,
+    then the product (each unfused bf16 op rounds its result), back in fp32. So the fused down projection reads
+    exactly the activation that silu_mul + gemv would have stored and read back."""
+    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (s * u).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr):
     """acc (fp32 [BLOCK_N, units]) plus the products of weight tile b_w and x b_x [units], an FFMA each. PAIRS: both are bf16
     pairs read as int32 (low element in the low half), and a bf16 is the top half of an fp32: the high element is
-    one mask, the low one a shift (a bf16 -> fp32 conversion of the high element costs ptxas two, PRMT and shift)."""
+    one mask, the low one a shift (a bf16 -> fp32 conversion of the high element costs ptxas two, PRMT and shift).
+    SILU_MUL: b_x is the gate and b_u the up half of the same units; x is silu(gate) * up (see _silu_mul)."""
     if PAIRS:
         w_lo = (b_w << 16).to(tl.float32, bitcast=True)
         w_hi = (b_w & -65536).to(tl.float32, bitcast=True)
-        x_lo = (b_x << 16).to(tl.float32, bitcast=True)[None, :]
-        x_hi = (b_x & -65536).to(tl.float32, bitcast=True)[None, :]
+        x_lo = (b_x << 16).to(tl.float32, bitcast=True)
+        x_hi = (b_x & -65536).to(tl.float32, bitcast=True)
+        if SILU_MUL:
+            x_lo = _silu_mul(x_lo, (b_u << 16).to(tl.float32, bitcast=True), tl.bfloat16)
+            x_hi = _silu_mul(x_hi, (b_u & -65536).to(tl.float32, bitcast=True), tl.bfloat16)
         # two accumulations, not acc + (lo + hi): that compiles to FMUL, FFMA, FADD
-        acc += w_lo * x_lo
-        acc += w_hi * x_hi
+        acc += w_lo * x_lo[None, :]
+        acc += w_hi * x_hi[None, :]
     else:
         # (if/else, not an early return: see _multiply_add)
-        acc += b_w.to(tl.float32) * b_x.to(tl.float32)[None, :]
+        x = b_x.to(tl.float32)
+        if SILU_MUL:
+            x = _silu_mul(x, b_u.to(tl.float32), b_x.dtype)
+        acc += b_w.to(tl.float32) * x[None, :]
     return acc
 
 
@@ -72,38 +97,54 @@ def _weight_tile(p_w, step, offs_u, remaining, EVEN_K: tl.constexpr, UNIT: tl.co
 
 
 @triton.jit
-def _multiply_add(acc, b_w, p_x, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-                  PAIRS: tl.constexpr, UNIT: tl.constexpr):
-    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more."""
+def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
+    """x's tile `step` units on from p_x; masked along K only where the tile may pass the split's end (and always
+    for several rows, whose mask also drops the rows past M)."""
+    if EVEN_K and not MASK_ALWAYS:
+        b_x = tl.load(p_x + step)
+    else:
+        b_x = tl.load(p_x + step, mask=mask, other=0)
+    return b_x
+
+
+@triton.jit
+def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr):
+    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more. SILU_MUL:
+    x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked units are 0: silu(0) is)."""
     # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
     if BLOCK_M == 1:
-        if EVEN_K:
-            b_x = tl.load(p_x + step)
+        b_x = _x_tile(p_x, step, m_u, EVEN_K, False)
+        if SILU_MUL:
+            b_u = _x_tile(p_u, step, m_u, EVEN_K, False)
         else:
-            b_x = tl.load(p_x + step, mask=m_u, other=0)
-        acc = _accumulate(acc, b_w, b_x, PAIRS)
+            b_u = b_x
+        acc = _accumulate(acc, b_w, b_x, b_u, PAIRS, SILU_MUL)
     else:
-        if EVEN_K:
-            b_x = tl.load(p_x + step, mask=m_m[:, None], other=0.0)
-        else:
-            b_x = tl.load(p_x + step, mask=m_m[:, None] & m_u[None, :], other=0.0)
+        mask = m_m[:, None] if EVEN_K else m_m[:, None] & m_u[None, :]
+        b_x = _x_tile(p_x, step, mask, EVEN_K, True)
+        if SILU_MUL:
+            b_u = _x_tile(p_u, step, mask, EVEN_K, True)
+            b_x = _silu_mul(b_x.to(tl.float32), b_u.to(tl.float32), b_x.dtype).to(b_x.dtype)
         acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc
 
 
 @triton.jit
 def gemv_fwd_kernel(
-    x, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_om,
+    x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
     row sum every tile cost shuffles and a tree of adds); larger BLOCK_M (at least 16) on the tensor cores.
     EVEN_K: K is a multiple of BLOCK_K (so is every split's range, as k_per_split is): no tile carries a mask
     along K. PAIRS (BLOCK_M 1, bf16, K even): x and w are int32 views, two elements a unit; K, k_per_split and
-    stride_wn stay in elements."""
+    stride_wn stay in elements. SILU_MUL (SwiGLU's down projection): x is the gate and `up` the up half, [M, K]
+    each (row strides stride_xm, stride_um, as pairs too), and the product's input row is silu(gate) * up, made
+    as each tile is loaded; without SILU_MUL `up` is never read."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -123,9 +164,11 @@ def gemv_fwd_kernel(
     p_w = w + rows[:, None] * (stride_wn // UNIT) + (k_lo // UNIT + offs_u)[None, :]
     if BLOCK_M == 1:
         p_x = x + k_lo // UNIT + offs_u
+        p_u = up + k_lo // UNIT + offs_u
         acc = tl.zeros((BLOCK_N, BLOCK_U), dtype=tl.float32)
     else:
         p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
+        p_u = up + offs_m[:, None] * stride_um + (k_lo + offs_u)[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_first = k_lo
     if PDL:
@@ -134,12 +177,14 @@ def gemv_fwd_kernel(
         gdc_launch_dependents()
         b_w = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
         gdc_wait()
-        acc = _multiply_add(acc, b_w, p_x, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT)
+        acc = _multiply_add(acc, b_w, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
+                            SILU_MUL)
         k_first = k_lo + BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
-        acc = _multiply_add(acc, b_w, p_x, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT)
+        acc = _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
+                            SILU_MUL)
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
                       SPLIT)
@@ -152,6 +197,31 @@ def gemv_fwd_kernel(
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16. One launch
     also with a split over K: the last split of an output block to finish sums the others' fp32 partials."""
+    return _launch(x, None, w, config)
+
+
+def silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor,
+                  config: GemvConfig = GemvConfig()) -> torch.Tensor:
+    """SwiGLU's down projection in one launch: (silu(gate) * up) @ w [N, K].T -> [M, N], the activation made as
+    the GEMV loads it, so no silu_mul kernel runs and its [M, K] never goes to memory. gate, up [M, K] with a
+    contiguous last dim: the column views of MergedLinear's one gate|up output (row stride 2K), or two tensors.
+    Equal to gemv(silu_mul(gate, up), w, config) (the activation rounded as silu_mul rounds it; naive_silu_mul_gemv
+    is the torch reference)."""
+    if up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
+        raise ValueError(f"silu_mul_gemv: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [M, K] "
+                         "shape and dtype with a contiguous last dimension")
+    return _launch(gate, up, w, config)
+
+
+def naive_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The reference of silu_mul_gemv: the unfused path, silu_mul's rounded activation through F.linear."""
+    from headroom.kernels.gates import naive_silu_mul
+
+    return torch.nn.functional.linear(naive_silu_mul(gate, up), w)
+
+
+def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
+    """gemv (up None) or silu_mul_gemv (x the gate)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
@@ -165,17 +235,21 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     # bf16 pairs as int32 for one row (see _accumulate); 4-byte alignment holds for any even K and any
-    # allocation, but a view of x or w may start mid-pair
-    pairs = num_rows == 1 and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 and x.data_ptr() % 4 == 0 \
-        and w.data_ptr() % 4 == 0
+    # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in)
+    operands = (x, w) if up is None else (x, up, w)
+    pairs = num_rows == 1 and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 \
+        and all(t.data_ptr() % 4 == 0 for t in operands)
+    # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
+    x_arg = x[0].view(torch.int32) if pairs else x
+    up_arg = x_arg if up is None else up[0].view(torch.int32) if pairs else up
     gemv_fwd_kernel[(blocks, split)](
         # counters only for a split (a launch without one never touches them, nor allocates them)
-        # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
-        x[0].view(torch.int32) if pairs else x, w.view(torch.int32) if pairs else w, out, ws,
-        _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0), w.stride(0),
-        out.stride(0), BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        x_arg, up_arg, w.view(torch.int32) if pairs else w, out, ws,
+        _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0),
+        x.stride(0) if up is None else up.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
-        num_warps=config.num_warps, **pdl_launch(x.device),
+        SILU_MUL=up is not None, num_warps=config.num_warps, **pdl_launch(x.device),
     )
     return out
 
@@ -183,19 +257,37 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) ->
 def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """gemv with the shipped configuration for this GPU, shape and row count; None where none is shipped (or the
     operands are not bf16 with contiguous rows): the caller runs cuBLAS."""
+    config = _tuned_config(x, w, PLAIN_INPUT)
+    return gemv(x, w, config) if config is not None else None
+
+
+def tuned_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """silu_mul_gemv with the shipped configuration of the fused down projection (the table's SILU_MUL_INPUT
+    entries, timed against silu_mul + cuBLAS) for this GPU, shape and row count; None where none is shipped: the
+    caller runs silu_mul and then its linear."""
+    config = _tuned_config(gate, w, SILU_MUL_INPUT)
+    if config is None or up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
+        return None
+    return silu_mul_gemv(gate, up, w, config)
+
+
+def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | None:
     global _tuned
     if _tuned is None:
         _tuned = load_tuned_configs(x.device)
-    config = _tuned.get((w.shape[0], w.shape[1], x.shape[0])) if x.dim() == 2 else None
+    config = _tuned.get((w.shape[0], w.shape[1], x.shape[0], kind)) if x.dim() == 2 else None
     if config is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 \
             or not w.is_contiguous():
         return None
-    return gemv(x, w, config)
+    return config
 
 
-def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int], GemvConfig]:
-    """The shipped table's entries for this GPU and Triton version (none for another version: timings differ)."""
+def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:
+    """The shipped table's entries for this GPU and Triton version (none for another version: timings differ),
+    keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
+    down projection) is a plain one."""
     from headroom.kernels.tuned_table import entries_for
 
-    return {(c["n"], c["k"], c["m"]): GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"],
-                                                  c["num_stages"]) for c in entries_for(TUNED_CONFIGS, device)}
+    return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
+            GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"])
+            for c in entries_for(TUNED_CONFIGS, device)}

@@ -44,7 +44,7 @@ __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
-    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul",
+    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear",
 ]
 
 # The fused kernels (norms, rotary, gates, the decode GEMV, the GDN decode step and tail, the prefill conv) on
@@ -140,6 +140,18 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         if out is not None:
             return out
     return F.linear(x, weight, bias)
+
+
+def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """SwiGLU's down projection with its activation fused, (silu(gate) * up) [N, I] @ weight [H, I].T, in one GEMV
+    launch (kernels/gemv.py silu_mul_gemv): on CUDA, decode-sized (at most 16 rows), where the shipped table has
+    the fused shape at this row count (measured faster than silu_mul + cuBLAS there). None everywhere else, and
+    whenever silu_mul or dense_linear runs its reference (set_fused): the caller runs silu_mul, then its linear."""
+    if gate.dim() == 2 and gate.shape[0] <= 16 and _fused(gate, "silu_mul") and _fused(gate, "dense_linear"):
+        from headroom.kernels.gemv import tuned_silu_mul_gemv
+
+        return tuned_silu_mul_gemv(gate, up, weight)
+    return None
 
 
 def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None) -> torch.Tensor | None:

@@ -18,4 +18,10 @@ class SwiGLU:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]."""
         gate, up = self.gate_up(x)
+        if isinstance(self.down, torch.Tensor):
+            # Decode on CUDA where the GEMV table has the fused shape: the activation is made inside the down
+            # projection's GEMV (no silu_mul launch, no [N, I] activation written and read back).
+            out = ops.silu_mul_dense_linear(gate, up, self.down)
+            if out is not None:
+                return out
         return linear(ops.silu_mul(gate, up), self.down)

@@ -1,6 +1,7 @@
 """The decode GEMV (kernels/gemv.py, Triton interpreter on CPU) against torch's F.linear: one row and several, with and
 without a split over K (summed in the same launch), shapes that no block divides; bf16 one row as int32 pairs, with
-K a multiple of the tile (no K masks) and with a ragged tail, odd K and views that start mid-pair (2-byte loads)."""
+K a multiple of the tile (no K masks) and with a ragged tail, odd K and views that start mid-pair (2-byte loads).
+The fused SwiGLU down projection (silu_mul_gemv) against silu_mul then the GEMV, and its own table entries."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_gemv_refuses_what_it_cannot_run():
 def test_tuned_gemv_runs_only_the_shipped_shapes(monkeypatch):
     from headroom.kernels import gemv as module
 
-    monkeypatch.setattr(module, "_tuned", {(70, 200, 1): GemvConfig(block_n=32, block_k=64, num_stages=2)})
+    monkeypatch.setattr(module, "_tuned", {(70, 200, 1, "x"): GemvConfig(block_n=32, block_k=64, num_stages=2)})
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(70, 200, generator=gen).to(torch.bfloat16)
     x = torch.randn(2, 200, generator=gen).to(torch.bfloat16)
@@ -114,7 +115,7 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     monkeypatch.setattr(module, "TUNED_CONFIGS", table)
     cuda = torch.device("cuda")
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_A")
-    assert module.load_tuned_configs(cuda) == {(8, 16, 1): GemvConfig(16, 128, 2, 4, 3)}
+    assert module.load_tuned_configs(cuda) == {(8, 16, 1, "x"): GemvConfig(16, 128, 2, 4, 3)}
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_B")
     assert module.load_tuned_configs(cuda) == {}  # another Triton version's timings
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_C")
@@ -122,22 +123,135 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     assert module.load_tuned_configs(torch.device("cpu")) == {}
 
 
+def _gate_up(seed: int, rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """A gate|up projection's output [rows, 2K] (gate first), as MergedLinear returns it before the split."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, 2 * k, generator=gen) * 2).to(dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16])
+@pytest.mark.parametrize(("k", "block_k", "split"), [
+    (512, 128, 1),  # EVEN_K, no split
+    (512, 128, 3),  # split over K unevenly
+    (1152, 128, 9),  # the down projection's long K (9216 / 8): a tile a split
+    (328, 64, 2),  # ragged tail, K even: the up half starts on a pair, the last pair tile masked
+    (203, 64, 2),  # odd K: no pairs, the up half starts mid-pair
+])
+def test_silu_mul_gemv_is_silu_mul_then_gemv(rows, k, block_k, split):
+    """The fused down projection reads gate and up as column views of one gate|up output and equals, bit for
+    bit, silu_mul's output (gates_triton, same fp32 silu and roundings) through the same GEMV configuration; and
+    the torch reference within bf16 error. bf16 for one row, fp32 for several (see _case)."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import naive_silu_mul_gemv, silu_mul_gemv
+
+    dtype = torch.bfloat16 if rows == 1 else torch.float32
+    gate_up = _gate_up(rows * 1000 + k + split, rows, k, dtype)
+    gate, up = torch.split(gate_up, [k, k], dim=-1)
+    _, w = _case(k + split, rows, 40, k)
+    config = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2)
+    got = silu_mul_gemv(gate, up, w, config)
+    assert got.dtype == dtype and got.shape == (rows, 40)
+    assert torch.equal(got, gemv(silu_mul(gate, up), w, config))
+    want = naive_silu_mul_gemv(gate.float(), up.float(), w.float())
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+
+
+def test_silu_mul_gemv_separate_and_misaligned_halves():
+    """gate and up as two tensors of different row strides (an unmerged gate / up), and one bf16 row whose
+    gate|up view starts mid-pair (2-byte loads, not pairs): the same result as silu_mul then gemv."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import naive_silu_mul_gemv, silu_mul_gemv
+
+    config = GemvConfig(block_n=16, block_k=64, split=2, num_stages=2)
+    _, w = _case(3, 4, 24, 256)
+    gate = _gate_up(1, 4, 131, torch.float32)[:, :256]  # row stride 262
+    up = _gate_up(2, 4, 256, torch.float32)[:, 256:]  # row stride 512: the up half of another buffer
+    assert gate.stride(0) != up.stride(0)
+    assert torch.equal(silu_mul_gemv(gate, up, w, config), gemv(silu_mul(gate, up), w, config))
+    wide = _gate_up(4, 1, 257, torch.bfloat16)
+    row = wide[:, 1:513]  # starts 2 bytes past a pair
+    gate, up = row[:, :256], row[:, 256:]
+    assert gate.data_ptr() % 4 == 2
+    w = w.to(torch.bfloat16)
+    got = silu_mul_gemv(gate, up, w, config)
+    torch.testing.assert_close(got.float(), naive_silu_mul_gemv(gate, up, w).float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got.float(), gemv(silu_mul(gate, up), w, config).float(), atol=1e-2, rtol=1e-2)
+
+
+def test_silu_mul_gemv_refuses_mismatched_halves():
+    from headroom.kernels.gemv import silu_mul_gemv
+
+    with pytest.raises(ValueError, match="same"):
+        silu_mul_gemv(torch.zeros(1, 8), torch.zeros(1, 6), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="same"):
+        silu_mul_gemv(torch.zeros(1, 8), torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8))
+
+
+def test_tuned_silu_mul_gemv_runs_only_its_own_entries(monkeypatch):
+    """The fused down projection runs only where the table has its own entry ("silu_mul" input); a plain entry
+    for the same shape (timed against cuBLAS alone) does not enable it, nor the other way round."""
+    from headroom.kernels import gemv as module
+
+    config = GemvConfig(block_n=32, block_k=64, num_stages=2)
+    gate_up = _gate_up(6, 1, 200, torch.bfloat16)
+    gate, up = gate_up[:, :200], gate_up[:, 200:]
+    w = (torch.randn(70, 200, generator=torch.Generator().manual_seed(6)) * 0.05).to(torch.bfloat16)
+    monkeypatch.setattr(module, "_tuned", {(70, 200, 1, "silu_mul"): config})
+    got = module.tuned_silu_mul_gemv(gate, up, w)
+    assert got is not None and torch.equal(got, module.silu_mul_gemv(gate, up, w, config))
+    assert module.tuned_gemv(gate.contiguous(), w) is None  # the plain shape: not in the table
+    assert module.tuned_silu_mul_gemv(gate.float(), up.float(), w.float()) is None  # the table is for bf16
+    assert module.tuned_silu_mul_gemv(torch.cat([gate, gate]), torch.cat([up, up]), w) is None  # 2 rows
+    monkeypatch.setattr(module, "_tuned", {(70, 200, 1, "x"): config})
+    assert module.tuned_silu_mul_gemv(gate, up, w) is None
+
+
+def test_tuned_configs_keep_plain_and_fused_entries_apart(monkeypatch, tmp_path):
+    """A table written before the fused entries (no "input") loads as plain entries; a fused entry of the same
+    shape and rows gets a key of its own."""
+    import json
+
+    import triton
+    from headroom.kernels import gdn_fla
+    from headroom.kernels import gemv as module
+
+    plain = {"n": 2560, "k": 9216, "m": 1, "block_n": 16, "block_k": 512, "split": 4, "num_warps": 4,
+             "num_stages": 3}
+    fused = {**plain, "input": "silu_mul", "block_n": 32, "split": 2}
+    table = tmp_path / "gemv_tuned_configs.json"
+    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [plain, fused]}}))
+    monkeypatch.setattr(module, "TUNED_CONFIGS", table)
+    monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_A")
+    assert module.load_tuned_configs(torch.device("cuda")) == {
+        (2560, 9216, 1, "x"): GemvConfig(16, 512, 4, 4, 3), (2560, 9216, 1, "silu_mul"): GemvConfig(32, 512, 2, 4, 3)}
+
 
 def test_compiles_for_the_h200():
     """The GPU compiler takes every variant the engine launches - one row (bf16 pairs) with and without a split,
-    16 rows on the tensor cores - with PDL on and off (the interpreter ran a one-row GEMV that Triton's sm_90
-    compiler rejected, session 10); with PDL the kernel waits on its producer (griddepcontrol)."""
+    16 rows on the tensor cores, each plain and with SwiGLU's activation fused (SILU_MUL) - with PDL on and off
+    (the interpreter ran a one-row GEMV that Triton's sm_90 compiler rejected, session 10); with PDL the kernel
+    waits on its producer (griddepcontrol)."""
     from tests.kernels.sm90 import compile_sm90
 
     variants = []
-    for rows, split in ((1, False), (1, True), (16, False)):
-        for pdl in (False, True):
-            pairs = rows == 1
-            pointers = {"x": "*i32" if pairs else "*bf16", "w": "*i32" if pairs else "*bf16", "out": "*bf16",
-                        "ws": "*fp32", "counters": "*i32"}
-            constants = {"BLOCK_M": rows, "BLOCK_N": 16 if pairs else 32, "BLOCK_K": 512 if pairs else 128,
-                         "NUM_STAGES": 3, "EVEN_K": True, "SPLIT": split, "PAIRS": pairs, "PDL": pdl}
-            variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, constants))
+    for rows, split in ((1, False), (1, True), (16, False), (16, True)):
+        for silu_mul in (False, True):
+            for pdl in (False, True):
+                pairs = rows == 1
+                x = "*i32" if pairs else "*bf16"
+                pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+                constants = {"BLOCK_M": rows, "BLOCK_N": 16 if pairs else 32, "BLOCK_K": 512 if pairs else 128,
+                             "NUM_STAGES": 3, "EVEN_K": True, "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul,
+                             "PDL": pdl}
+                variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, constants))
+    # A ragged K (masked tiles) with the activation fused: one row 2 bytes a load, and 16 rows.
+    for rows in (1, 16):
+        pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": 32, "BLOCK_K": 128, "NUM_STAGES": 3, "EVEN_K": False, "SPLIT": True,
+            "PAIRS": False, "SILU_MUL": True, "PDL": True}))
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         assert ("griddepcontrol.wait" in result["ptx"]) == constants["PDL"], constants
+        # the fused variants compute silu (an exp: ex2 in PTX); the plain ones do not
+        assert ("ex2" in result["ptx"]) == constants["SILU_MUL"], constants
