@@ -244,6 +244,11 @@ def part_llm(state: dict, kv: str) -> dict:
         median = statistics.median(s["seconds"] for s in timed)
         out["decode"][f"bs{batch}_ctx{context}"] = {"passes": len(timed), "median_step_ms": median * 1000,
                                                    "tokens_per_s": batch / median, "graphed": timed[0]["graphed"]}
+        graphs = llm.runner.decode_graphs
+        if graphs is not None and batch in graphs.captured_sizes:
+            # The graph alone, replayed back to back: what a step costs the GPU, against the step's wall time
+            # (the host's share that overlapped decode, engine/loop/in_flight.py, has to hide).
+            out["decode"][f"bs{batch}_ctx{context}"]["graph_replay_ms"] = graphs.replay_seconds(batch) * 1000
         row = f"{kv}_decode_bs{batch}_32k"
         if context == 32768 and row in state["rows"]:
             state["rows"][row]["tok_per_s"] = batch / median

@@ -17,13 +17,13 @@ DEV = torch.device("cuda")
 
 def time_passes(runner) -> list[dict]:
     """Wrap runner.forward; returns the list it appends one record per pass to: decode-only or not, batch,
-    graphed, and seconds from the pass's start to the next pass's start (forward, sampling, the loop).
-    The last pass of a run has no next and no seconds."""
+    graphed, and seconds from the pass's start to the next pass's start (forward, sampling, the loop; with
+    overlapped decode, from one step's launch to the next's). The last pass of a run has no next and no seconds."""
     steps: list[dict] = []
     inner = runner.forward
     last: dict = {}
 
-    def forward(items, all_positions=False):
+    def forward(items, all_positions=False, **kwargs):
         now = time.perf_counter()
         if "record" in last:
             last["record"]["seconds"] = now - last["start"]
@@ -31,7 +31,7 @@ def time_passes(runner) -> list[dict]:
         record = {"decode": all(len(i.token_ids) == 1 for i in items), "batch": len(items), "graphed": graphed}
         last.update(record=record, start=now)
         steps.append(record)
-        return inner(items, all_positions)
+        return inner(items, all_positions, **kwargs)
 
     runner.forward = forward
     return steps

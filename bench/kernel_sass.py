@@ -60,10 +60,11 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     block_m, block_n, block_k, warps, stages = map(int, spec.split(","))
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
-    pointers = {"x": "*i32" if pairs else "*bf16", "w": "*i32" if pairs else "*bf16", "out": "*bf16",
-                "ws": "*fp32", "counters": "*i32"}
+    pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
+                "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+    # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
-                 "SPLIT": False, "PAIRS": pairs}
+                 "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": False}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_n * block_k / (32 * warps), {"M", "num_splits"})

@@ -34,9 +34,9 @@ def _llm_steps(model: str, device: str) -> dict[str, float]:
               max_running_requests=16)
     runner, inner, steps = llm.runner, llm.runner.forward, []
 
-    def forward(items, all_positions=False):
+    def forward(items, all_positions=False, **kwargs):
         started = time.perf_counter()
-        out = inner(items, all_positions)
+        out = inner(items, all_positions, **kwargs)
         if all(len(i.token_ids) == 1 for i in items):
             steps.append((len(items), started))
         return out

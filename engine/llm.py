@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.config import EngineConfig
+from headroom.engine.loop.in_flight import PENDING_TOKEN, InFlightDecode
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.model_runner import CapacityError, ModelRunner
-from headroom.engine.runtime.sampling import sample
+from headroom.engine.runtime.sampling import sample, sample_on_device
 from headroom.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 
@@ -39,6 +40,8 @@ class LLM:
             self.config.chunked_prefill_size,
         )
         self._ids = itertools.count()
+        # Graphed decode steps overlap (_run); tests turn it on for the CPU's uncaptured graphs.
+        self.overlap = self.runner.overlaps_decode
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks' processes (nothing to do on one device)."""
@@ -82,21 +85,26 @@ class LLM:
         return [Generation(s.output_token_ids, s.cached_tokens, first_logits[s.request_id]) for s in seqs]
 
     def _run(self, seqs: list[Sequence], chunk: int, first_logits: dict[str, torch.Tensor]) -> None:
+        """Prefill in chunks and decode until every sequence has finished. Graphed decode steps overlap on a GPU
+        (engine/loop/in_flight.py): each is launched on the previous step's tokens before those are read."""
         for seq in seqs:
             if not self.cache.admit(seq):
                 raise CapacityError(f"no free SSM slot for request {seq.request_id!r} ({self.config.ssm_slots} slots)")
             seq.status = SequenceStatus.RUNNING
         active = [s for s in seqs if s.sampling.max_new_tokens > 0]
-        while active:
+        in_flight: InFlightDecode | None = None
+        while active or in_flight is not None:
+            if in_flight is not None:
+                chained = self._chain(in_flight)
+                self._read(in_flight)
+                in_flight = chained
+                active = [s for s in active if not s.is_finished]
+                continue
             spans = []
             for seq in active:
                 start = seq.num_computed_tokens
                 length = min(chunk, seq.num_prompt_tokens - start) if seq.is_prefilling else 1
-                if not self.cache.reserve(seq, start + length):
-                    raise CapacityError(
-                        f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
-                        f"{seq.request_id!r} at {start + length} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
-                    )
+                self._reserve(seq, start + length)
                 spans.append((start, start + length))
             # Only once every sequence has its KV slots (a CapacityError above leaves no capture slot taken): a
             # hybrid prefill runs through its checkpoint stops, the pass leaving each stop's state in a slot.
@@ -104,6 +112,11 @@ class LLM:
                         for seq, (start, end) in zip(active, spans, strict=True)]
             items = [BatchItem(seq, seq.tokens_between(start, end), tuple((stop - start, slot) for stop, slot in taken))
                      for seq, (start, end), taken in zip(active, spans, captures, strict=True)]
+            graphs = self.runner.decode_graphs
+            if self.overlap and graphs is not None and not any(s.is_prefilling for s in active) \
+                    and graphs.can_run(items):
+                in_flight = InFlightDecode.start_copy(None, list(active), sample_on_device(self.runner.forward(items), active), 0.0)
+                continue
             try:
                 logits = self.runner.forward(items)
                 decoding = [i for i, seq in enumerate(active) if not seq.is_prefilling]
@@ -120,12 +133,43 @@ class LLM:
                 if seq.is_prefilling:
                     continue
                 first_logits.setdefault(seq.request_id, row)
-                token = tokens[index]
-                seq.output_token_ids.append(token)
-                stops = set(seq.sampling.stop_token_ids) | (set() if seq.sampling.ignore_eos else set(self.eos_token_ids))
-                if len(seq.output_token_ids) >= seq.sampling.max_new_tokens or token in stops:
-                    seq.status = SequenceStatus.FINISHED
+                self._append(seq, tokens[index])
             active = [s for s in active if not s.is_finished]
+
+    def _reserve(self, seq: Sequence, end: int) -> None:
+        if not self.cache.reserve(seq, end):
+            raise CapacityError(
+                f"KV pool of {self.config.max_total_tokens} tokens cannot hold request "
+                f"{seq.request_id!r} at {end} tokens ({self.runner.kv_allocator.num_free_tokens} free)"
+            )
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.output_token_ids.append(token)
+        stops = set(seq.sampling.stop_token_ids) | (set() if seq.sampling.ignore_eos else set(self.eos_token_ids))
+        if len(seq.output_token_ids) >= seq.sampling.max_new_tokens or token in stops:
+            seq.status = SequenceStatus.FINISHED
+
+    def _chain(self, previous: InFlightDecode) -> InFlightDecode | None:
+        """The next decode step, launched on previous's device tokens, of its sequences that its token leaves
+        short of their limit (None when none, or when the graphs cannot run them). A sequence that previous's
+        token stops is only seen at the read: its step here is computed and dropped."""
+        seqs = [s for s in previous.seqs if not s.is_finished and len(s.output_token_ids) + 1 < s.sampling.max_new_tokens]
+        graphs = self.runner.decode_graphs
+        if not seqs or graphs is None:
+            return None
+        for seq in seqs:
+            # The slot of the position after previous's: previous's token goes there.
+            self._reserve(seq, seq.num_computed_tokens + 1)
+        items = [BatchItem(seq, [PENDING_TOKEN]) for seq in seqs]
+        if not graphs.can_run(items):
+            return None
+        logits = self.runner.forward(items, tokens_on_device=(previous.tokens, previous.rows(seqs)))
+        return InFlightDecode.start_copy(None, seqs, sample_on_device(logits, seqs, ahead=1), 0.0)
+
+    def _read(self, step: InFlightDecode) -> None:
+        for seq, token in zip(step.seqs, step.read(), strict=True):
+            if not seq.is_finished:
+                self._append(seq, token)
 
     def _finish(self, seq: Sequence) -> None:
         self.cache.finish(seq)

@@ -218,7 +218,7 @@ class EngineLoop:
     def run_until_idle(self) -> None:
         """Synchronous driving (warm-up): run passes until nothing is left."""
         self.drain_inbox()
-        while self.scheduler.has_work:
+        while self.steps.has_work:
             self._step()
             self.drain_inbox()
 
@@ -234,7 +234,7 @@ class EngineLoop:
         self.runner.prepare_thread()
         while not self._stop.is_set():
             self.drain_inbox()
-            if not self.scheduler.has_work:
+            if not self.steps.has_work:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue

@@ -4,6 +4,14 @@ Kept apart from the thread and queue plumbing (engine_loop.py) so it can be driv
 (warm-up, tests). Events go out through `emit(request_id, event)`. While a long pass runs, short requests
 that arrive (poll_arrivals) may be run in a pass of their own between two of its layers
 (scheduler/interjection.py says why that is safe).
+
+Graphed decode steps overlap on a GPU (engine/loop/in_flight.py says why): a step is launched, then the next
+one is launched on its tokens while they are still on the device, and only then are its tokens read, emitted
+and checked for stops. A step chains onto the one in flight only when nothing else could be planned instead:
+no request waiting, every running request decoding and in the step in flight, and KV room for all of them
+(so planning it can neither admit nor preempt). A request that stops on a token read after its next step was
+launched is released at once; that step's extra token is dropped, and what it computed (the stop token's KV
+and state) is exactly what the request's token_ids and num_computed_tokens then say.
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from dataclasses import dataclass, field, replace
 
 from headroom.engine.cache.manager import CacheManager
 from headroom.engine.loop.capacity import CacheCapacity
+from headroom.engine.loop.in_flight import PENDING_TOKEN, InFlightDecode
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
-from headroom.engine.runtime.sampling import sample
+from headroom.engine.runtime.sampling import sample, sample_on_device
 from headroom.engine.scheduler.interjection import decode_step_due, decodes_outside, interjects_decodes
 from headroom.engine.scheduler.scheduler import Scheduler
-from headroom.engine.scheduler.types import PassItem, SchedRequest, ScheduledPass, SchedulerConfig
+from headroom.engine.scheduler.types import PassItem, Phase, SchedRequest, ScheduledPass, SchedulerConfig
 from headroom.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("headroom.engine")
@@ -78,6 +87,14 @@ class StepRunner:
         # When the last pass carrying decodes ended (perf_counter): interjected decode steps fall due from then.
         # (A request's first token comes from a prefill: the decodes' gap runs from their own last token.)
         self.last_decode_at = time.perf_counter()
+        # Graphed decode steps overlap (module docstring); tests turn it on for the CPU's uncaptured graphs.
+        self.overlap = runner.overlaps_decode
+        self._in_flight: InFlightDecode | None = None
+
+    @property
+    def has_work(self) -> bool:
+        """Requests to schedule, or a decode step in flight whose tokens are still to be read."""
+        return self.scheduler.has_work or self._in_flight is not None
 
     def add(self, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
         """Queue seq; one that could never fit the KV pool, even alone, is refused at once with the numbers."""
@@ -111,11 +128,101 @@ class StepRunner:
         seq.status = SequenceStatus.WAITING
 
     def step(self) -> StepStats:
-        started = time.perf_counter()
-        plan = self.scheduler.schedule()
-        for request in plan.preempted:
-            self._release(self.sequences[request.request_id])
-        return self._execute(plan, started, interruptible=True)
+        """Run one pass and return what it did; with overlapped decode, launch the next decode step and return
+        the stats of the one whose tokens this call read."""
+        if self._in_flight is None:
+            started = time.perf_counter()
+            plan = self.scheduler.schedule()
+            for request in plan.preempted:
+                self._release(self.sequences[request.request_id])
+            stats = self._execute(plan, started, interruptible=True)
+            if self._in_flight is None:
+                return stats
+        return self._advance()
+
+    def _advance(self) -> StepStats:
+        """Launch the next decode step on the in-flight one's device tokens when it may chain, then read those
+        tokens (emit, stops, release)."""
+        previous, self._in_flight = self._in_flight, None
+        assert previous is not None
+        if self._may_chain(previous):
+            started = time.perf_counter()
+            plan = self.scheduler.schedule()
+            rows = previous.rows([self.sequences[item.request.request_id] for item in plan.items])
+            # _may_chain leaves the scheduler nothing but these decodes to plan; anything else is left unplanned
+            # (planning decodes changes no state) and planned again once the tokens are read.
+            if rows is not None and plan.decodes and not plan.prefills and not plan.admitted and not plan.preempted:
+                items = [item for item in plan.items if self._reserve(plan, item)]
+                if items:
+                    seqs = [self.sequences[item.request.request_id] for item in items]
+                    self._launch(plan, items, seqs, [BatchItem(seq, [PENDING_TOKEN]) for seq in seqs], started,
+                                 previous)
+        return self._read(previous)
+
+    def _may_chain(self, previous: InFlightDecode) -> bool:
+        """Whether the scheduler's next pass can only be a decode step of requests all in `previous`, with KV
+        room for each (so that planning it admits and preempts nothing)."""
+        scheduler = self.scheduler
+        if scheduler.waiting or not scheduler.running or any(r.phase is not Phase.DECODE for r in scheduler.running):
+            return False
+        in_previous = {seq.request_id for seq in previous.seqs}
+        if any(r.request_id not in in_previous for r in scheduler.running):
+            return False
+        need = sum(self.capacity.kv_tokens_to_extend(r, 1) for r in scheduler.running)
+        return need <= self.capacity.free_kv_tokens()
+
+    def _overlaps(self, items: list[PassItem], seqs: list[Sequence], batch: list[BatchItem]) -> bool:
+        """Whether this pass may run as an in-flight decode step: every item one sampled token of a request past
+        its prompt, and the decode graphs able to run it."""
+        graphs = self.runner.decode_graphs
+        return (self.overlap and graphs is not None and all(item.samples for item in items)
+                and not any(seq.is_prefilling for seq in seqs) and graphs.can_run(batch))
+
+    def _launch(self, plan: ScheduledPass, items: list[PassItem], seqs: list[Sequence], batch: list[BatchItem],
+                started: float, previous: InFlightDecode | None = None) -> None:
+        """Launch a decode step whose tokens stay on the device (on previous's device tokens when given), and
+        record it as the step in flight. Requests whose token limit it reaches leave the scheduler now (the
+        next step must not carry them); their Sequences stay until the token is read."""
+        ahead = 0 if previous is None else 1
+        try:
+            on_device = None if previous is None else (previous.tokens, previous.rows(seqs))
+            logits = self.runner.forward(batch, tokens_on_device=on_device)
+            tokens = sample_on_device(logits, seqs, ahead)
+        except Exception as exc:  # noqa: BLE001 - one failing pass fails its own requests, not the server
+            for item in items:
+                self.abort(item.request.request_id, "error", f"{type(exc).__name__}: {exc}")
+            return
+        at_limit = {seq.request_id for seq in seqs if len(seq.output_token_ids) + ahead + 1 >= seq.sampling.max_new_tokens}
+        self.scheduler.complete(plan, at_limit)
+        self._in_flight = InFlightDecode.start_copy(plan, seqs, tokens, started)
+
+    def _read(self, step: InFlightDecode) -> StepStats:
+        """Take an in-flight step's tokens: append, emit, release the requests that finished."""
+        try:
+            tokens = step.read()
+        except Exception as exc:  # noqa: BLE001 - the device failed this step: its requests fail, the loop goes on
+            for seq in step.seqs:
+                if self.sequences.get(seq.request_id) is seq:
+                    self.abort(seq.request_id, "error", f"{type(exc).__name__}: {exc}")
+            tokens = []
+        finished: set[str] = set()
+        for seq, token in zip(step.seqs, tokens, strict=False):
+            if self.sequences.get(seq.request_id) is not seq:
+                continue  # aborted, or stopped on the step before this one, since the launch
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
+            if reason is not None:
+                finished.add(seq.request_id)
+        # Those at their token limit left the scheduler at the launch; those stopped by a token leave now.
+        self.scheduler.complete(ScheduledPass(), finished)
+        self.last_decode_at = time.perf_counter()
+        for request_id in finished:
+            seq = self.sequences.pop(request_id)
+            self.eos_ids.pop(request_id, None)
+            self._release(seq)
+            seq.status = SequenceStatus.FINISHED
+        return StepStats(seconds=self.last_decode_at - step.started, num_decodes=len(step.seqs))
 
     def _execute(self, plan: ScheduledPass, started: float, interruptible: bool) -> StepStats:
         for request in list(plan.admitted):
@@ -124,7 +231,9 @@ class StepRunner:
         stats = StepStats(num_prefill_tokens=plan.num_prefill_tokens, num_decodes=len(plan.decodes),
                           admitted=[r.request_id for r in plan.admitted])
         if items:
-            self._run(plan, items, self._interjection_hook(plan, stats) if interruptible else None)
+            # A pass interjected into another must be read before that one goes on: it never overlaps.
+            self._run(plan, items, self._interjection_hook(plan, stats) if interruptible else None,
+                      may_overlap=interruptible, started=started)
         stats.seconds = time.perf_counter() - started - stats.interjected_s
         return stats
 
@@ -210,7 +319,8 @@ class StepRunner:
         plan.remove_item(item.request)
         return False
 
-    def _run(self, plan: ScheduledPass, items: list[PassItem], between_layers: Callable[[], None] | None = None) -> None:
+    def _run(self, plan: ScheduledPass, items: list[PassItem], between_layers: Callable[[], None] | None = None,
+             may_overlap: bool = False, started: float | None = None) -> None:
         seqs = [self.sequences[item.request.request_id] for item in items]
         batch, captures = [], []
         for item, seq in zip(items, seqs, strict=True):
@@ -220,6 +330,9 @@ class StepRunner:
             captures.append(taken)
             batch.append(BatchItem(seq, seq.tokens_between(item.start, end),
                                    tuple((stop - item.start, slot) for stop, slot in taken) if taken else ()))
+        if may_overlap and between_layers is None and self._overlaps(items, seqs, batch):
+            self._launch(plan, items, seqs, batch, time.perf_counter() if started is None else started)
+            return
         sampling = [i for i, item in enumerate(items) if item.samples]
         try:
             logits = self.runner.forward(batch) if between_layers is None else \

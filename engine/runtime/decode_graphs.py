@@ -43,7 +43,7 @@ from headroom.engine.runtime.forward_batch import (
     ItemSpan,
 )
 from headroom.engine.sequence import Sequence
-from headroom.kernels.host_copy import copy_into
+from headroom.kernels.host_copy import copy_into, to_device
 
 if TYPE_CHECKING:
     from headroom.engine.runtime.model_runner import ModelRunner
@@ -127,9 +127,12 @@ class DecodeGraphs:
         if entry is not None:
             self._free_rows.append(entry.row)
 
-    def run(self, items: list[BatchItem]) -> torch.Tensor:
+    def run(self, items: list[BatchItem], tokens_on_device: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Logits [len(items), vocab] fp32 of one decode pass (can_run(items) must hold); a fresh tensor,
-        not the graph's output buffer, so callers may keep it across passes."""
+        not the graph's output buffer, so callers may keep it across passes.
+        tokens_on_device (tokens, rows): item i's input token is tokens[rows[i]], a device tensor the previous
+        step sampled into and the host has not read (its item.token_ids are then placeholders); gathered on the
+        device, in stream order, so this step is launched without waiting for that one."""
         size = len(items)
         columns = [[0] * size for _ in range(6)]
         kv_pool = self.runner.kv_pool
@@ -145,6 +148,10 @@ class DecodeGraphs:
             columns[_WINDOW_ROW][i] = kv_pool.residual_row(seq) if kv_pool.is_kivi else 0
             entry.uploaded = position + 1
         copy_into(self._index[:, :size], torch.tensor(columns, dtype=torch.long))
+        if tokens_on_device is not None:
+            tokens, rows = tokens_on_device
+            source = tokens[:size] if rows == list(range(size)) else tokens[to_device(rows, torch.long, tokens.device)]
+            self._index[_TOKEN, :size].copy_(source)
         if not self.capture_graphs:
             self._pass(size)
         else:

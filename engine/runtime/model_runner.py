@@ -188,6 +188,14 @@ class ModelRunner:
         ranks run the pass they were sent in lockstep (its collectives), and a pass sent mid-pass would wedge them."""
         return self.tp is None
 
+    @property
+    def overlaps_decode(self) -> bool:
+        """Whether a graphed decode step may be launched on tokens the previous one left on the device
+        (forward's tokens_on_device; engine/loop/step.py's overlapped decode). On a GPU only, where the host's
+        work then runs while the device computes; not with tensor parallelism, whose other ranks are sent each
+        pass's tokens from the host."""
+        return self.tp is None and self.decode_graphs is not None and self.device.type == "cuda"
+
     def prepare_thread(self) -> None:
         """Called by a thread that will run this runner's forwards (the engine loop's). On a CPU device: torch's
         intra-op threads for it, config.cpu_threads (OpenMP teams started from a thread other than the main
@@ -196,7 +204,8 @@ class ModelRunner:
             torch.set_num_threads(self.config.cpu_threads)
 
     def forward(self, items: list[BatchItem], all_positions: bool = False,
-                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+                between_layers: Callable[[], None] | None = None,
+                tokens_on_device: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Run one mixed batch -> logits [num_items, vocab] at each item's last token
         ([num_tokens, vocab] over the flattened items if all_positions, for tests and scoring).
 
@@ -205,13 +214,20 @@ class ModelRunner:
         between_layers: called after each layer but the last of an eager pass (loop/step.py runs interjected
         passes from it); on a GPU the host is then kept at most interjection_lag layers ahead of the device, so
         that what it interjects waits for about that many layers, not for everything queued before it.
+        tokens_on_device (tokens, rows): a decode step whose input tokens the previous step sampled on the device
+        and the host has not read yet (item i's is tokens[rows[i]]; its item.token_ids hold PENDING_TOKEN). Only
+        through the decode graphs, which gather them on the device (DecodeGraphs.run).
         """
+        if tokens_on_device is not None and (all_positions or self.decode_graphs is None
+                                             or not self.decode_graphs.can_run(items)):
+            raise ValueError("a decode step with its tokens on the device runs only through the decode graphs")
         for item in items:
             seq = item.seq
             end = seq.num_computed_tokens + len(item.token_ids)
-            if end > seq.num_tokens:
+            # A step on device tokens computes the one token the host has not appended yet.
+            if end > seq.num_tokens + (tokens_on_device is not None):
                 raise ValueError(f"request {seq.request_id!r}: item reaches position {end} past its {seq.num_tokens} tokens")
-            if item.token_ids != seq.tokens_between(seq.num_computed_tokens, end):
+            if tokens_on_device is None and item.token_ids != seq.tokens_between(seq.num_computed_tokens, end):
                 raise ValueError(f"request {seq.request_id!r}: item tokens are not its next uncomputed tokens")
             if len(seq.kv_slots) < end:
                 raise ValueError(f"request {seq.request_id!r} holds {len(seq.kv_slots)} kv slots, needs {end}")
@@ -221,7 +237,7 @@ class ModelRunner:
                 if seq.num_computed_tokens == 0:
                     self.ssm_pool.reset(seq.ssm_slot)
         if not all_positions and self.decode_graphs is not None and self.decode_graphs.can_run(items):
-            logits = self.decode_graphs.run(items)
+            logits = self.decode_graphs.run(items, tokens_on_device)
         else:
             batch = ForwardBatch.build(items, self.device)
             hook = None if between_layers is None else bounded_lag(between_layers, self.device, self.interjection_lag)

@@ -104,7 +104,7 @@ def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, 
         graphs = llm.runner.decode_graphs
         if graphs is not None:
             real_run = graphs.run
-            graphs.run = lambda items, real_run=real_run, steps=steps: steps.append(True) or real_run(items)  # type: ignore[method-assign]
+            graphs.run = lambda items, *rest, real_run=real_run, steps=steps: steps.append(True) or real_run(items, *rest)  # type: ignore[method-assign]
         runs[graph_batch] = llm.generate(prompts, max_new_tokens=30)
         if graph_batch:
             assert len(steps) >= 25, "the decode steps went through the static pass"

@@ -88,7 +88,7 @@ def test_cuda_graph_max_batch_reaches_the_engine_and_its_static_passes_serve_req
         static_passes = []
         if runner.decode_graphs is not None:
             graphed = runner.decode_graphs.run
-            runner.decode_graphs.run = lambda items, graphed=graphed, n=static_passes: n.append(1) or graphed(items)
+            runner.decode_graphs.run = lambda items, *rest, graphed=graphed, n=static_passes: n.append(1) or graphed(items, *rest)
         tokens: dict[str, list[int]] = {}
         state.loop.steps.emit = lambda rid, event, tokens=tokens: tokens.setdefault(rid, []).extend(event.token_ids)
         for i, length in enumerate((5, 40, 9)):
