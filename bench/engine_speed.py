@@ -354,7 +354,7 @@ def main() -> None:
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "serve_plain": lambda s: part_serve(s, flags=("--no-interjection",)),
             "serve_switch5": lambda s: part_serve(s, flags=("--gil-switch-ms", "5")),
-            "tiles": lambda s: parts.attention_tile_sweep(), "kivi_blocks": lambda s: parts.kivi_block_path(),
+            "tiles": lambda s: parts.attention_tile_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])

@@ -181,6 +181,44 @@ def kernel_checks() -> dict:
     out["gdn_tail"] = _gdn_tail_check()
     out["gdn_rows"] = _gdn_rows_check()
     out["gemv"] = _gemv_check()
+    out["dense_attention"] = _dense_attention_check()
+    return out
+
+
+def _dense_attention_check() -> dict:
+    """kernels/dense_attention.py (cuDNN) against naive_dense_attention in fp32 on the same bf16 operands, at the
+    4B model's heads: a causal block of 3,000 rows (padded to the query bucket) and 2,048 rows over a whole
+    prefix block; beside the paged Triton kernel's error on the same causal block, and ms of both."""
+    import gpu_kernels
+    from headroom.kernels import dense_attention as dense
+    from headroom.kernels.paged_kv import PagedKV
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    out: dict = {"available": dense.available(torch.empty(1, hq, d, device=DEV, dtype=torch.bfloat16), hkv)}
+    if not out["available"]:
+        return out
+    for name, rows, keys, causal in (("causal_3000", 3000, 3000, True), ("prefix_2048x8192", 2048, dense.PREFIX_BLOCK, False)):
+        q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(keys, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+        v = torch.randn(keys, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        got, got_lse = dense.dense_attention(q, k, v, causal, d**-0.5)
+        want, want_lse = dense.naive_dense_attention(q.float(), k.float(), v.float(), causal, d**-0.5)
+        case = {"out": _diff(got, want), "lse": _diff(got_lse, want_lse),
+                "ms": _bench(lambda q=q, k=k, v=v, causal=causal: dense.dense_attention(q, k, v, causal, d**-0.5))}
+        if causal:
+            kv = PagedKV("dense", k, v)
+            table = torch.arange(keys, device=DEV, dtype=torch.int32)[None]
+            args = (q, torch.arange(rows, device=DEV), torch.tensor([0, rows], device=DEV, dtype=torch.int32), table,
+                    torch.zeros(1, device=DEV, dtype=torch.int32), torch.tensor([keys], device=DEV, dtype=torch.int32),
+                    kv, d**-0.5)
+            from headroom.kernels import ops
+
+            paged, paged_lse = ops.paged_attention(*args, max_q_len=rows)
+            case["paged_kernel_out"] = _diff(paged, want)
+            case["paged_kernel_lse"] = _diff(paged_lse, want_lse)
+            case["paged_kernel_ms"] = _bench(lambda args=args, rows=rows: ops.paged_attention(*args, max_q_len=rows))
+        out[name] = case
     return out
 
 
@@ -692,3 +730,56 @@ def kivi_graph_check(model: Path, kv: str = "int2", device: str = "cuda") -> dic
             "first_divergence": [next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if x != y), None)
                                  for a, b in pairs],
             "prompt_logits": [_diff(a.prompt_logits, b.prompt_logits) for a, b in pairs]}
+
+
+def attention_backends() -> dict:
+    """The prefill attention of an 8,192-query chunk (alone, and at the end of 32K keys): this engine's paged
+    kernel against torch's SDPA backends (flash, cuDNN, memory-efficient) on contiguous K/V with the same causal
+    alignment (queries at the end of the keys), ms and TFLOP/s each, errors against the paged kernel's output;
+    and what gathering a chunk's K/V out of the pool would add. Decides whether a dense-KV prefill path is worth
+    having (issue 18: 32K prefill >= 1.5x transformers)."""
+    import gpu_kernels
+    from headroom.kernels import paged_attention as pa
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    out: dict = {}
+    for context, chunk in ((8192, 8192), (32768, 8192)):
+        flops = 4 * hq * d * sum(context - chunk + i + 1 for i in range(chunk))
+        case: dict = {}
+        kv, table = gpu_kernels.filled_pool("bf16", [context])
+        args = gpu_kernels.attention_args(kv, table, [context], [chunk])
+        ours = pa.paged_attention(*args, max_q_len=chunk)[0]
+        ms = _bench(lambda args=args: pa.paged_attention(*args, max_q_len=chunk))
+        case["paged_triton"] = {"ms": ms, "TFLOPs": flops / ms / 1e9}
+        q = args[0]
+        # The keys and values in order, out of the pool (what a dense path would gather each layer).
+        slots = table[0, :context].long()
+        keys, values = kv.k[slots], kv.v[slots]
+        case["gather_kv_ms"] = _bench(lambda: (kv.k[slots], kv.v[slots]))
+        qt, kt, vt = q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
+        mask = None if context == chunk else causal_lower_right(chunk, context)
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            for gqa in (True, False):
+                key = f"sdpa_{name}" + ("_gqa" if gqa else "_expanded")
+                k_in = kt if gqa else kt.repeat_interleave(hq // hkv, dim=1)
+                v_in = vt if gqa else vt.repeat_interleave(hq // hkv, dim=1)
+
+                def run(k_in=k_in, v_in=v_in, backend=backend, gqa=gqa):
+                    with sdpa_kernel(backend):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            qt, k_in, v_in, attn_mask=mask, is_causal=mask is None, scale=d**-0.5,
+                            **({"enable_gqa": True} if gqa else {}))
+                try:
+                    got = run()[0].transpose(0, 1)
+                    ms = _bench(run)
+                    case[key] = {"ms": ms, "TFLOPs": flops / ms / 1e9,
+                                 "max_abs_vs_paged": float((got.float() - ours.float()).abs().max())}
+                except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is recorded
+                    case[key] = {"error": str(exc)[:300]}
+        out[f"chunk{chunk}_keys{context}"] = case
+        del kv, table, args, keys, values
+        torch.cuda.empty_cache()
+    return out

@@ -53,7 +53,7 @@ class FullAttention:
             ))
             kv_pool.write_rows(self.pool_layer, index, k, v)
         if q.is_cuda or batch.is_static:
-            out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale)
+            out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale, (k, v))
         else:
             out = torch.empty_like(q)
             for span in batch.spans:

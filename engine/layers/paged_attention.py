@@ -16,9 +16,15 @@ from dataclasses import dataclass
 import torch
 from headroom.engine.runtime.forward_batch import POOL_BLOCKS, POOL_INDEX, WINDOW_INDEX, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
-from headroom.kernels import ops
+from headroom.kernels import dense_attention, ops
 from headroom.kernels.host_copy import to_device
 from headroom.kernels.paged_kv import PagedKV, page_table, plan_prefix_blocks
+
+# Spans of at least this many rows over a bf16 pool take the dense path (cuDNN; kernels/dense_attention.py): below
+# it the paged kernel's share of a pass is small, and cuDNN's fixed cost is not worth a launch of its own.
+DENSE_MIN_ROWS = 2048
+# ForwardBatch cache key: the paged kernel's key counts with the long spans' zeroed.
+DENSE_OTHERS = "dense_attention.others"
 
 # One pass over a key range: (prev (out, lse) or None, out, out_lse) -> (out, out_lse).
 _Pass = Callable[[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -58,9 +64,12 @@ def _prefix_blocks(batch: ForwardBatch, closed: list[int], kv: PagedKV, group: i
 
 
 def paged_attention_over_pool(
-    q: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, layer: int, scale: float
+    q: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, layer: int, scale: float,
+    chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D]."""
+    """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D].
+    chunk_kv: the pass's own K/V [N, Hkv, D] (as stored); with them, long spans of a bf16 pool take the dense path
+    (_long_span_attention)."""
     spans, device, page = batch.spans, q.device, kv_pool.page_tokens
 
     def closed_keys() -> list[int]:
@@ -83,7 +92,20 @@ def paged_attention_over_pool(
             q, positions, offsets, table, zeros, lens, kv, scale, max_q_len=max_q_len, prev=prev, out=out, out_lse=lse)
 
     if not kv_pool.is_kivi:
-        return _chain([pool_pass(closed_t)], q)
+        long = [] if chunk_kv is None or batch.is_static or kv.kind != "dense" else \
+            [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
+        if not long or not dense_attention.available(q, kv.num_kv_heads):
+            return _chain([pool_pass(closed_t)], q)
+        if len(long) == len(spans):
+            out = torch.empty_like(q)
+        else:
+            # The other spans through the paged kernel; the long ones see no key there and are written below.
+            others = batch.cached(DENSE_OTHERS, lambda: _int32([0 if i in long else n for i, n in enumerate(closed_keys())],
+                                                               device))
+            out = _chain([pool_pass(others)], q)
+        for i in long:
+            _long_span_attention(q, positions, chunk_kv, spans[i], kv, scale, out)
+        return out
 
     def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
         # Rows of the flattened window buffer [rows x page, H, D] holding each sequence's open page; every
@@ -112,6 +134,36 @@ def paged_attention_over_pool(
             q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
             prev=prev, out=out, out_lse=lse))
     return _chain(passes, q)
+
+
+def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor], span,
+                         kv: PagedKV, scale: float, out: torch.Tensor) -> None:
+    """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
+    its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel,
+    merged in an fp32 accumulator."""
+    rows = slice(span.offset, span.offset + span.length)
+    k, v = chunk_kv
+    q_span = q[rows]
+    # cuDNN reads [H, L, D] views of row-major [L, H, D] tensors; v is a strided view into the fused projection.
+    diagonal, lse = dense_attention.dense_attention(q_span, k[rows].contiguous(), v[rows].contiguous(), True, scale)
+    if span.start == 0:
+        out[rows] = diagonal
+        return
+    acc = diagonal.float()
+    block = dense_attention.PREFIX_BLOCK
+    whole = span.start - span.start % block
+    slots = span.seq.kv_slots
+    for first in range(0, whole, block):
+        index = to_device(slots[first : first + block], torch.long, q.device)
+        part, part_lse = dense_attention.dense_attention(q_span, kv.k[index], kv.v[index], False, scale)
+        dense_attention.merge_into(acc, lse, part, part_lse)
+    if whole < span.start:
+        # The paged kernel continues the accumulator over keys whole..start-1 (all before every row of the span).
+        table = page_table([slots[whole : span.start]], 1, q.device)
+        ops.paged_attention(q_span, positions[rows], _int32([0, span.length], q.device), table,
+                            _int32([whole], q.device), _int32([span.start - whole], q.device), kv, scale,
+                            max_q_len=span.length, prev=(acc, lse), out=acc, out_lse=lse)
+    out[rows] = acc
 
 
 def _block_passes(q, positions, offsets, table, kv: PagedKV, scale: float, max_q_len: int,

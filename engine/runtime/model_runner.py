@@ -188,6 +188,18 @@ class ModelRunner:
         ranks run the pass they were sent in lockstep (its collectives), and a pass sent mid-pass would wedge them."""
         return self.tp is None
 
+    def warm_attention_plans(self, max_rows: int) -> int:
+        """Build the cuDNN attention plans that prefill passes of up to max_rows rows can meet (the dense path
+        of long spans, engine/layers/paged_attention.py); 0 where that path is not taken (CPU, quantized pools,
+        no cuDNN, no full-attention layer). A plan built inside a request cost it tens of milliseconds."""
+        mc = self.model_config
+        if self.device.type != "cuda" or self.kv_pool.kv_dtype not in ("auto", "bf16") or not mc.full_attention_layers:
+            return 0
+        from headroom.kernels import dense_attention
+
+        return dense_attention.warm_up(self.device, self.kv_pool.layers[0]["k"].dtype, mc.num_heads, mc.num_kv_heads,
+                                       mc.head_dim, max_rows)
+
     @property
     def overlaps_decode(self) -> bool:
         """Whether a graphed decode step may be launched on tokens the previous one left on the device

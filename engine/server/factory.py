@@ -217,6 +217,10 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         if report.batch_sizes:
             logger.info("captured decode CUDA graphs for batch 1..%d in %.1f s (graph pool %d MiB)",
                         max(report.batch_sizes), report.seconds, report.pool_bytes // 2**20)
+        # cuDNN's attention plans for long prefill spans: one per query bucket, built before any request meets one.
+        plans = loop.runner.warm_attention_plans(chunk)
+        if plans:
+            logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
         add("warmup-decode", 3, 8, 1, 1)
         add("warmup-long", length, 2, 7, 0)
         # Short prompts too: a length that is no multiple of 16 and one with checkpoint stops inside compile

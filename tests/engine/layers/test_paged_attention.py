@@ -84,3 +84,42 @@ def test_plan_prefix_blocks_shares_the_workspace_in_whole_pages():
     for head_dim, value_group in ((16, 32), (8, 32), (96, 48)):
         assert paged_kv.plan_prefix_blocks([4096], [8192], 4, 32, head_dim, value_group) is None
     assert paged_kv.plan_prefix_blocks([4096], [8192], 4, 32, 70, 32) is not None
+
+
+def _dense_batch(start: int, length: int, gen: torch.Generator):
+    """A bf16-format pool (fp32 here) holding a `length`-token chunk after `start` cached tokens, beside a decode
+    step after 70: K/V stored; returns the pool, the batch, q and the pass's own K/V."""
+    pool = KVPool(512, 1, KV_HEADS, DIM, "auto", torch.float32, torch.device("cpu"))
+    long, short = Sequence("long", list(range(start + length + 1))), Sequence("short", list(range(71)))
+    long.kv_slots, short.kv_slots = list(range(400, 400 - start - length, -1)), list(range(0, 71))
+    chunk_k, chunk_v = [], []
+    for seq, done, new in ((long, start, length), (short, 70, 1)):
+        k = torch.randn(done + new, KV_HEADS, DIM, generator=gen) * 2
+        v = torch.randn(done + new, KV_HEADS, DIM, generator=gen)
+        pool.store(0, seq, 0, k, v)
+        seq.num_computed_tokens = done
+        chunk_k.append(k[done:])
+        chunk_v.append(v[done:])
+    batch = ForwardBatch.build([BatchItem(long, list(range(length))), BatchItem(short, [5])], torch.device("cpu"))
+    q = torch.randn(length + 1, HEADS, DIM, generator=gen)
+    return pool, batch, q, (torch.cat(chunk_k), torch.cat(chunk_v))
+
+
+@pytest.mark.parametrize("start", [0, 16, 40, 53])
+def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
+    """The dense path's pieces (causal block, whole prefix blocks, the paged kernel's partial block, merged) give
+    the attention of the whole context; the short span beside it goes through the paged kernel as before."""
+    from headroom.kernels import dense_attention
+
+    monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
+    monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 16)
+    monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
+    calls = []
+    real = dense_attention.dense_attention
+    monkeypatch.setattr(dense_attention, "dense_attention",
+                        lambda q, k, v, causal, scale: calls.append((k.shape[0], causal)) or real(q, k, v, causal, scale))
+    pool, batch, q, chunk_kv = _dense_batch(start, 30, torch.Generator().manual_seed(start))
+    got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv)
+    torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
+    # One causal block of the chunk's 30 keys, then one dense call per whole 16-key block of the prefix.
+    assert calls == [(30, True)] + [(16, False)] * (start // 16)
