@@ -48,16 +48,19 @@ def naive_gated_delta_rule(
 
 def naive_gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, slots: torch.Tensor,
+    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, qk_normed: bool = False,
 ) -> torch.Tensor:
-    """One token for each of B sequences, states updated in place in the pool.
+    """One token for each of B sequences, states updated in place in the pool; with bounds [B + 1], sequence b's
+    rows bounds[b]..bounds[b+1] token by token (the short prefill chunks).
 
-    q, k [B, Hk, Dk]; v [B, Hv, Dv]; g, beta [B, Hv]; states [S, Hv, Dk, Dv] fp32 (the SSM pool's recurrent
-    states of one layer); slots [B] rows of states. Returns out [B, Hv, Dv] in v's dtype."""
+    q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] fp32 (the SSM pool's recurrent
+    states of one layer); slots [B] rows of states. Returns out [N, Hv, Dv] in v's dtype. qk_normed as
+    naive_gated_delta_rule's."""
     out = torch.empty_like(v)
     for b, slot in enumerate(slots.tolist()):
-        rows = slice(b, b + 1)
-        out[rows], new_state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[slot])
+        rows = slice(b, b + 1) if bounds is None else slice(int(bounds[b]), int(bounds[b + 1]))
+        out[rows], new_state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], states[slot],
+                                                      qk_normed)
         states[slot].copy_(new_state)
     return out
 
@@ -65,18 +68,19 @@ def naive_gated_delta_decode(
 def naive_gated_delta_tail(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, row_lo: list[int], row_hi: list[int],
-    snapshots: list[list[tuple[int, int]]],
+    snapshots: list[list[tuple[int, int]]], qk_normed: bool = False,
 ) -> None:
     """The last rows of B sequences, token by token, with state snapshots on the way (in-pass checkpoints near a
     prompt's end). Sequence b owns rows row_lo[b]..row_hi[b]-1 of q, k [N, Hk, Dk], v [N, Hv, Dv], g, beta
     [N, Hv]; it starts from states[b] ([B, Hv, Dk, Dv] fp32, left holding its final state); its outputs go to
     out [N, Hv, Dv] at its rows; for each (n, slot) of snapshots[b] (ascending, 0 < n < its row count) the state
-    after its first n rows is written to pool[slot]."""
+    after its first n rows is written to pool[slot]. qk_normed as naive_gated_delta_rule's."""
     for b, (lo, hi) in enumerate(zip(row_lo, row_hi, strict=True)):
         state, start = states[b], lo
         for n, slot in [*snapshots[b], (hi - lo, None)]:
             rows = slice(start, lo + n)
-            out[rows], state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
+            out[rows], state = naive_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], state,
+                                                      qk_normed)
             if slot is not None:
                 pool[slot] = state.to(pool.dtype)
             start = lo + n

@@ -4,8 +4,9 @@ the same recurrence over the last rows of B prefill chunks, with state snapshots
 Replaces, per layer and step, fla's fused recurrent kernel plus the gather of the states out of the pool,
 their fp32 copies and the scatter back (about four passes over B x 2 MiB of state for the 4B model) with
 one pass that reads and writes each state once. Same recurrence and L2 norms as naive_gated_delta_rule:
-S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q, q/k L2-normalised (eps 1e-6), q scaled by Dk^-1/2.
-One program per (sequence, value head, block of value channels); the key dimension is one tile.
+S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q, q/k L2-normalised (eps 1e-6; or by the prefill conv,
+qk_normed), q scaled by Dk^-1/2. One program per (sequence, value head, block of value channels); the key
+dimension is one tile. The token-by-token paths (rows, tail) prefetch each next row's inputs during a row's math.
 """
 
 from __future__ import annotations
@@ -56,11 +57,15 @@ def _key_inputs(p_q, p_k, o_k, m_k):
 
 
 @triton.jit
-def _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale):
-    """One token on a [BLOCK_K, BLOCK_V] fp32 state tile from its loaded inputs: q/k L2-normed, decay, delta
-    update; returns the new tile and the output row o = S^T q."""
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+def _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale, QK_NORMED: tl.constexpr):
+    """One token on a [BLOCK_K, BLOCK_V] fp32 state tile from its loaded inputs: q/k L2-normed (unless QK_NORMED:
+    the prefill conv normed them), q scaled, decay, delta update; returns the new tile and the output row
+    o = S^T q."""
+    if QK_NORMED:
+        b_q = b_q * scale
+    else:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6) * scale
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
     b_s = b_s * tl.exp(b_g)
     b_delta = (b_v - tl.sum(b_s * b_k[:, None], 0)) * b_beta
     b_s = b_s + b_k[:, None] * b_delta[None, :]
@@ -68,23 +73,28 @@ def _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale):
 
 
 @triton.jit
-def _delta_rule_step(b_s, p_q, p_k, p_v, p_g, p_beta, o_k, m_k, o_v, m_v, scale):
-    """_delta_rule_math on one token's inputs p_*, every load issued before the reductions (whose barriers would
-    each hold a later load back a memory round trip)."""
-    b_v, b_g, b_beta = _value_inputs(p_v, p_g, p_beta, o_v, m_v)
-    b_q, b_k = _key_inputs(p_q, p_k, o_k, m_k)
-    return _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
+def _row_inputs(q, k, v, g, beta, t, live, i_hk, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                stride_vh, stride_gt, stride_betat, o_k, m_k, o_v, m_v):
+    """Row t's q, k, v, gate and beta as loaded (not yet fp32), every load masked off unless live: the prefetch
+    of the row after the last has none. Kept in their own dtype until the row's math: a conversion right here
+    would wait for the loads before the current row's math, the very round trip the prefetch hides. v, gate and
+    beta first, q and k last (_key_inputs). (tl.where, not m & live: the interpreter's & of a vector and a scalar
+    mask makes int32, which its load refuses.)"""
+    m_kt, m_vt = tl.where(live, m_k, False), tl.where(live, m_v, False)
+    c_v = tl.load(v + t * stride_vt + i_hv * stride_vh + o_v, mask=m_vt, other=0)
+    c_g = tl.load(g + t * stride_gt + i_hv, mask=live, other=0)
+    c_beta = tl.load(beta + t * stride_betat + i_hv, mask=live, other=0)
+    c_q = tl.load(q + t * stride_qt + i_hk * stride_qh + o_k, mask=m_kt, other=0)
+    c_k = tl.load(k + t * stride_kt + i_hk * stride_kh + o_k, mask=m_kt, other=0)
+    return c_q, c_k, c_v, c_g, c_beta
 
 
 @triton.jit
-def _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                    stride_vh, stride_gt, stride_betat, stride_ot, stride_oh, o_k, m_k, o_v, m_v, scale):
-    """_delta_rule_step on row t of the flattened q/k/v/g/beta, its output row stored; returns the new tile."""
-    b_s, b_o = _delta_rule_step(
-        b_s, q + t * stride_qt + i_hk * stride_qh, k + t * stride_kt + i_hk * stride_kh,
-        v + t * stride_vt + i_hv * stride_vh, g + t * stride_gt + i_hv, beta + t * stride_betat + i_hv,
-        o_k, m_k, o_v, m_v, scale,
-    )
+def _row_math(b_s, c_q, c_k, c_v, c_g, c_beta, out, t, i_hv, stride_ot, stride_oh, o_v, m_v, scale,
+              QK_NORMED: tl.constexpr):
+    """_delta_rule_math on row t's inputs from _row_inputs, its output row stored; returns the new tile."""
+    b_s, b_o = _delta_rule_math(b_s, c_q.to(tl.float32), c_k.to(tl.float32), c_v.to(tl.float32),
+                                c_g.to(tl.float32), c_beta.to(tl.float32), scale, QK_NORMED)
     tl.store(out + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
     return b_s
 
@@ -95,10 +105,11 @@ def gated_delta_decode_fwd_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr, PDL: tl.constexpr,
+    ROWS: tl.constexpr, QK_NORMED: tl.constexpr, PDL: tl.constexpr,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
-    (row strides are the *_b ones), walked in order with the state held in registers."""
+    (row strides are the *_b ones), walked in order with the state held in registers. QK_NORMED: q and k come
+    L2-normed (_delta_rule_math)."""
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -118,27 +129,38 @@ def gated_delta_decode_fwd_kernel(
         b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
         b_q, b_k = _key_inputs(q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
                                o_k, m_k)
-        b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale)
+        b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale, QK_NORMED)
         tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
     else:
+        # Software-pipelined: row t+1's loads go out before row t's math, so a row waits on the math's chain
+        # alone, not on a memory round trip as well (the first row's loads travel with the state's).
+        lo, hi = tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)
+        c_q, c_k, c_v, c_g, c_beta = _row_inputs(q, k, v, g, beta, lo, lo < hi, i_hk, i_hv, stride_qb, stride_qh,
+                                                 stride_kb, stride_kh, stride_vb, stride_vh, stride_gb,
+                                                 stride_betab, o_k, m_k, o_v, m_v)
         p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
-        for t in range(tl.load(bounds + i_b).to(tl.int64), tl.load(bounds + i_b + 1).to(tl.int64)):
-            b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, t, i_hk, i_hv, stride_qb, stride_qh, stride_kb,
-                                  stride_kh, stride_vb, stride_vh, stride_gb, stride_betab, stride_ob, stride_oh,
-                                  o_k, m_k, o_v, m_v, scale)
+        for t in range(lo, hi):
+            n_q, n_k, n_v, n_g, n_beta = _row_inputs(q, k, v, g, beta, t + 1, t + 1 < hi, i_hk, i_hv, stride_qb,
+                                                     stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                                                     stride_gb, stride_betab, o_k, m_k, o_v, m_v)
+            b_s = _row_math(b_s, c_q, c_k, c_v, c_g, c_beta, out, t, i_hv, stride_ob, stride_oh, o_v, m_v, scale,
+                            QK_NORMED)
+            c_q, c_k, c_v, c_g, c_beta = n_q, n_k, n_v, n_g, n_beta
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
 
 
 def gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, *, config: dict | None = None,
+    states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, *, qk_normed: bool = False,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
     slots [B], int); strided rows allowed, last dims contiguous. Returns out [N, Hv, Dv] in v's dtype.
     bounds None: one token per sequence (N = B). bounds [B + 1] (int, device): sequence b's tokens are rows
     bounds[b]..bounds[b+1], run in order in one launch (short prefill chunks, engine/layers/linear_attention.py).
+    qk_normed: q and k are L2-normed already (the prefill conv's fused norm), only scaled here.
     config: keys of a CONFIGS entry, for this call only (the sweep's)."""
     num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
@@ -167,7 +189,8 @@ def gated_delta_decode(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, num_warps=cfg["num_warps"], **pdl_launch(q.device),
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, QK_NORMED=qk_normed, num_warps=cfg["num_warps"],
+        **pdl_launch(q.device),
     )
     return out
 
@@ -178,8 +201,9 @@ def gated_delta_tail_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
     stride_sb, stride_sh, stride_sk, stride_ot, stride_oh, stride_ps, stride_ph, stride_pk, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    MAX_SNAPS: tl.constexpr, PDL: tl.constexpr,
+    MAX_SNAPS: tl.constexpr, QK_NORMED: tl.constexpr, PDL: tl.constexpr,
 ):
+    """gated_delta_tail's walk, software-pipelined as the ROWS branch of gated_delta_decode_fwd_kernel."""
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -188,30 +212,42 @@ def gated_delta_tail_fwd_kernel(
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < DV
     m_s = m_k[:, None] & m_v[None, :]
-    p_s = states + i_b * stride_sb + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
-    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
     lo = tl.load(row_lo + i_b).to(tl.int64)
     num_rows = tl.load(row_hi + i_b) - tl.load(row_lo + i_b)
+    c_q, c_k, c_v, c_g, c_beta = _row_inputs(q, k, v, g, beta, lo, num_rows > 0, i_hk, i_hv, stride_qt, stride_qh,
+                                             stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_betat,
+                                             o_k, m_k, o_v, m_v)
+    p_s = states + i_b * stride_sb + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
+    # The snapshots ascend (0 after the last): only the next one is compared a row, its table entries read when
+    # it is taken, not MAX_SNAPS loads behind every row's math.
+    snap = 0
+    next_at = tl.load(snap_at + i_b * MAX_SNAPS)
     for i in range(0, num_rows):
-        b_s = _delta_rule_row(b_s, q, k, v, g, beta, out, lo + i, i_hk, i_hv, stride_qt, stride_qh, stride_kt,
-                              stride_kh, stride_vt, stride_vh, stride_gt, stride_betat, stride_ot, stride_oh,
-                              o_k, m_k, o_v, m_v, scale)
-        for j in tl.static_range(MAX_SNAPS):
-            if i + 1 == tl.load(snap_at + i_b * MAX_SNAPS + j):
-                slot = tl.load(snap_slot + i_b * MAX_SNAPS + j).to(tl.int64)
-                p_p = pool + slot * stride_ps + i_hv * stride_ph + o_k[:, None] * stride_pk + o_v[None, :]
-                tl.store(p_p, b_s.to(pool.dtype.element_ty), mask=m_s)
+        n_q, n_k, n_v, n_g, n_beta = _row_inputs(q, k, v, g, beta, lo + i + 1, i + 1 < num_rows, i_hk, i_hv,
+                                                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                                                 stride_gt, stride_betat, o_k, m_k, o_v, m_v)
+        b_s = _row_math(b_s, c_q, c_k, c_v, c_g, c_beta, out, lo + i, i_hv, stride_ot, stride_oh, o_v, m_v, scale,
+                        QK_NORMED)
+        c_q, c_k, c_v, c_g, c_beta = n_q, n_k, n_v, n_g, n_beta
+        if i + 1 == next_at:
+            slot = tl.load(snap_slot + i_b * MAX_SNAPS + snap).to(tl.int64)
+            p_p = pool + slot * stride_ps + i_hv * stride_ph + o_k[:, None] * stride_pk + o_v[None, :]
+            tl.store(p_p, b_s.to(pool.dtype.element_ty), mask=m_s)
+            snap += 1
+            next_at = tl.load(snap_at + i_b * MAX_SNAPS + snap, mask=snap < MAX_SNAPS, other=0)
     tl.store(p_s, b_s, mask=m_s)
 
 
 def gated_delta_tail(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, row_lo: torch.Tensor, row_hi: torch.Tensor,
-    snap_at: torch.Tensor, snap_slot: torch.Tensor, *, config: dict | None = None,
+    snap_at: torch.Tensor, snap_slot: torch.Tensor, *, qk_normed: bool = False, config: dict | None = None,
 ) -> None:
     """kernels/gated_delta.py's naive_gated_delta_tail in one launch, snapshots given as snap_at / snap_slot
-    [B, S] int32 (rows done before the snapshot, 0 for none; pool slot). One program per (sequence, value
-    head, block of value channels) walks its rows in order; states [B, Hv, Dk, Dv] fp32 hold the final states."""
+    [B, S] int32 (rows done before the snapshot, ascending, then 0s; pool slot). qk_normed: q and k are
+    L2-normed already. One program per (sequence, value head, block of value channels) walks its rows in order;
+    states [B, Hv, Dk, Dv] fp32 hold the final states."""
     num_k_heads, key_dim = q.shape[1:]
     num_v_heads, value_dim = v.shape[1:]
     num_seqs, max_snaps = snap_at.shape
@@ -237,5 +273,6 @@ def gated_delta_tail(
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, num_warps=cfg["num_warps"], **pdl_launch(q.device),
+        BLOCK_V=cfg["block_v"], MAX_SNAPS=max_snaps, QK_NORMED=qk_normed, num_warps=cfg["num_warps"],
+        **pdl_launch(q.device),
     )

@@ -104,6 +104,18 @@ def rms_norm_rotary(x, weight, eps: float, unit_offset: bool, positions, inv_fre
     return naive_rms_norm_rotary(x, weight, eps, unit_offset, positions, inv_freq)
 
 
+def qk_norm_rotary_store(q, k, v, wq, wk, eps: float, unit_offset: bool, positions, inv_freq, pool_k, pool_v, rows):
+    """rms_norm_rotary of q and k, with k and v stored into a token-granular pool's rows: (q, k) [T, H, D]. One
+    launch on CUDA instead of four (q, k, and the two row stores)."""
+    if _fused(q, "rms_norm_rotary"):
+        from headroom.kernels.rotary_triton import qk_norm_rotary_store as run
+
+        return run(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows)
+    from headroom.kernels.rotary import naive_qk_norm_rotary_store
+
+    return naive_qk_norm_rotary_store(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if _fused(gate, "silu_mul"):
         from headroom.kernels.gates_triton import silu_mul as run
@@ -154,14 +166,14 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
     return None
 
 
-def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None) -> torch.Tensor | None:
+def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None, qk_normed: bool = False) -> torch.Tensor | None:
     """One decode token per sequence (bounds None), or each sequence's rows bounds[b]..bounds[b+1] token by token;
-    states updated in place at slots. None: not fused here, the caller takes the varlen path (fla or the
-    reference)."""
+    states updated in place at slots. qk_normed: q and k already L2-normed (causal_conv1d_varlen's fused norm).
+    None: not fused here, the caller takes the varlen path (fla or the reference)."""
     if _fused(q, "gated_delta_decode"):
         from headroom.kernels.gdn_decode import gated_delta_decode as run
 
-        return run(q, k, v, g, beta, states, slots, bounds)
+        return run(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed)
     return None
 
 
@@ -169,9 +181,10 @@ TAIL_SNAPSHOT_WIDTH = 8
 
 
 def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row_hi: list[int],
-                     snapshots: list[list[tuple[int, int]]]) -> None:
+                     snapshots: list[list[tuple[int, int]]], qk_normed: bool = False) -> None:
     """The last rows of B prefill pieces token by token, with state snapshots into pool slots (kernels/
-    gated_delta.py's naive_gated_delta_tail): one Triton launch on CUDA, the reference elsewhere."""
+    gated_delta.py's naive_gated_delta_tail): one Triton launch on CUDA, the reference elsewhere. qk_normed: q
+    and k already L2-normed."""
     if _fused(q, "gated_delta_tail"):
         from headroom.kernels.gdn_decode import gated_delta_tail as run
 
@@ -183,9 +196,9 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row
         device = q.device
         run(q, k, v, g, beta, states, out, pool, to_device(row_lo, torch.int32, device),
             to_device(row_hi, torch.int32, device), to_device(at, torch.int32, device),
-            to_device(slots, torch.int32, device))
+            to_device(slots, torch.int32, device), qk_normed=qk_normed)
         return
-    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo, row_hi, snapshots)
+    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo, row_hi, snapshots, qk_normed)
 
 
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
@@ -241,8 +254,9 @@ def gated_delta_rule_varlen(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu
         from headroom.kernels.gdn_fla import QK_NORM_EPS
         from headroom.kernels.gdn_fla import gated_delta_rule_varlen as run
 
-        if q.shape[0] == cu_seqlens.shape[0] - 1:  # decode: fla's recurrent kernel norms q/k inside, free
-            assert not qk_normed, "fla's recurrent kernel always norms q and k"
+        if q.shape[0] == cu_seqlens.shape[0] - 1 and not qk_normed:
+            # Decode: fla's recurrent kernel norms q/k inside, free. (It always norms: normed q/k - one row a
+            # sequence in a round of in-pass checkpoints - take the chunked kernel below.)
             return run(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
         if not qk_normed:
             # Chunked prefill: q/k normed by our kernel, not fla's l2norm, which autotunes per bucket of tokens x

@@ -52,13 +52,13 @@ class GatedDeltaNet:
         else:
             if batch.has_captures:
                 _capture_conv_states(mixed, conv_states, batch)
+            # The q/k L2 norm in the fused conv's epilogue, once a row and head, for every path below: fla's
+            # chunked rule then skips its own norm and input copies, and the token-by-token kernels (short
+            # chunks, the checkpoint tail) two reductions a row in each of the Dv / block_v programs that share a
+            # q/k head. qk_normed False where the conv did not norm (the reference, a head size not a power of 2).
             lengths = [span.length for span in batch.spans]
-            # The q/k L2 norm goes into the fused conv's epilogue only for the plain varlen delta rule below
-            # (the token-by-token and segmented paths norm inside their own kernels).
-            norm_qk = not batch.has_captures and max(lengths) > RECURRENT_ROWS
             q, k, v, qk_normed = ops.causal_conv1d_varlen(mixed, self.conv_weight, conv_states, slots,
-                                                          _bounds(batch, x.device), lengths, self.key_dim,
-                                                          dk if norm_qk else 0)
+                                                          _bounds(batch, x.device), lengths, self.key_dim, dk)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
         # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere); short chunks
@@ -67,7 +67,7 @@ class GatedDeltaNet:
         if batch.is_decode_only:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots)
         elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
-            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device))
+            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device), qk_normed)
         if core is None:
             core = self._varlen(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
         normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
@@ -75,10 +75,10 @@ class GatedDeltaNet:
 
     def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
         """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence.
-        qk_normed: q and k come L2-normed from the conv (only ever for the one varlen call)."""
+        qk_normed: q and k come L2-normed from the conv."""
         n, hv, dv = v.shape
         if batch.has_captures:
-            return _segmented(q, k, v, g, beta, recurrent, slots, batch)
+            return _segmented(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
         if q.is_cuda or batch.is_static:
             # One varlen call for every sequence of the pass (fla-core's kernels on the GPU).
             core, final = ops.gated_delta_rule_varlen(q, k, v, g, beta, recurrent[slots], _bounds(batch, q.device),
@@ -114,12 +114,13 @@ def _capture_conv_states(mixed: torch.Tensor, conv_states: torch.Tensor, batch: 
 TAIL_ROWS = 256
 
 
-def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch.Tensor:
+def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
     """The delta rule with in-pass checkpoints: each span cut at its captures, round r running every span's
     r-th piece in one varlen call from the state round r-1 left; a piece that ends at a capture leaves its
     state in the capture's slot. The captures near a span's end (the tail and exact-repeat stops every prompt
     takes) are snapshots of one tail launch instead. A prefill chunk so runs as one pass instead of one pass
-    per stop (three to four extra passes of 30-50 ms each a prompt on the H200)."""
+    per stop (three to four extra passes of 30-50 ms each a prompt on the H200). qk_normed: q and k come L2-normed
+    from the conv, for the rounds and the tail alike."""
     spans, device = batch.spans, q.device
     cuts = [[0] + [at for at, _ in span.captures] + [span.length] for span in spans]
     # Where each span's tail starts (an index into its cuts: the first capture within TAIL_ROWS of its end).
@@ -138,7 +139,8 @@ def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch
             bounds.append(bounds[-1] + hi - lo)
         which = to_device(active, torch.long, device)
         out, final = ops.gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], state[which],
-                                                 to_device(bounds, torch.long, device), torch.tensor(bounds))
+                                                 to_device(bounds, torch.long, device), torch.tensor(bounds),
+                                                 qk_normed=qk_normed)
         core[rows] = out
         state[which] = final
         for i, b in enumerate(active):
@@ -153,7 +155,7 @@ def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch) -> torch
                      for b, start in zip(with_tail, starts, strict=True)]
         ops.gated_delta_tail(q, k, v, g, beta, tail_states, core, recurrent,
                              [spans[b].offset + start for b, start in zip(with_tail, starts, strict=True)],
-                             [spans[b].offset + spans[b].length for b in with_tail], snapshots)
+                             [spans[b].offset + spans[b].length for b in with_tail], snapshots, qk_normed)
         state[which] = tail_states
     recurrent[slots] = state.to(recurrent.dtype)
     return core

@@ -1,4 +1,5 @@
-"""Fused Gated DeltaNet decode step (interpreter on CPU) against the naive per-sequence recurrence."""
+"""Fused Gated DeltaNet decode step and its rows path (interpreter on CPU) against the naive per-sequence
+recurrence, q/k normed in the kernel or already (qk_normed); and the kernel's variants compiled for sm_90."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import pytest
 import torch
 from headroom.kernels.gated_delta import naive_gated_delta_decode, naive_gated_delta_rule
 from headroom.kernels.gdn_decode import CONFIGS, SMALL_BATCH, gated_delta_decode
+from headroom.kernels.norm import naive_l2_norm
+
+from tests.kernels.sm90 import compile_sm90
 
 # Every launch variant the sweep (bench/gdn_decode_sweep.py) may pick: the shipped entries (None), value blocks
 # narrower and wider than a head (masked), other warp counts.
@@ -33,6 +37,20 @@ def test_decode_matches_naive_in_place(num_seqs, hk, hv, dk, dv, config):
     torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_takes_normed_qk():
+    """qk_normed: q and k come L2-normed (the prefill conv's epilogue), only scaled in the kernel."""
+    gen = torch.Generator().manual_seed(4)
+    q, k = (naive_l2_norm(torch.randn(3, 2, 16, generator=gen), 1e-6) for _ in range(2))
+    v, g, beta = torch.randn(3, 4, 24, generator=gen), -torch.rand(3, 4, generator=gen), torch.rand(3, 4, generator=gen)
+    states = torch.randn(5, 4, 16, 24, generator=gen)
+    slots = torch.tensor([4, 0, 2])
+    ref_states = states.clone()
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, qk_normed=True)
+    want = naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots, qk_normed=True)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
+
+
 def test_bad_state_shape_is_named():
     q = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="states"):
@@ -40,29 +58,40 @@ def test_bad_state_shape_is_named():
                            torch.zeros(1, dtype=torch.long))
 
 
+@pytest.mark.parametrize("qk_normed", [False, True], ids=["norm in kernel", "qk_normed"])
 @pytest.mark.parametrize("config", [None, {"block_v": 16, "num_warps": 4}, {"block_v": 8, "num_warps": 1}])
-@pytest.mark.parametrize("lengths", [[5, 1, 9], [1], [3, 2, 7, 1]])
-def test_rows_run_in_order_from_each_slot(lengths, config):
-    """bounds: each sequence's rows token by token from its slot's state, as the plain recurrence runs them."""
+@pytest.mark.parametrize("lengths", [[5, 1, 9], [1], [3, 2, 0, 7, 1]])
+def test_rows_run_in_order_from_each_slot(lengths, config, qk_normed):
+    """bounds: each sequence's rows token by token from its slot's state, as the plain recurrence runs them; each
+    row's inputs loaded while the row before runs (the prefetch past a sequence's last row, and an empty
+    sequence's only one, masked off: its slot left as it was)."""
     hk, hv, dk, dv = 2, 4, 16, 24
     gen = torch.Generator().manual_seed(sum(lengths))
     n = sum(lengths)
     conv_out = torch.randn(n, 2 * hk * dk + hv * dv, generator=gen)
     q, k, v = torch.split(conv_out, [hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv)
+    if qk_normed:  # as the prefill conv writes them: q | k planes, each head L2-normed
+        q, k = naive_l2_norm(q, 1e-6), naive_l2_norm(k, 1e-6)
     g, beta = -torch.rand(n, hv, generator=gen), torch.rand(n, hv, generator=gen)
     states = torch.randn(6, hv, dk, dv, generator=gen) * 0.1
     slots = torch.randperm(6, generator=gen)[: len(lengths)]
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     before = states.clone()
-    out = gated_delta_decode(q, k, v, g, beta, states, slots, bounds, config=config)
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed, config=config)
     want_states = before.clone()
     for b, slot in enumerate(slots.tolist()):
         lo, hi = bounds[b].item(), bounds[b + 1].item()
-        want, final = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], before[slot])
+        want, final = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], before[slot],
+                                             qk_normed)
         torch.testing.assert_close(out[lo:hi], want, atol=2e-5, rtol=2e-5)
         want_states[slot] = final
     torch.testing.assert_close(states, want_states, atol=2e-5, rtol=2e-5)
+    # The reference with bounds (the rows path's own) says the same.
+    ref_states = before.clone()
+    torch.testing.assert_close(naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots, bounds, qk_normed), out,
+                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ref_states, states, atol=2e-5, rtol=2e-5)
 
 
 def test_bounds_must_match_the_slots():
@@ -97,3 +126,43 @@ def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypa
     assert call(2, torch.tensor([0, 1, 2])) == entry("rows")
     assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1)
     assert CONFIGS == before
+
+
+def _loop_body(ptx: str) -> str:
+    """The PTX between the row loop's label and its backward branch (the one loop of a rows or tail kernel)."""
+    import re
+
+    for label in re.findall(r"^(\$L__BB\d+_\d+):", ptx, re.M):
+        start = ptx.index(label + ":")
+        back = ptx.find(f"bra.uni \t{label};", start)
+        back = back if back >= 0 else ptx.find(f"bra \t{label};", start)
+        if back > start:
+            return ptx[start:back]
+    raise AssertionError("no backward branch in the PTX")
+
+
+def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_first():
+    """Every QK_NORMED variant of the decode step, its rows path and the tail compiles for sm_90 at the 4B shapes;
+    in the rows and tail loops a row's first global load (the next row's inputs) comes before its first shuffle
+    (the math's reductions), so the prefetch is not undone by the compiler; normed q/k drop the norms' shuffles."""
+    bf, f32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
+    shape = dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, PDL=True)
+    decode = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, slots=i64, bounds=i64, out=bf, scale="fp32")
+    tail = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, out=bf, pool=f32, row_lo=i32, row_hi=i32, snap_at=i32,
+                snap_slot=i32, scale="fp32")
+    variants = [("gated_delta_decode_fwd_kernel", decode, {**shape, "ROWS": rows, "QK_NORMED": normed})
+                for rows in (False, True) for normed in (False, True)]
+    variants += [("gated_delta_tail_fwd_kernel", tail, {**shape, "MAX_SNAPS": 8, "QK_NORMED": normed})
+                 for normed in (False, True)]
+    results = compile_sm90([("headroom.kernels.gdn_decode", name, pointers, constants)
+                            for name, pointers, constants in variants], num_warps=1)
+    shuffles = {}
+    for (name, _, constants), result in zip(variants, results, strict=True):
+        assert result["ok"], (name, constants, result.get("error"))
+        if name == "gated_delta_decode_fwd_kernel" and not constants["ROWS"]:
+            continue
+        body = _loop_body(result["ptx"])
+        assert -1 < body.find("ld.global") < body.find("shfl.sync"), (name, constants)
+        shuffles[name, constants["QK_NORMED"]] = body.count("shfl.sync")
+    for name in ("gated_delta_decode_fwd_kernel", "gated_delta_tail_fwd_kernel"):
+        assert shuffles[name, True] < shuffles[name, False], shuffles

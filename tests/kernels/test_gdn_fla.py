@@ -33,3 +33,18 @@ def test_fla_matches_naive(lens):
     ref, ref_final = naive_gated_delta_rule_varlen(*args)
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(final, ref_final, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and fla_available()), reason="needs CUDA and fla-core")
+def test_normed_one_row_pieces_take_the_chunked_kernel():
+    """A round of in-pass checkpoints whose every piece is one row, q/k normed by the conv: ops takes fla's chunked
+    kernel (its recurrent one would norm them again) and matches the reference on the raw q/k."""
+    from headroom.kernels import ops
+    from headroom.kernels.norm import naive_l2_norm
+
+    q, k, v, g, beta, states, cu = _inputs([1, 1, 1], 2, 4, 128, 128, "cuda")
+    out, final = ops.gated_delta_rule_varlen(naive_l2_norm(q, 1e-6), naive_l2_norm(k, 1e-6), v, g, beta, states, cu,
+                                             cu.cpu(), qk_normed=True)
+    ref, ref_final = naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu)
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(final, ref_final, atol=3e-2, rtol=3e-2)

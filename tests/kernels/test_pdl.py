@@ -28,11 +28,11 @@ KERNELS = [
      dict(BLOCK_S=32, BLOCK_D=256), ()),
     ("gdn_decode", "gated_delta_decode_fwd_kernel",
      dict(q=BF, k=BF, v=BF, g=F32, beta=BF, states=F32, slots=I64, bounds=I64, out=BF),
-     dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=16, ROWS=False), ("scale",)),
+     dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=16, ROWS=False, QK_NORMED=False), ("scale",)),
     ("gdn_decode", "gated_delta_tail_fwd_kernel",
      dict(q=BF, k=BF, v=BF, g=F32, beta=BF, states=F32, out=BF, pool=F32, row_lo=I32, row_hi=I32, snap_at=I32,
           snap_slot=I32),
-     dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, MAX_SNAPS=2), ("scale",)),
+     dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, MAX_SNAPS=2, QK_NORMED=False), ("scale",)),
 ]
 
 

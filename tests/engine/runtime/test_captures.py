@@ -1,27 +1,65 @@
 """Checkpoints taken inside a pass (BatchItem.captures): the SSM state a capture slot receives equals the
 state of a run that stopped there, every layer's conv and recurrent state, whether it came from a varlen round
 or a snapshot of the tail launch; the pass's own logits and final state are those of a pass without captures; a mixed batch with a capturing prefill next to other spans
-(capturing too, and decodes) gets each right; a capture that is not inside the chunk is refused."""
+(capturing too, and decodes) gets each right; a capture that is not inside the chunk is refused. On the
+reference path, and with rounds and a tail launch on the fused kernels too (the Triton interpreter), where the
+prefill conv norms q/k for the varlen rounds and the tail launch alike."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-from headroom.engine.config import EngineConfig
-from headroom.engine.runtime.forward_batch import BatchItem
-from headroom.engine.runtime.model_runner import ModelRunner
+import os
 
-from tests.engine.helpers import new_sequence, random_prompt
+# triton.jit reads this when a kernel module is first imported (here, inside ops' fused branches).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from headroom.engine.config import EngineConfig  # noqa: E402
+from headroom.engine.runtime.forward_batch import BatchItem  # noqa: E402
+from headroom.engine.runtime.model_runner import ModelRunner  # noqa: E402
+
+from tests.engine.helpers import new_sequence, random_prompt  # noqa: E402
 
 
-@pytest.fixture(params=[0, 27, 256], ids=lambda n: f"tail {n}")
-def tail_rows(request, monkeypatch):
-    """Captures as varlen rounds only (0), rounds then a tail launch with a snapshot in it (27 rows: the 44-token
-    prompt's captures 2 and 17 as rounds, 30 a snapshot; in the mixed batch b's 24), or all in the tail (256)."""
+@pytest.fixture(params=[(0, False), (27, False), (256, False), (27, True)],
+                ids=lambda p: f"tail {p[0]}" + (" fused" if p[1] else ""))
+def path(request, monkeypatch):
+    """Captures as varlen rounds only (tail 0), rounds then a tail launch with a snapshot in it (27 rows: the
+    44-token prompt's captures 2 and 17 as rounds, 30 a snapshot; in the mixed batch b's 24), or all in the tail
+    (256); on the CPU's reference path, and at 27 also on the fused kernels run by the interpreter (~30 s a test),
+    where every conv norms q/k and both the rounds and the tail launch take them so (counted: None on the
+    reference path)."""
     from headroom.engine.layers import linear_attention
+    from headroom.kernels import conv_varlen, gdn_decode, ops
 
-    monkeypatch.setattr(linear_attention, "TAIL_ROWS", request.param)
-    return request.param
+    tail_rows, fused = request.param
+    monkeypatch.setattr(linear_attention, "TAIL_ROWS", tail_rows)
+    if not fused:
+        return None
+    normed = {"conv": 0, "rounds": 0, "tail": 0}
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+
+    def conv(*args, _run=conv_varlen.causal_conv1d_varlen_qkv, **kwargs):
+        normed["conv"] += args[7] > 0
+        return _run(*args, **kwargs)
+
+    def rounds(*args, _run=ops.gated_delta_rule_varlen, **kwargs):
+        normed["rounds"] += kwargs.get("qk_normed", False)
+        return _run(*args, **kwargs)
+
+    def tail(*args, _run=gdn_decode.gated_delta_tail, **kwargs):
+        normed["tail"] += kwargs.get("qk_normed", False)
+        return _run(*args, **kwargs)
+
+    monkeypatch.setattr(conv_varlen, "causal_conv1d_varlen_qkv", conv)
+    monkeypatch.setattr(ops, "gated_delta_rule_varlen", rounds)
+    monkeypatch.setattr(gdn_decode, "gated_delta_tail", tail)
+    return normed
+
+
+def _assert_normed_qk_taken(normed: dict | None) -> None:
+    if normed is not None:
+        assert all(normed.values()), normed
 
 
 def _runner(tiny_model_factory, kind: str = "qwen3_5") -> tuple[ModelRunner, int]:
@@ -42,7 +80,7 @@ def _assert_states_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> N
 
 
 @pytest.mark.parametrize(("start", "captures"), [(0, (2, 17, 30)), (11, (1, 2, 20))], ids=["from 0", "mid-prompt"])
-def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_factory, start, captures, tail_rows):
+def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_factory, start, captures, path):
     runner, vocab = _runner(tiny_model_factory)
     ids = random_prompt(vocab, 44, seed=5)
     seq = new_sequence(runner, "captured", ids)
@@ -59,9 +97,10 @@ def test_capture_slots_hold_the_state_of_a_run_that_stopped_there(tiny_model_fac
         stopped = new_sequence(runner, f"stopped-{at}", ids)
         runner.forward([BatchItem(stopped, ids[: start + at])])
         _assert_states_equal(_state(runner, slot), _state(runner, stopped.ssm_slot))
+    _assert_normed_qk_taken(path)
 
 
-def test_mixed_batch_with_captures(tiny_model_factory, tail_rows):
+def test_mixed_batch_with_captures(tiny_model_factory, path):
     runner, vocab = _runner(tiny_model_factory)
     a_ids, b_ids, c_ids = random_prompt(vocab, 30, seed=1), random_prompt(vocab, 25, seed=2), random_prompt(vocab, 9, seed=3)
     a, b, c = (new_sequence(runner, name, ids) for name, ids in (("a", a_ids), ("b", b_ids), ("c", c_ids)))
@@ -82,6 +121,7 @@ def test_mixed_batch_with_captures(tiny_model_factory, tail_rows):
         else:
             alone.append(runner.forward([BatchItem(seq, ids)])[0])
     torch.testing.assert_close(mixed, torch.stack(alone), atol=1e-5, rtol=0)
+    _assert_normed_qk_taken(path)
 
 
 @pytest.mark.parametrize("captures", [((0, 1),), ((5, 1),), ((3, 1), (2, 2)), ((3, 1), (3, 2))], ids=str)
