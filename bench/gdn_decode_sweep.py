@@ -10,9 +10,11 @@ states) and timed as the decode graph runs it: a CUDA graph of 24 calls, one a l
 ("cold_us", what a step sees: the weights stream through L2 between GDN layers) and back to back ("warm_us"), us a
 call, launch gaps inside the graph included. The fastest few at batch 1 are then profiled for kernel time alone
 ("profiled_us", the figure of the engine's profile). Then the short-chunk rows path and the tail kernel, fewer
-variants. "pick" names the best correct configuration per CONFIGS entry; the JSON is rewritten after every
-section, and sections stop starting new configurations once BUDGET_S (GDN_SWEEP_BUDGET_S, default 55 s) has
-passed.
+variants, each twice: "rows"/"tail" with raw q/k normed in the kernel (session 10's inputs: its 80 and 248 us),
+and "rows_qk_normed"/"tail_qk_normed" with q/k L2-normed beforehand as the prefill conv writes them (the engine's
+path since the conv norms for every prefill pass). "pick" names the best correct configuration per CONFIGS entry
+(rows and tail from their qk_normed sections); the JSON is rewritten after every section, and sections stop
+starting new configurations once BUDGET_S (GDN_SWEEP_BUDGET_S, default 55 s) has passed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from headroom.kernels.gated_delta import (  # noqa: E402
     naive_gated_delta_rule,
     naive_gated_delta_tail,
 )
+from headroom.kernels.norm import naive_l2_norm  # noqa: E402
 
 DEV = torch.device("cpu" if CPU else "cuda")
 # (q/k heads, value heads, key dim, value dim, GDN layers, pool slots, batches)
@@ -49,8 +52,11 @@ ROWS_LENGTHS = [3, 1, 4] if CPU else [30, 1, 64]
 # the load order from before issue 18; it lost everywhere and is gone: bench/results/session10/call2.)
 VARIANTS = [{"block_v": bv, "num_warps": w} for bv in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)
             if 4 <= DK * bv // (32 * w) <= 128]
-# The rows and tail paths walk up to hundreds of rows a program: narrower blocks, fewer variants.
-ROW_VARIANTS = [{"block_v": bv, "num_warps": w} for bv in (8, 16, 32) for w in (1, 2, 4)]
+# The rows and tail paths walk up to hundreds of rows a program: narrower blocks (down to 4 columns: with the next
+# row's loads in flight during a row's math, a row's time is that math, which a narrower tile shortens), fewer
+# variants.
+ROW_VARIANTS = [{"block_v": bv, "num_warps": w} for bv in (4, 8, 16, 32) for w in (1, 2, 4)
+                if DK * bv // (32 * w) >= 4]
 if CPU:  # the interpreter proves the paths run; one variant of each kind is enough
     VARIANTS, ROW_VARIANTS = VARIANTS[:1] + VARIANTS[-3:], ROW_VARIANTS[:2]
 
@@ -206,13 +212,20 @@ def profiled(section: dict, flush: torch.Tensor | None, top: int = 4, replays: i
     return {n: round(sum(us for _, us in kernels[i * per:(i + 1) * per]) / per, 2) for i, n in enumerate(graphs)}
 
 
-def rows_section(flush: torch.Tensor | None) -> dict:
+def normed(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as the prefill conv's epilogue writes them: each head L2-normed (fp32, eps inside), in bf16."""
+    return naive_l2_norm(q, 1e-6).contiguous(), naive_l2_norm(k, 1e-6).contiguous()
+
+
+def rows_section(flush: torch.Tensor | None, qk_normed: bool) -> dict:
     """Short chunks token by token from their slots (bounds): the 30 + 1 + 64-row pass, one layer."""
     gen = torch.Generator().manual_seed(7)
     n = sum(ROWS_LENGTHS)
     conv = torch.randn(n, 2 * HK * DK + HV * DV, generator=gen).to(DEV, torch.bfloat16)
     q, k, v = torch.split(conv, [HK * DK, HK * DK, HV * DV], dim=-1)
     q, k, v = q.reshape(n, HK, DK), k.reshape(n, HK, DK), v.reshape(n, HV, DV)
+    if qk_normed:
+        q, k = normed(q, k)
     g, beta = (-torch.rand(n, HV, generator=gen) * 0.5).to(DEV), torch.rand(n, HV, generator=gen).to(DEV, torch.bfloat16)
     before = (torch.randn(8, HV, DK, DV, generator=gen) * 0.1).to(DEV)
     slots = torch.tensor([5, 0, 2], device=DEV)
@@ -221,22 +234,24 @@ def rows_section(flush: torch.Tensor | None) -> dict:
     for b, slot in enumerate(slots.tolist()):
         lo, hi = bounds[b].item(), bounds[b + 1].item()
         want_out[lo:hi], want_states[slot] = naive_gated_delta_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi],
-                                                                    beta[lo:hi], before[slot])
+                                                                    beta[lo:hi], before[slot], qk_normed)
     def run(cfg):
         states = before.clone()
-        return {"out": gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds, config=cfg),
+        return {"out": gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed,
+                                                     config=cfg),
                 "states": states}
 
     def timing(cfg):
         states = before.clone()
         return {"cold_us": graph_us(lambda: gdn_decode.gated_delta_decode(q, k, v, g, beta, states, slots, bounds,
-                                                                           config=cfg), 1, flush, replays=10)}
+                                                                           qk_normed=qk_normed, config=cfg),
+                                    1, flush, replays=10)}
 
     rows = sweep(ROW_VARIANTS, run, {"out": want_out, "states": want_states}, timing)
-    return {"lengths": ROWS_LENGTHS, "ranked_cold_us": ranked_cold(rows), "variants": rows}
+    return {"lengths": ROWS_LENGTHS, "qk_normed": qk_normed, "ranked_cold_us": ranked_cold(rows), "variants": rows}
 
 
-def tail_section(flush: torch.Tensor | None) -> dict:
+def tail_section(flush: torch.Tensor | None, qk_normed: bool) -> dict:
     """The tail launch of in-pass checkpoints: two sequences' last 128 and 200 rows, 2 and 3 snapshots."""
     gen = torch.Generator().manual_seed(8)
     if CPU:
@@ -246,31 +261,36 @@ def tail_section(flush: torch.Tensor | None) -> dict:
     n = hi[-1]
     qk = torch.randn(n, 2 * HK, DK, generator=gen).to(DEV, torch.bfloat16)
     q, k = qk[:, :HK], qk[:, HK:]
+    if qk_normed:
+        q, k = normed(q, k)
     v = torch.randn(n, HV, DV, generator=gen).to(DEV, torch.bfloat16)
     g, beta = (-torch.rand(n, HV, generator=gen) * 0.5).to(DEV), torch.rand(n, HV, generator=gen).to(DEV, torch.bfloat16)
     start = (torch.randn(2, HV, DK, DV, generator=gen) * 0.1).to(DEV)
     want_states, want_pool, want_out = start.clone(), torch.zeros(8, HV, DK, DV, device=DEV), torch.zeros_like(v)
-    naive_gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, lo, hi, snaps)
+    naive_gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, lo, hi, snaps, qk_normed)
     at = torch.tensor([[a for a, _ in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
     slot = torch.tensor([[x for _, x in s] + [0] * (3 - len(s)) for s in snaps], dtype=torch.int32, device=DEV)
     lo_t, hi_t = (torch.tensor(x, dtype=torch.int32, device=DEV) for x in (lo, hi))
     def run(cfg):
         states, pool, out = start.clone(), torch.zeros_like(want_pool), torch.zeros_like(v)
-        gdn_decode.gated_delta_tail(q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, config=cfg)
+        gdn_decode.gated_delta_tail(q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, qk_normed=qk_normed,
+                                    config=cfg)
         return {"out": out, "states": states, "pool": pool}
 
     def timing(cfg):
         states, pool, out = start.clone(), torch.zeros_like(want_pool), torch.zeros_like(v)
         return {"cold_us": graph_us(lambda: gdn_decode.gated_delta_tail(
-            q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, config=cfg), 1, flush, replays=10)}
+            q, k, v, g, beta, states, out, pool, lo_t, hi_t, at, slot, qk_normed=qk_normed, config=cfg), 1, flush,
+            replays=10)}
 
     rows = sweep(ROW_VARIANTS, run, {"out": want_out, "states": want_states, "pool": want_pool}, timing)
-    return {"ranked_cold_us": ranked_cold(rows), "variants": rows}
+    return {"qk_normed": qk_normed, "ranked_cold_us": ranked_cold(rows), "variants": rows}
 
 
 def picks(report: dict) -> dict:
     """The configuration each CONFIGS entry should hold: decode_small the fastest at batch 1, decode the fastest
-    over batches 8 and 16 together (cold us summed), rows and tail their fastest; and the shipped entries."""
+    over batches 8 and 16 together (cold us summed), rows and tail their fastest on normed q/k (the engine's
+    inputs; on raw ones where that section has none); and the shipped entries."""
     out: dict = {"shipped": gdn_decode.CONFIGS}
     batches = report.get("decode", {}).get("batches", {})
     if batches:
@@ -287,9 +307,10 @@ def picks(report: dict) -> dict:
             best = min(totals, key=totals.get)
             out["decode"] = batches[large[0]]["variants"][best]["config"]
     for kind in ("rows", "tail"):
-        ranked = report.get(kind, {}).get("ranked_cold_us")
-        if ranked:
-            out[kind] = report[kind]["variants"][ranked[0][1]]["config"]
+        section = next((report[key] for key in (kind + "_qk_normed", kind) if report.get(key, {}).get("ranked_cold_us")),
+                       None)
+        if section:
+            out[kind] = section["variants"][section["ranked_cold_us"][0][1]]["config"]
     return out
 
 
@@ -301,7 +322,8 @@ def main(path: str) -> None:
                                                             "slots": SLOTS, "batches": list(BATCHES)}}
     flush = None if CPU else torch.empty(256 * 2**20, dtype=torch.int8, device=DEV)
     sections = (("decode", lambda: decode_section(flush)), ("profiled_b1_us", lambda: profiled(report["decode"], flush)),
-                ("rows", lambda: rows_section(flush)), ("tail", lambda: tail_section(flush)))
+                ("rows", lambda: rows_section(flush, False)), ("rows_qk_normed", lambda: rows_section(flush, True)),
+                ("tail", lambda: tail_section(flush, False)), ("tail_qk_normed", lambda: tail_section(flush, True)))
     for key, section in sections:
         began = time.time()
         try:
