@@ -148,6 +148,24 @@ def kernel_checks() -> dict:
         "out": _diff(rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv), rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
         "ms": _bench(lambda: rotary_triton.rms_norm_rotary(q, wq, 1e-6, True, pos, inv)),
         "naive_ms": _bench(lambda: rotary.naive_rms_norm_rotary(q, wq, 1e-6, True, pos, inv))}
+    # The attention layer's q/k norms, rotary and both bf16 pool row stores in one launch (4B shapes: 16 q heads,
+    # 4 kv heads, a fused q|gate|k|v projection viewed in place), against the naive ops and index stores.
+    fused = torch.randn(n, (32 + 8) * 256, device=DEV, dtype=bf)
+    fq = fused[:, : 32 * 256].view(n, 16, 512)[..., :256]
+    fk, fv = fused[:, 32 * 256 : 36 * 256].view(n, 4, 256), fused[:, 36 * 256 :].view(n, 4, 256)
+    wk = torch.randn(256, device=DEV, dtype=bf) * 0.1
+    rows = torch.randperm(4 * n, device=DEV)[:n]
+    pools = [torch.zeros(4 * n, 4, 256, device=DEV, dtype=bf) for _ in range(4)]
+    got = rotary_triton.qk_norm_rotary_store(fq, fk, fv, wq, wk, 1e-6, True, pos, inv, pools[0], pools[1], rows)
+    want = rotary.naive_qk_norm_rotary_store(fq, fk, fv, wq, wk, 1e-6, True, pos, inv, pools[2], pools[3], rows)
+    out["qk_norm_rotary_store"] = {
+        "q": _diff(got[0], want[0]), "k": _diff(got[1], want[1]), "pool_k": _diff(pools[0], pools[2]),
+        "pool_v": _diff(pools[1], pools[3]),
+        "ms": _bench(lambda: rotary_triton.qk_norm_rotary_store(fq, fk, fv, wq, wk, 1e-6, True, pos, inv, pools[0],
+                                                               pools[1], rows)),
+        "unfused_ms": _bench(lambda: (rotary_triton.rms_norm_rotary(fq, wq, 1e-6, True, pos, inv),
+                                      pools[0].index_put_((rows,), rotary_triton.rms_norm_rotary(fk, wk, 1e-6, True, pos, inv)),
+                                      pools[1].index_put_((rows,), fv)))}
     qk = torch.randn(n, 16, 256, device=DEV, dtype=bf)[..., :128]  # GDN q heads cut from a wider q|k
     from fla.modules.norm.l2norm import l2norm_fwd
 

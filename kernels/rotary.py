@@ -23,6 +23,16 @@ def naive_apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch
     return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
 
 
+def naive_qk_norm_rotary_store(q, k, v, wq, wk, eps: float, unit_offset: bool, positions, inv_freq, pool_k, pool_v,
+                               rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for rotary_triton.qk_norm_rotary_store: q and k through naive_rms_norm_rotary, k and v into the
+    pool's rows."""
+    q_out = naive_rms_norm_rotary(q, wq, eps, unit_offset, positions, inv_freq)
+    k_out = naive_rms_norm_rotary(k, wk, eps, unit_offset, positions, inv_freq)
+    pool_k[rows.long()], pool_v[rows.long()] = k_out.to(pool_k.dtype), v.to(pool_v.dtype)
+    return q_out, k_out
+
+
 def naive_rms_norm_rotary(
     x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool, positions: torch.Tensor, inv_freq: torch.Tensor
 ) -> torch.Tensor:

@@ -37,21 +37,16 @@ class FullAttention:
         q = q.reshape(n, cfg.num_heads, cfg.head_dim)
         k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
-        k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
-        if kv_pool.is_kivi and batch.is_static:
-            # A graphed decode step: each token into its window row, the pages that fill quantized in-pass.
-            kv_pool.store_static(self.pool_layer, k, v, *batch.cached(KIVI_WRITE, _no_static_index))
-        elif kv_pool.is_kivi:
-            # Whole pages are quantized; each sequence's open page stays in its residual window.
-            for span in batch.spans:
-                rows = slice(span.offset, span.offset + span.length)
-                kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
+        if kv_pool.stores_rows_as_is:
+            # A bf16 pool: both norms, the rotary and the two row stores in one launch.
+            store = kv_pool.layers[self.pool_layer]
+            q, k = ops.qk_norm_rotary_store(q, k, v, self.q_norm, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset,
+                                            batch.positions, self.inv_freq, store["k"], store["v"],
+                                            batch.cached(KV_WRITE_ROWS, lambda: _write_rows(batch, x.device)))
         else:
-            index = batch.cached(KV_WRITE_ROWS, lambda: to_device(
-                [slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], torch.long, x.device
-            ))
-            kv_pool.write_rows(self.pool_layer, index, k, v)
+            q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
+            k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
+            self._store(k, v, batch, kv_pool)
         if q.is_cuda or batch.is_static:
             out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale, (k, v))
         else:
@@ -64,6 +59,24 @@ class FullAttention:
         if gate is not None:
             attn = ops.sigmoid_mul(attn, gate)
         return linear(attn, self.o_proj, self.o_bias)
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool) -> None:
+        """This layer's K/V of every item into an fp8 or KIVI pool."""
+        if kv_pool.is_kivi and batch.is_static:
+            # A graphed decode step: each token into its window row, the pages that fill quantized in-pass.
+            kv_pool.store_static(self.pool_layer, k, v, *batch.cached(KIVI_WRITE, _no_static_index))
+        elif kv_pool.is_kivi:
+            # Whole pages are quantized; each sequence's open page stays in its residual window.
+            for span in batch.spans:
+                rows = slice(span.offset, span.offset + span.length)
+                kv_pool.store(self.pool_layer, span.seq, span.start, k[rows], v[rows])
+        else:
+            kv_pool.write_rows(self.pool_layer, batch.cached(KV_WRITE_ROWS, lambda: _write_rows(batch, k.device)), k, v)
+
+
+def _write_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
+    """The pool row of every token of the pass, int64 [N] (a graphed pass's comes from DecodeGraphs)."""
+    return to_device([slot for s in batch.spans for slot in s.seq.kv_slots[s.start:s.end]], torch.long, device)
 
 
 def _no_static_index() -> None:

@@ -76,6 +76,12 @@ class KVPool:
         """Bytes of the KIVI residual windows of every layer (the plan's kv_residual_window at 2-byte dtypes)."""
         return sum(t.numel() * t.element_size() for t in (*self.residual_k, *self.residual_v))
 
+    @property
+    def stores_rows_as_is(self) -> bool:
+        """A token-granular pool in the model's own format (auto/bf16): a layer may store its K/V rows itself
+        (ops.qk_norm_rotary_store) instead of through write_rows."""
+        return self.kv_dtype in ("auto", "bf16")
+
     def residual_row(self, seq: Sequence) -> int:
         """seq's row of the residual windows, leased on its first KIVI store."""
         row = self._residual_rows.get(seq.request_id)

@@ -135,3 +135,38 @@ def test_l2_norm_of_strided_heads(tokens, heads, dim):
     assert out.is_contiguous() and out.shape == q.shape
     torch.testing.assert_close(out, naive_l2_norm(q, 1e-6), **TOL)
     torch.testing.assert_close(out.norm(dim=-1), torch.ones(tokens, heads), **TOL)
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+def test_qk_norm_rotary_store_matches_the_two_norms_and_the_row_stores(unit_offset):
+    """q's heads then k's in one launch, k and v rows into the pool at the tokens' rows (strided q/k/v views of a
+    fused projection, as the attention layer passes them); the pool's other rows untouched."""
+    from headroom.kernels.rotary import naive_qk_norm_rotary_store
+    from headroom.kernels.rotary_triton import qk_norm_rotary_store
+
+    gen = _gen(11)
+    tokens, hq, hkv, dim = 5, 6, 2, 24
+    fused = torch.randn(tokens, (hq + 2 * hkv) * dim, generator=gen)
+    q, k, v = (part.view(tokens, -1, dim) for part in fused.split([hq * dim, hkv * dim, hkv * dim], dim=-1))
+    wq, wk = torch.randn(dim, generator=gen), torch.randn(dim, generator=gen)
+    positions, inv_freq = torch.tensor([3, 9, 40, 41, 1000]), rotary_inv_freq(16, 1e6)
+    rows = torch.tensor([17, 2, 30, 9, 0])
+    pools = [torch.randn(32, hkv, dim, generator=gen) for _ in range(2)]
+    want_pools = [p.clone() for p in pools]
+    got = qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, unit_offset, positions, inv_freq, *pools, rows)
+    want = naive_qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, unit_offset, positions, inv_freq, *want_pools, rows)
+    for a, b in zip((*got, *pools), (*want, *want_pools), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert torch.equal(pools[1][rows], v)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_qk_norm_rotary_store_compiles_for_the_h200(pdl):
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = dict(q="*bf16", k="*bf16", v="*bf16", wq="*bf16", wk="*bf16", positions="*i64", inv_freq="*fp32",
+                    q_out="*bf16", k_out="*bf16", pool_k="*bf16", pool_v="*bf16", rows="*i64", eps="fp32")
+    [result] = compile_sm90([("headroom.kernels.rotary_triton", "qk_norm_rotary_store_fwd_kernel", pointers,
+                              dict(BLOCK_D=256, UNIT_OFFSET=True, PDL=pdl))])
+    assert result["ok"], result.get("error")
+    assert ("griddepcontrol.wait" in result["ptx"]) == pdl
