@@ -398,7 +398,17 @@ def _gdn_decode_check(batch: int) -> dict:
     want = gated_delta.naive_gated_delta_decode(qd, kd, vd, gd, bd, ref_states, slots)
     bounds = torch.arange(batch + 1, device=DEV)
     fla_out, fla_final = gated_delta_rule_varlen(qd, kd, vd, gd, bd, fla_states, bounds)
+    # The graphs' step: gates made in the kernel from the raw projection (a, b) against gdn_gates + the naive rule.
+    from headroom.kernels.gates import naive_gdn_gates
+
+    raw_a, raw_b = torch.randn(batch, 32, device=DEV, dtype=bf) * 4, torch.randn(batch, 32, device=DEV, dtype=bf) * 4
+    neg_a, dt_bias = -torch.rand(32, device=DEV) * 8, torch.randn(32, device=DEV, dtype=bf)
+    raw_states, raw_ref = states.clone(), states.clone()
+    raw = gdn_decode.gated_delta_decode(qd, kd, vd, raw_a, raw_b, raw_states, slots, raw_gates=(neg_a, dt_bias))
+    raw_beta, raw_g = naive_gdn_gates(raw_b, raw_a, neg_a, dt_bias)
+    raw_want = gated_delta.naive_gated_delta_decode(qd, kd, vd, raw_g, raw_beta, raw_ref, slots)
     return {
+        "raw_gates_out_vs_naive": _diff(raw, raw_want), "raw_gates_states_vs_naive": _diff(raw_states, raw_ref),
         "out_vs_naive": _diff(got, want), "states_vs_naive": _diff(states, ref_states),
         "fla_out_vs_naive": _diff(fla_out, want), "fla_states_vs_naive": _diff(fla_final, ref_states[slots]),
         "ms": _bench(lambda: gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots)),

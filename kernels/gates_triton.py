@@ -44,22 +44,31 @@ def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, B
 
 
 @triton.jit
+def gdn_gate_values(b_b, b_a, b_dt, b_neg, BETA_DTYPE: tl.constexpr):
+    """fp32 b, a, dt_bias, neg_a -> (beta = sigmoid(b) rounded to BETA_DTYPE, as fp32; g = neg_a * softplus(a +
+    dt_bias), fp32): naive_gdn_gates, for the gates kernel and the decode step that computes its own."""
+    beta = (1.0 / (1.0 + tl.exp(-b_b))).to(BETA_DTYPE).to(tl.float32)
+    x = b_a + b_dt
+    # softplus with torch's threshold 20; log1p(e) as log(u) - ((u - 1) - e) / u keeps small e exact.
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) - ((u - 1.0) - e) / u)
+    return beta, b_neg * tl.where(x > 20.0, x, log1p)
+
+
+@triton.jit
 def gdn_gates_fwd_kernel(b, a, neg_a, dt_bias, beta, g, heads, stride_b, stride_a, BLOCK: tl.constexpr,
         PDL: tl.constexpr):
     pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, BLOCK)
     mask = o_h < heads
-    b_b = tl.load(b + i_t * stride_b + o_h, mask=mask, other=0).to(tl.float32)
-    tl.store(beta + i_t * heads + o_h, (1.0 / (1.0 + tl.exp(-b_b))).to(beta.dtype.element_ty), mask=mask)
-    b_a = tl.load(a + i_t * stride_a + o_h, mask=mask, other=0).to(tl.float32)
-    x = b_a + tl.load(dt_bias + o_h, mask=mask, other=0).to(tl.float32)
-    # softplus with torch's threshold 20; log1p(e) as log(u) - ((u - 1) - e) / u keeps small e exact.
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    log1p = tl.where(u == 1.0, e, tl.log(u) - ((u - 1.0) - e) / u)
-    softplus = tl.where(x > 20.0, x, log1p)
-    tl.store(g + i_t * heads + o_h, tl.load(neg_a + o_h, mask=mask, other=0) * softplus, mask=mask)
+    b_beta, b_g = gdn_gate_values(tl.load(b + i_t * stride_b + o_h, mask=mask, other=0).to(tl.float32),
+                                  tl.load(a + i_t * stride_a + o_h, mask=mask, other=0).to(tl.float32),
+                                  tl.load(dt_bias + o_h, mask=mask, other=0).to(tl.float32),
+                                  tl.load(neg_a + o_h, mask=mask, other=0), beta.dtype.element_ty)
+    tl.store(beta + i_t * heads + o_h, b_beta.to(beta.dtype.element_ty), mask=mask)
+    tl.store(g + i_t * heads + o_h, b_g, mask=mask)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

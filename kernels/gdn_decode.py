@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.gates_triton import gdn_gate_values
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 # Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
@@ -101,15 +102,16 @@ def _row_math(b_s, c_q, c_k, c_v, c_g, c_beta, out, t, i_hv, stride_ot, stride_o
 
 @triton.jit
 def gated_delta_decode_fwd_kernel(
-    q, k, v, g, beta, states, slots, bounds, out,
+    q, k, v, g, beta, states, slots, bounds, out, neg_a, dt_bias,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, scale,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr, QK_NORMED: tl.constexpr, PDL: tl.constexpr,
+    ROWS: tl.constexpr, QK_NORMED: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers. QK_NORMED: q and k come
-    L2-normed (_delta_rule_math)."""
+    L2-normed (_delta_rule_math). RAW_GATES (ROWS False): g and beta hold the projection's a and b, and the step
+    makes its gates from them with neg_a and dt_bias [Hv] (gdn_gate_values: the gates kernel's launch saved)."""
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -125,6 +127,9 @@ def gated_delta_decode_fwd_kernel(
         # each), q and k last (_key_inputs).
         b_v, b_g, b_beta = _value_inputs(v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
                                          beta + i_b * stride_betab + i_hv, o_v, m_v)
+        if RAW_GATES:
+            b_beta, b_g = gdn_gate_values(b_beta, b_g, tl.load(dt_bias + i_hv).to(tl.float32), tl.load(neg_a + i_hv),
+                                          beta.dtype.element_ty)
         p_s = states + slot * stride_ss + i_hv * stride_sh + o_k[:, None] * stride_sk + o_v[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
         b_q, b_k = _key_inputs(q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
@@ -154,13 +159,15 @@ def gated_delta_decode_fwd_kernel(
 def gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, *, qk_normed: bool = False,
-    config: dict | None = None,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None, config: dict | None = None,
 ) -> torch.Tensor:
     """q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
     slots [B], int); strided rows allowed, last dims contiguous. Returns out [N, Hv, Dv] in v's dtype.
     bounds None: one token per sequence (N = B). bounds [B + 1] (int, device): sequence b's tokens are rows
     bounds[b]..bounds[b+1], run in order in one launch (short prefill chunks, engine/layers/linear_attention.py).
     qk_normed: q and k are L2-normed already (the prefill conv's fused norm), only scaled here.
+    raw_gates (neg_a fp32, dt_bias) [Hv], one token per sequence only: g and beta are the projection's raw a and
+    b, made into gates in the step (as naive_gdn_gates makes them).
     config: keys of a CONFIGS entry, for this call only (the sweep's)."""
     num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
@@ -176,6 +183,9 @@ def gated_delta_decode(
                          f"{None if bounds is None else tuple(bounds.shape)} [B + 1] or none")
     if any(t.stride(-1) != 1 for t in (q, k, v, g, beta, states)):
         raise ValueError("gated delta decode: every last dimension must be contiguous")
+    if raw_gates is not None and (bounds is not None or any(t.shape != (num_v_heads,) for t in raw_gates)):
+        raise ValueError(f"gated delta decode: raw gates take one token per sequence and neg_a, dt_bias [{num_v_heads}]")
+    neg_a, dt_bias = raw_gates if raw_gates is not None else (g, g)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if num_seqs == 0:
         return out
@@ -185,11 +195,12 @@ def gated_delta_decode(
     cfg = _config(kind, config)
     grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, cfg["block_v"]))
     gated_delta_decode_fwd_kernel[grid](
-        q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out,
+        q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out, neg_a, dt_bias,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), key_dim**-0.5,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, QK_NORMED=qk_normed, num_warps=cfg["num_warps"],
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, QK_NORMED=qk_normed, RAW_GATES=raw_gates is not None,
+        num_warps=cfg["num_warps"],
         **pdl_launch(q.device),
     )
     return out

@@ -166,15 +166,23 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
     return None
 
 
-def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None, qk_normed: bool = False) -> torch.Tensor | None:
+def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None, qk_normed: bool = False,
+                       raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """One decode token per sequence (bounds None), or each sequence's rows bounds[b]..bounds[b+1] token by token;
     states updated in place at slots. qk_normed: q and k already L2-normed (causal_conv1d_varlen's fused norm).
+    raw_gates (neg_a, dt_bias): g and beta are the raw a and b, gated in the step (one token per sequence).
     None: not fused here, the caller takes the varlen path (fla or the reference)."""
     if _fused(q, "gated_delta_decode"):
         from headroom.kernels.gdn_decode import gated_delta_decode as run
 
-        return run(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed)
+        return run(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed, raw_gates=raw_gates)
     return None
+
+
+def decodes_with_raw_gates(x: torch.Tensor) -> bool:
+    """Whether a decode step's delta rule makes its own gates here (gated_delta_decode's raw_gates), so that the
+    layer skips gdn_gates: where the fused step runs."""
+    return _fused(x, "gated_delta_decode")
 
 
 TAIL_SNAPSHOT_WIDTH = 8

@@ -41,7 +41,9 @@ class GatedDeltaNet:
         n = x.shape[0]
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed, z, b, a = self.project(x)
-        beta, g = ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
+        # A fused decode step makes its gates from the raw a and b itself (one launch a layer fewer).
+        raw_gates = batch.is_decode_only and ops.decodes_with_raw_gates(x)
+        beta, g = (b, a) if raw_gates else ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
         slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
         conv_states = ssm_pool.conv[self.pool_layer]
         qk_normed = False
@@ -65,7 +67,8 @@ class GatedDeltaNet:
         # token by token in the same launch.
         core = None
         if batch.is_decode_only:
-            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots)
+            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots,
+                                          raw_gates=(self.neg_a, self.dt_bias) if raw_gates else None)
         elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device), qk_normed)
         if core is None:

@@ -51,6 +51,29 @@ def test_decode_takes_normed_qk():
     torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_makes_its_gates_from_the_raw_projection():
+    """raw_gates: a and b as the in-projection gives them (strided columns), gated in the step exactly as
+    naive_gdn_gates gates them beforehand; refused with bounds."""
+    from headroom.kernels.gates import naive_gdn_gates
+
+    gen = torch.Generator().manual_seed(9)
+    q, k = torch.randn(3, 2, 16, generator=gen), torch.randn(3, 2, 16, generator=gen)
+    v = torch.randn(3, 4, 24, generator=gen)
+    ba = torch.randn(3, 11, generator=gen) * 6
+    b, a = ba[:, 1:5], ba[:, 6:10]
+    neg_a, dt_bias = -torch.rand(4, generator=gen) * 8, torch.randn(4, generator=gen)
+    states = torch.randn(5, 4, 16, 24, generator=gen)
+    slots = torch.tensor([1, 4, 2])
+    ref_states = states.clone()
+    out = gated_delta_decode(q, k, v, a, b, states, slots, raw_gates=(neg_a, dt_bias))
+    beta, g = naive_gdn_gates(b, a, neg_a, dt_bias)
+    want = naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="raw gates"):
+        gated_delta_decode(q, k, v, a, b, states, slots, torch.tensor([0, 1, 2, 3]), raw_gates=(neg_a, dt_bias))
+
+
 def test_bad_state_shape_is_named():
     q = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="states"):
@@ -147,11 +170,16 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     (the math's reductions), so the prefetch is not undone by the compiler; normed q/k drop the norms' shuffles."""
     bf, f32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
     shape = dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, PDL=True)
-    decode = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, slots=i64, bounds=i64, out=bf, scale="fp32")
+    decode = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, slots=i64, bounds=i64, out=bf, neg_a=f32, dt_bias=bf,
+                  scale="fp32")
     tail = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, out=bf, pool=f32, row_lo=i32, row_hi=i32, snap_at=i32,
                 snap_slot=i32, scale="fp32")
-    variants = [("gated_delta_decode_fwd_kernel", decode, {**shape, "ROWS": rows, "QK_NORMED": normed})
+    variants = [("gated_delta_decode_fwd_kernel", decode, {**shape, "ROWS": rows, "QK_NORMED": normed,
+                                                            "RAW_GATES": False})
                 for rows in (False, True) for normed in (False, True)]
+    # The graphs' step with its gates made in the kernel (g and beta pointers then hold the raw bf16 a and b).
+    variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf},
+                     {**shape, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True}))
     variants += [("gated_delta_tail_fwd_kernel", tail, {**shape, "MAX_SNAPS": 8, "QK_NORMED": normed})
                  for normed in (False, True)]
     results = compile_sm90([("headroom.kernels.gdn_decode", name, pointers, constants)
