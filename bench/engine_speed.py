@@ -113,6 +113,9 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
             while True:
                 if server.poll() is not None:
                     raise RuntimeError("headroom serve exited: " + log_path.read_text()[-2000:])
+                if "warm-up failed" in log_path.read_text():
+                    # Never ready (and not live): stop now rather than wait out the command's time limit.
+                    raise RuntimeError("headroom serve's warm-up failed: " + log_path.read_text()[-3000:])
                 try:
                     if client.get("/ready").status_code == 200:
                         break

@@ -36,8 +36,15 @@ def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     got = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, True, 0.0, causal, False,
         scale=scale)
-    out, lse = got[0], got[1]
-    return out[0].transpose(0, 1), lse.reshape(q.shape[1], q.shape[0]).transpose(0, 1).float()
+    return to_rows(got[0], got[1])
+
+
+def to_rows(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's [1, H, L, D] output and [1, H, L] (or [1, H, L, 1]) log-sum-exp as rows: out [L, H, D] a view (its last
+    dim contiguous, as every consumer needs), lse [L, H] fp32 contiguous, as the paged kernel's continuation
+    (prev) takes it."""
+    heads, rows = out.shape[1], out.shape[2]
+    return out[0].transpose(0, 1), lse.reshape(heads, rows).transpose(0, 1).float().contiguous()
 
 
 def available(q: torch.Tensor, num_kv_heads: int) -> bool:

@@ -32,8 +32,10 @@ CONFIGS: dict[str, dict] = {
     # every width and batch of that sweep, and is gone.
     "decode_small": {"block_v": 16, "num_warps": 1},
     "decode": {"block_v": 64, "num_warps": 4},
+    # Session 11 (bench/results/session11/call2/gdn_decode_sweep.json), the pipelined walks on normed q/k: rows
+    # 50.7 us (bv8), tail 106.1 us at bv16 against 109.7 at bv8 (session 10: 80 and 248).
     "rows": {"block_v": 8, "num_warps": 1},
-    "tail": {"block_v": 8, "num_warps": 1},
+    "tail": {"block_v": 16, "num_warps": 1},
 }
 
 

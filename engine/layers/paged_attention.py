@@ -149,7 +149,7 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
     if span.start == 0:
         out[rows] = diagonal
         return
-    acc = diagonal.float()
+    acc = diagonal.float().contiguous()
     block = dense_attention.PREFIX_BLOCK
     whole = span.start - span.start % block
     slots = span.seq.kv_slots

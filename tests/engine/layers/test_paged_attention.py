@@ -116,8 +116,22 @@ def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
     monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
     calls = []
     real = dense_attention.dense_attention
-    monkeypatch.setattr(dense_attention, "dense_attention",
-                        lambda q, k, v, causal, scale: calls.append((k.shape[0], causal)) or real(q, k, v, causal, scale))
+
+    def as_cudnn_returns(q, k, v, causal, scale):
+        # The layouts cuDNN's results come in ([1, H, L, D], [1, H, L, 1]), through the same conversion.
+        calls.append((k.shape[0], causal))
+        out, lse = real(q, k, v, causal, scale)
+        return dense_attention.to_rows(out.transpose(0, 1)[None].contiguous(), lse.t()[None, ..., None].contiguous())
+
+    monkeypatch.setattr(dense_attention, "dense_attention", as_cudnn_returns)
+    paged = layer.ops.paged_attention
+
+    def checked_paged(*args, prev=None, **kwargs):
+        # The GPU kernel's contract for a continued range (kernels/paged_attention.py), which the CPU path skips.
+        assert prev is None or (prev[0].stride(-1) == 1 and prev[1].is_contiguous() and prev[1].dtype == torch.float32)
+        return paged(*args, prev=prev, **kwargs)
+
+    monkeypatch.setattr(layer.ops, "paged_attention", checked_paged)
     pool, batch, q, chunk_kv = _dense_batch(start, 30, torch.Generator().manual_seed(start))
     got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv)
     torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
