@@ -24,8 +24,10 @@ add the remaining parts. Writes OUTDIR/engine_speed.json (the issue's schema) an
 How each figure is taken:
 - prefill_*: one request of N tokens, 1 new token, wall time (HTTP for 8K/32K with the 24 GiB / 32K plan;
   LLM API with a 270K-token pool for 128K and the int2 rows). N/seconds.
-- decode_bs*: HTTP, B concurrent 256-token prompts: (time for 65 new tokens - time for 1) / (64 B). Beside the
-  rows (serve's detail, decode_bs*_streamed): B streams of 129 tokens, tokens per second while all B decode.
+- decode_bs*: HTTP, B concurrent streams of 256-token prompts and 129 new tokens: tokens received while all B
+  streams decode, over that window (serve's detail decode_bs*_streamed). Beside them (decode_bs*): B concurrent
+  non-streamed requests, (time for 65 new tokens - time for 1) / (64 B), whose two admissions differ too much
+  to stand for decode alone (session 11: above the limit at batch 8 and 16).
 - *_decode_*_32k: LLM API, B prompts of 32K tokens, 65 new tokens; the wall time of each decode-only pass
   (start of one forward to the start of the next: forward, sampling and the loop), B / median pass time.
 - limits: decode = B / (bytes a step must move / measured copy bandwidth), bytes = weights + each request's
@@ -173,10 +175,11 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
                 context = 32000 if kv == "int2" else 256
                 concurrent(batch, 3, context)
                 t1, t65 = concurrent(batch, 1, context), concurrent(batch, 65, context)
+                # Kept beside the rows, not in them: the difference of two wall times, each with its own admission
+                # of B concurrent prefills, came out above the bandwidth limit at batch 8 and 16 once decode steps
+                # overlapped (session 11 call 4: 3,938 and 9,084 tok/s against limits of 3,685 and 6,720).
                 out[f"decode_bs{batch}"] = {"t1_s": t1, "t65_s": t65, "context": context,
                                             "tok_per_s": batch * 64 / (t65 - t1)}
-                if into_rows:
-                    state["rows"][f"decode_bs{batch}"]["tok_per_s"] = batch * 64 / (t65 - t1)
             # Steady state through streams: B concurrent streams, tokens counted while all B are decoding (from
             # the last stream's first chunk to the first stream's last), so admission and tail drop out.
             def streamed(tokens: list[int], max_tokens: int) -> list[tuple[float, int]]:
@@ -197,6 +200,9 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
                 with ThreadPoolExecutor(batch) as pool:
                     streams = list(pool.map(lambda p: streamed(p, 129), [http_prompt(context) for _ in range(batch)]))
                 out[f"decode_bs{batch}_streamed"] = parts.steady_stream_rate(streams)
+                if into_rows:
+                    # The rows: tokens the B streams received while all B were decoding, over that window.
+                    state["rows"][f"decode_bs{batch}"]["tok_per_s"] = out[f"decode_bs{batch}_streamed"]["tok_per_s"]
             out["metrics"] = [line for line in client.get("/metrics").text.splitlines() if line.startswith("headroom_")][:80]
             compiles = [line for line in out["metrics"] if line.startswith("headroom_kernel_compiles_after_ready_total")]
             out["kernel_compiles_after_ready"] = float(compiles[0].split()[-1]) if compiles else None

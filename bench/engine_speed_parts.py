@@ -537,7 +537,7 @@ def attention_tile_sweep() -> dict:
                 result = pa.paged_attention(*args, max_q_len=chunk)
                 if reference is None:
                     reference = result[0].float()
-                ms = _bench(lambda args=args: pa.paged_attention(*args, max_q_len=chunk))
+                ms = _bench(lambda args=args, chunk=chunk: pa.paged_attention(*args, max_q_len=chunk))
                 out[key] = {"ms": ms, "TFLOPs": flops / ms / 1e9,
                             "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
@@ -779,13 +779,13 @@ def attention_backends() -> dict:
         kv, table = gpu_kernels.filled_pool("bf16", [context])
         args = gpu_kernels.attention_args(kv, table, [context], [chunk])
         ours = pa.paged_attention(*args, max_q_len=chunk)[0]
-        ms = _bench(lambda args=args: pa.paged_attention(*args, max_q_len=chunk))
+        ms = _bench(lambda args=args, chunk=chunk: pa.paged_attention(*args, max_q_len=chunk))
         case["paged_triton"] = {"ms": ms, "TFLOPs": flops / ms / 1e9}
         q = args[0]
         # The keys and values in order, out of the pool (what a dense path would gather each layer).
         slots = table[0, :context].long()
         keys, values = kv.k[slots], kv.v[slots]
-        case["gather_kv_ms"] = _bench(lambda: (kv.k[slots], kv.v[slots]))
+        case["gather_kv_ms"] = _bench(lambda kv=kv, slots=slots: (kv.k[slots], kv.v[slots]))
         qt, kt, vt = q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
         mask = None if context == chunk else causal_lower_right(chunk, context)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -795,7 +795,7 @@ def attention_backends() -> dict:
                 k_in = kt if gqa else kt.repeat_interleave(hq // hkv, dim=1)
                 v_in = vt if gqa else vt.repeat_interleave(hq // hkv, dim=1)
 
-                def run(k_in=k_in, v_in=v_in, backend=backend, gqa=gqa):
+                def run(k_in=k_in, v_in=v_in, backend=backend, gqa=gqa, qt=qt, mask=mask):
                     with sdpa_kernel(backend):
                         return torch.nn.functional.scaled_dot_product_attention(
                             qt, k_in, v_in, attn_mask=mask, is_causal=mask is None, scale=d**-0.5,
@@ -808,6 +808,5 @@ def attention_backends() -> dict:
                 except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is recorded
                     case[key] = {"error": str(exc)[:300]}
         out[f"chunk{chunk}_keys{context}"] = case
-        del kv, table, args, keys, values
         torch.cuda.empty_cache()
     return out

@@ -94,7 +94,7 @@ def paged_attention_over_pool(
     if not kv_pool.is_kivi:
         long = [] if chunk_kv is None or batch.is_static or kv.kind != "dense" else \
             [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
-        if not long or not dense_attention.available(q, kv.num_kv_heads):
+        if chunk_kv is None or not long or not dense_attention.available(q, kv.num_kv_heads):
             return _chain([pool_pass(closed_t)], q)
         if len(long) == len(spans):
             out = torch.empty_like(q)

@@ -196,24 +196,29 @@ class StepRunner:
         self.scheduler.complete(plan, at_limit)
         self._in_flight = InFlightDecode.start_copy(plan, seqs, tokens, started)
 
+    def _is_live(self, seq: Sequence) -> bool:
+        """seq is still this runner's running request (not aborted or finished since its step was launched)."""
+        return self.sequences.get(seq.request_id) is seq
+
     def _read(self, step: InFlightDecode) -> StepStats:
         """Take an in-flight step's tokens: append, emit, release the requests that finished."""
         try:
             tokens = step.read()
         except Exception as exc:  # noqa: BLE001 - the device failed this step: its requests fail, the loop goes on
-            for seq in step.seqs:
-                if self.sequences.get(seq.request_id) is seq:
-                    self.abort(seq.request_id, "error", f"{type(exc).__name__}: {exc}")
+            for failed in step.seqs:
+                if self._is_live(failed):
+                    self.abort(failed.request_id, "error", f"{type(exc).__name__}: {exc}")
             tokens = []
         finished: set[str] = set()
-        for seq, token in zip(step.seqs, tokens, strict=False):
-            if self.sequences.get(seq.request_id) is not seq:
+        for running, token in zip(step.seqs, tokens, strict=False):
+            if not self._is_live(running):
                 continue  # aborted, or stopped on the step before this one, since the launch
-            seq.output_token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            self.emit(seq.request_id, TokenEvent([token], reason, None, seq.num_prompt_tokens, seq.cached_tokens))
+            running.output_token_ids.append(token)
+            reason = self._finish_reason(running, token)
+            self.emit(running.request_id,
+                      TokenEvent([token], reason, None, running.num_prompt_tokens, running.cached_tokens))
             if reason is not None:
-                finished.add(seq.request_id)
+                finished.add(running.request_id)
         # Those at their token limit left the scheduler at the launch; those stopped by a token leave now.
         self.scheduler.complete(ScheduledPass(), finished)
         self.last_decode_at = time.perf_counter()
