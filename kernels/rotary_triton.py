@@ -30,6 +30,7 @@ def _norm_rotary_row(row, weight, positions, inv_freq, i_t, dim, rotary_dim, eps
     is_rot = o_d < rotary_dim
     first = o_d < half
     partner = tl.where(first, o_d + half, o_d - half)
+    # Channel d < R/2 pairs with d + R/2 (and back): the partner's normed value, same row statistics.
     b_p = _normed(row, weight, partner, m_d & is_rot, rstd, UNIT_OFFSET)
     pos = tl.load(positions + i_t).to(tl.float32)
     freq = pos * tl.load(inv_freq + tl.where(first, o_d, o_d - half), mask=is_rot, other=0)
@@ -79,26 +80,10 @@ def rms_norm_rotary_fwd_kernel(
     pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
-    row = x + i_t * stride_xt + i_h * stride_xh
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < dim
-    b_x = tl.load(row + o_d, mask=m_d, other=0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, 0) / dim + eps)
-    b_y = _normed(row, weight, o_d, m_d, rstd, UNIT_OFFSET)
-    half = rotary_dim // 2
-    is_rot = o_d < rotary_dim
-    first = o_d < half
-    partner = tl.where(first, o_d + half, o_d - half)
-    # Channel d < R/2 pairs with d + R/2 (and back): the partner's normed value, same row statistics.
-    b_p = _normed(row, weight, partner, m_d & is_rot, rstd, UNIT_OFFSET)
-    pos = tl.load(positions + i_t).to(tl.float32)
-    freq = pos * tl.load(inv_freq + tl.where(first, o_d, o_d - half), mask=is_rot, other=0)
-    b_cos = tl.cos(freq).to(x.dtype.element_ty).to(tl.float32)
-    b_sin = tl.sin(freq).to(x.dtype.element_ty).to(tl.float32)
-    rotated = tl.where(first, -b_p, b_p)
-    a = (b_y * b_cos).to(x.dtype.element_ty).to(tl.float32)
-    b = (rotated * b_sin).to(x.dtype.element_ty).to(tl.float32)
-    b_out = tl.where(is_rot, a + b, b_y)
+    b_out = _norm_rotary_row(x + i_t * stride_xt + i_h * stride_xh, weight, positions, inv_freq, i_t, dim, rotary_dim,
+                             eps, o_d, m_d, UNIT_OFFSET)
     tl.store(out + i_r * dim + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
 

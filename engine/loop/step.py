@@ -222,11 +222,7 @@ class StepRunner:
         # Those at their token limit left the scheduler at the launch; those stopped by a token leave now.
         self.scheduler.complete(ScheduledPass(), finished)
         self.last_decode_at = time.perf_counter()
-        for request_id in finished:
-            seq = self.sequences.pop(request_id)
-            self.eos_ids.pop(request_id, None)
-            self._release(seq)
-            seq.status = SequenceStatus.FINISHED
+        self._retire(finished)
         return StepStats(seconds=self.last_decode_at - step.started, num_decodes=len(step.seqs))
 
     def _execute(self, plan: ScheduledPass, started: float, interruptible: bool) -> StepStats:
@@ -376,6 +372,10 @@ class StepRunner:
         # (their gaps count from here, not from a decode long gone).
         if plan.decodes or decoding_before == 0 < self.scheduler.num_decoding:
             self.last_decode_at = time.perf_counter()
+        self._retire(finished)
+
+    def _retire(self, finished: set[str]) -> None:
+        """Release the requests that ended with a token of the pass just read (the scheduler has dropped them)."""
         for request_id in finished:
             seq = self.sequences.pop(request_id)
             self.eos_ids.pop(request_id, None)
