@@ -5,7 +5,9 @@ Run on the H200 from the repo root (see bench/device_env.sh):
     python3 bench/engine_speed.py OUTDIR [parts...]
 parts (default: all, in this order): serve llm_bf16 hf llm_int2 kernels logits profile tiles; also serve_plain
 (the same server with --no-interjection, beside the rows), serve_switch5 (the same with Python's own 5 ms GIL
-switch interval, --gil-switch-ms 5, beside the rows), serve_int2
+switch interval, --gil-switch-ms 5, beside the rows), serve_lag4 / serve_lag8 (the host allowed 4 or 8 layers ahead
+of the GPU in a pass that takes interjections, --interjection-lag: session 11 found the default 2 costing the HTTP
+prefill rows), serve_int2
 (the INT2 plan over HTTP: 128K context, 8 running; prefill 32K/120K, decode at 32K), kivi_blocks (the KIVI block
 path against the fused kernel), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
@@ -363,6 +365,8 @@ def main() -> None:
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "serve_plain": lambda s: part_serve(s, flags=("--no-interjection",)),
             "serve_switch5": lambda s: part_serve(s, flags=("--gil-switch-ms", "5")),
+            "serve_lag4": lambda s: part_serve(s, flags=("--interjection-lag", "4")),
+            "serve_lag8": lambda s: part_serve(s, flags=("--interjection-lag", "8")),
             "tiles": lambda s: parts.attention_tile_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
