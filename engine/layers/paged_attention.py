@@ -23,8 +23,9 @@ from headroom.kernels.paged_kv import PagedKV, page_table, plan_prefix_blocks
 # Spans of at least this many rows over a bf16 pool take the dense path (cuDNN; kernels/dense_attention.py): below
 # it the paged kernel's share of a pass is small, and cuDNN's fixed cost is not worth a launch of its own.
 DENSE_MIN_ROWS = 2048
-# ForwardBatch cache key: the paged kernel's key counts with the long spans' zeroed.
+# ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"
+DENSE_PREFIX = "dense_attention.prefix"
 
 # One pass over a key range: (prev (out, lse) or None, out, out_lse) -> (out, out_lse).
 _Pass = Callable[[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -104,7 +105,8 @@ def paged_attention_over_pool(
                                                                device))
             out = _chain([pool_pass(others)], q)
         for i in long:
-            _long_span_attention(q, positions, chunk_kv, spans[i], kv, scale, out)
+            prefix = batch.cached(f"{DENSE_PREFIX}.{i}", lambda i=i: _DensePrefix.of(spans[i], device))
+            _long_span_attention(q, positions, chunk_kv, spans[i], kv, scale, out, prefix)
         return out
 
     def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -136,8 +138,28 @@ def paged_attention_over_pool(
     return _chain(passes, q)
 
 
+@dataclass(frozen=True)
+class _DensePrefix:
+    """Device side of a long span's prefix, the same in every layer of the pass (built once, ForwardBatch-cached):
+    the pool rows of each whole PREFIX_BLOCK, and the paged kernel's table and bounds over the partial block."""
+
+    blocks: list[torch.Tensor]
+    partial: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, span, device: torch.device) -> _DensePrefix:
+        block = dense_attention.PREFIX_BLOCK
+        whole = span.start - span.start % block
+        slots = span.seq.kv_slots
+        blocks = [to_device(slots[first : first + block], torch.long, device) for first in range(0, whole, block)]
+        partial = None if whole == span.start else (
+            page_table([slots[whole : span.start]], 1, device), _int32([0, span.length], device),
+            _int32([whole], device), _int32([span.start - whole], device))
+        return cls(blocks, partial)
+
+
 def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor], span,
-                         kv: PagedKV, scale: float, out: torch.Tensor) -> None:
+                         kv: PagedKV, scale: float, out: torch.Tensor, prefix: _DensePrefix) -> None:
     """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
     its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel,
     merged in an fp32 accumulator."""
@@ -150,19 +172,14 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
         out[rows] = diagonal
         return
     acc = diagonal.float().contiguous()
-    block = dense_attention.PREFIX_BLOCK
-    whole = span.start - span.start % block
-    slots = span.seq.kv_slots
-    for first in range(0, whole, block):
-        index = to_device(slots[first : first + block], torch.long, q.device)
+    for index in prefix.blocks:
         part, part_lse = dense_attention.dense_attention(q_span, kv.k[index], kv.v[index], False, scale)
         dense_attention.merge_into(acc, lse, part, part_lse)
-    if whole < span.start:
-        # The paged kernel continues the accumulator over keys whole..start-1 (all before every row of the span).
-        table = page_table([slots[whole : span.start]], 1, q.device)
-        ops.paged_attention(q_span, positions[rows], _int32([0, span.length], q.device), table,
-                            _int32([whole], q.device), _int32([span.start - whole], q.device), kv, scale,
-                            max_q_len=span.length, prev=(acc, lse), out=acc, out_lse=lse)
+    if prefix.partial is not None:
+        # The paged kernel continues the accumulator over the partial block's keys (all before every row).
+        table, offsets, first, count = prefix.partial
+        ops.paged_attention(q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length,
+                            prev=(acc, lse), out=acc, out_lse=lse)
     out[rows] = acc
 
 

@@ -137,3 +137,7 @@ def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
     torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
     # One causal block of the chunk's 30 keys, then one dense call per whole 16-key block of the prefix.
     assert calls == [(30, True)] + [(16, False)] * (start // 16)
+    # The next layer of the pass reuses the span's prefix index (built once a pass) and gives the same answer.
+    prefix = batch.cached(f"{layer.DENSE_PREFIX}.0", lambda: None)
+    assert prefix is not None and len(prefix.blocks) == start // 16 and (prefix.partial is None) == (start % 16 == 0)
+    torch.testing.assert_close(layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv), got)
