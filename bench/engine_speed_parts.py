@@ -200,6 +200,30 @@ def kernel_checks() -> dict:
     out["gdn_rows"] = _gdn_rows_check()
     out["gemv"] = _gemv_check()
     out["dense_attention"] = _dense_attention_check()
+    out["fla_chunk_index"] = _fla_chunk_index_check()
+    return out
+
+
+def _fla_chunk_index_check() -> dict:
+    """kernels/gdn_fla.py's chunk_index (built on the host, uploaded without a stream sync) against fla's own
+    prepare_chunk_indices, and a varlen call with it against one that lets fla build the index from the device
+    bounds: the outputs and final states must be the same bits."""
+    from fla.ops.utils.index import prepare_chunk_indices
+    from headroom.kernels.gdn_fla import chunk_index, gated_delta_rule_varlen
+
+    out: dict = {"equal_to_fla": all(
+        torch.equal(chunk_index(b).to(DEV), prepare_chunk_indices(torch.tensor(b, device=DEV), 64))
+        for b in ([0, 64, 65, 65, 200], [0, 8192], [0, 1, 2, 3], [0, 100, 8292, 8300]))}
+    bounds = [0, 3000, 3001, 8192]
+    n, bf = bounds[-1], torch.bfloat16
+    q, k = (torch.nn.functional.normalize(torch.randn(n, 16, 128, device=DEV), dim=-1).to(bf) for _ in range(2))
+    v, g = torch.randn(n, 32, 128, device=DEV, dtype=bf), -torch.rand(n, 32, device=DEV)
+    beta, states = torch.rand(n, 32, device=DEV, dtype=bf), torch.randn(3, 32, 128, 128, device=DEV) * 0.1
+    cu = torch.tensor(bounds, device=DEV)
+    ours = gated_delta_rule_varlen(q, k, v, g, beta, states, cu, is_decode=False, cu_seqlens_cpu=cu.cpu(), qk_normed=True)
+    fla = gated_delta_rule_varlen(q, k, v, g, beta, states, cu, is_decode=False, qk_normed=True)
+    out["out_same_bits"] = bool(torch.equal(ours[0], fla[0]))
+    out["final_same_bits"] = bool(torch.equal(ours[1], fla[1]))
     return out
 
 

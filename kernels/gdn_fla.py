@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from headroom.kernels.gated_delta import naive_gated_delta_rule
+from headroom.kernels.host_copy import upload
 
 # fla's kernels autotune on first use: several configs compiled and timed per kernel and key, a large part of
 # a cold start (62 s of the first warm-up pass on the H200). This file holds the configs they picked on a GPU
@@ -29,6 +30,8 @@ from headroom.kernels.gated_delta import naive_gated_delta_rule
 TUNED_CONFIGS = Path(__file__).with_name("fla_tuned_configs.json")
 # fla's l2norm_fwd default, inside the square root as in naive_gated_delta_rule.
 QK_NORM_EPS = 1e-6
+# Rows per chunk of fla's chunked gated delta rule (chunk_gated_delta_rule's chunk_size default).
+FLA_CHUNK = 64
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 # The shipped entries for this GPU, waiting for fla's import (use_tuned_fla_configs sets them).
 _pending: dict[str, dict[str, dict]] | None = None
@@ -135,8 +138,8 @@ def gated_delta_rule_varlen(
 
     Returns (out [N, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv] fp32). is_decode (every sequence one
     token) picks fla's fused recurrent kernel; otherwise the chunked one. None: read from cu_seqlens.
-    cu_seqlens_cpu: the same bounds on the host, so that fla's chunked path builds its chunk index without a
-    device-to-host sync. qk_normed: q and k already L2-normed (QK_NORM_EPS), so the chunked path skips fla's
+    cu_seqlens_cpu: the same bounds on the host, from which the chunked path's chunk index is built here and
+    uploaded without a stream sync (chunk_index). qk_normed: q and k already L2-normed (QK_NORM_EPS), so the chunked path skips fla's
     own norm (the recurrent one norms inside its kernel, free).
     """
     _check(q, k, v, g, beta, states, cu_seqlens)
@@ -152,9 +155,18 @@ def gated_delta_rule_varlen(
         out, final = fused_recurrent_gated_delta_rule(q[None], k[None], v[None], use_qk_l2norm_in_kernel=True, **args)
     else:
         if cu_seqlens_cpu is not None:
-            args["cu_seqlens_cpu"] = cu_seqlens_cpu.long()
+            # fla builds it from cu_seqlens_cpu with a blocking copy to the device (a stream sync in every GDN layer
+            # and round of a prefill, which kept the host from running ahead of the GPU): hand it over instead.
+            args["chunk_indices"] = upload(chunk_index(cu_seqlens_cpu.tolist()), q.device)
         out, final = chunk_gated_delta_rule(q[None], k[None], v[None], use_qk_l2norm_in_kernel=not qk_normed, **args)
     return out[0].to(v.dtype), final.float()
+
+
+def chunk_index(bounds: list[int], chunk_size: int = FLA_CHUNK) -> torch.Tensor:
+    """fla's chunk index of a varlen call (its prepare_chunk_indices): int64 [num_chunks, 2], one row per chunk of
+    chunk_size rows, (sequence, chunk within the sequence), sequences in order. bounds: cu_seqlens on the host."""
+    rows = [(b, j) for b in range(len(bounds) - 1) for j in range(-(-(bounds[b + 1] - bounds[b]) // chunk_size))]
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
 
 
 def fla_gated_delta_rule(

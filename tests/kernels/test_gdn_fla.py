@@ -48,3 +48,23 @@ def test_normed_one_row_pieces_take_the_chunked_kernel():
     ref, ref_final = naive_gated_delta_rule_varlen(q, k, v, g, beta, states, cu)
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(final, ref_final, atol=3e-2, rtol=3e-2)
+
+
+def test_chunk_index_lists_each_sequence_s_chunks_in_order():
+    """What fla's prepare_chunk_indices gives (sequence, chunk within it), built on the host: a sequence of n rows
+    has ceil(n / 64) chunks, an empty one none."""
+    from headroom.kernels.gdn_fla import chunk_index
+
+    index = chunk_index([0, 64, 65, 65, 200])
+    assert index.dtype == torch.long and index.tolist() == [[0, 0], [1, 0], [3, 0], [3, 1], [3, 2]]
+    assert chunk_index([0, 0]).shape == (0, 2)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and fla_available()), reason="needs CUDA and fla-core")
+def test_chunk_index_is_fla_s_own():
+    from fla.ops.utils.index import prepare_chunk_indices
+    from headroom.kernels.gdn_fla import chunk_index
+
+    for bounds in ([0, 64, 65, 65, 200], [0, 8192], [0, 1, 2, 3], [0, 100, 8292, 8300]):
+        cu = torch.tensor(bounds, device="cuda")
+        assert torch.equal(chunk_index(bounds).cuda(), prepare_chunk_indices(cu, 64))
