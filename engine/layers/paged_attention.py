@@ -93,9 +93,9 @@ def paged_attention_over_pool(
             q, positions, offsets, table, zeros, lens, kv, scale, max_q_len=max_q_len, prev=prev, out=out, out_lse=lse)
 
     if not kv_pool.is_kivi:
-        long = [] if chunk_kv is None or batch.is_static or kv.kind != "dense" else \
-            [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
-        if chunk_kv is None or not long or not dense_attention.available(q, kv.num_kv_heads):
+        long = [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
+        if chunk_kv is None or batch.is_static or kv.kind != "dense" or not long \
+                or not dense_attention.available(q, kv.num_kv_heads):
             return _chain([pool_pass(closed_t)], q)
         if len(long) == len(spans):
             out = torch.empty_like(q)

@@ -148,10 +148,9 @@ class StepRunner:
         if self._may_chain(previous):
             started = time.perf_counter()
             plan = self.scheduler.schedule()
-            rows = previous.rows([self.sequences[item.request.request_id] for item in plan.items])
-            # _may_chain leaves the scheduler nothing but these decodes to plan; anything else is left unplanned
-            # (planning decodes changes no state) and planned again once the tokens are read.
-            if rows is not None and plan.decodes and not plan.prefills and not plan.admitted and not plan.preempted:
+            # _may_chain leaves the scheduler nothing but decodes of requests in `previous` to plan; anything else
+            # is left unplanned (planning decodes changes no state) and planned again once the tokens are read.
+            if plan.decodes and not plan.prefills and not plan.admitted and not plan.preempted:
                 items = [item for item in plan.items if self._reserve(plan, item)]
                 if items:
                     seqs = [self.sequences[item.request.request_id] for item in items]

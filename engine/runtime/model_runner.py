@@ -193,7 +193,7 @@ class ModelRunner:
         of long spans, engine/layers/paged_attention.py); 0 where that path is not taken (CPU, quantized pools,
         no cuDNN, no full-attention layer). A plan built inside a request cost it tens of milliseconds."""
         mc = self.model_config
-        if self.device.type != "cuda" or self.kv_pool.kv_dtype not in ("auto", "bf16") or not mc.full_attention_layers:
+        if self.device.type != "cuda" or not self.kv_pool.stores_rows_as_is or not mc.full_attention_layers:
             return 0
         from headroom.kernels import dense_attention
 
