@@ -328,7 +328,7 @@ def section_graphs() -> dict:
 
 
 def section_profile() -> dict:
-    """Where a decode step's GPU time goes: kernels of one eager decode pass (batch 1 and 8, bf16 KV), by name."""
+    """Where a decode step's GPU time goes: kernels of one eager decode pass (batch 1, 8 and 16, bf16 KV), by name."""
     from headroom.engine.config import EngineConfig
     from headroom.engine.runtime.forward_batch import BatchItem
     from headroom.engine.runtime.model_runner import ModelRunner
@@ -338,17 +338,17 @@ def section_profile() -> dict:
     _build_4b()
     runner = ModelRunner(EngineConfig(
         model_path=str(MODEL_4B), device="cuda", dtype="bfloat16", kv_dtype="bf16", max_total_tokens=16384,
-        ssm_slots=16, context_length=4096, max_running_requests=8, cuda_graph_max_batch=0,
+        ssm_slots=16, context_length=4096, max_running_requests=16, cuda_graph_max_batch=0,
     ))
     seqs = []
-    for i in range(8):
+    for i in range(16):
         seq = Sequence(f"p{i}", [1000 + i] * 256)
         seq.kv_slots = runner.kv_allocator.alloc(256 + 16) or []
         seq.ssm_slot = runner.ssm_pool.alloc() if runner.ssm_pool else None
         runner.forward([BatchItem(seq, seq.prompt_token_ids)])
         seqs.append(seq)
     out: dict = {}
-    for batch in (1, 8):
+    for batch in (1, 8, 16):
         def step(batch=batch):
             for seq in seqs[:batch]:
                 seq.output_token_ids.append(7)
