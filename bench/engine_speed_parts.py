@@ -261,7 +261,28 @@ def _dense_attention_check() -> dict:
             case["paged_kernel_lse"] = _diff(paged_lse, want_lse)
             case["paged_kernel_ms"] = _bench(lambda args=args, rows=rows: ops.paged_attention(*args, max_q_len=rows))
         out[name] = case
+    out["merge_8192"] = _merge_pair_check(8192, hq, d, gen)
     return out
+
+
+def _merge_pair_check(rows: int, heads: int, dim: int, gen: torch.Generator) -> dict:
+    """dense_attention.merge (one Triton launch) against merge_two in fp32 at a full chunk: cuDNN's strided bf16
+    output merged with a bf16 piece into fp32 and into bf16; ms of both."""
+    from headroom.kernels import dense_attention as dense
+    from headroom.kernels.attention_merge import merge_two
+
+    a = torch.randn(heads, rows, dim, device=DEV, dtype=torch.bfloat16, generator=gen).transpose(0, 1)
+    b = torch.randn(rows, heads, dim, device=DEV, dtype=torch.bfloat16, generator=gen)
+    a_lse = torch.randn(rows, heads, device=DEV, generator=gen) * 4
+    b_lse = torch.randn(rows, heads, device=DEV, generator=gen) * 4
+    want, want_lse = merge_two(a.float(), a_lse, b.float(), b_lse)
+    acc, acc_lse = torch.empty(rows, heads, dim, device=DEV), torch.empty_like(a_lse)
+    dense.merge(a, a_lse, b, b_lse, acc, acc_lse)
+    into_bf16 = torch.empty_like(b)
+    dense.merge(a, a_lse, b, b_lse, into_bf16, torch.empty_like(a_lse))
+    return {"fp32": _diff(acc, want), "lse": _diff(acc_lse, want_lse), "bf16": _diff(into_bf16, want),
+            "ms": _bench(lambda: dense.merge(a, a_lse, b, b_lse, acc, acc_lse)),
+            "merge_two_ms": _bench(lambda: merge_two(a.float(), a_lse, b.float(), b_lse))}
 
 
 def _gemv_check() -> list[dict]:

@@ -54,3 +54,58 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(dim),
         **pdl_launch(parts.device),
     )
+
+
+@triton.jit
+def merge_pair_fwd_kernel(
+    a, a_lse, b, b_lse, out, out_lse, num_rows, num_heads,
+    stride_at, stride_ah, stride_alt, stride_bt, stride_bh, stride_blt, stride_ot, stride_oh, stride_olt,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """BLOCK_T tokens of one head: every load of a program comes before its stores, and no other program touches
+    its rows, so out and out_lse may be a and a_lse (an in-place merge)."""
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    o_t = (i_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    o_d = tl.arange(0, BLOCK_D)
+    m_t = o_t < num_rows
+    la = tl.load(a_lse + o_t * stride_alt + i_h, mask=m_t, other=float("-inf"))
+    lb = tl.load(b_lse + o_t * stride_blt + i_h, mask=m_t, other=float("-inf"))
+    top = tl.maximum(la, lb)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    wa, wb = tl.exp(la - shift), tl.exp(lb - shift)
+    total = wa + wb
+    b_a = tl.load(a + o_t[:, None] * stride_at + i_h * stride_ah + o_d[None, :], mask=m_t[:, None], other=0).to(tl.float32)
+    b_b = tl.load(b + o_t[:, None] * stride_bt + i_h * stride_bh + o_d[None, :], mask=m_t[:, None], other=0).to(tl.float32)
+    inv = 1.0 / tl.maximum(total, 1e-30)
+    merged = b_a * (wa * inv)[:, None] + b_b * (wb * inv)[:, None]
+    tl.store(out + o_t[:, None] * stride_ot + i_h * stride_oh + o_d[None, :], merged.to(out.dtype.element_ty),
+             mask=m_t[:, None])
+    tl.store(out_lse + o_t * stride_olt + i_h,
+             tl.where(total > 0, shift + tl.log(tl.maximum(total, 1e-30)), float("-inf")), mask=m_t)
+
+
+# Tokens of one head a program merges: [16, 256] fp32 tiles keep a program's registers small while its loads stay
+# whole 512-byte rows.
+MERGE_PAIR_TOKENS = 16
+
+
+def merge_pair_into(a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.Tensor, out: torch.Tensor,
+                    out_lse: torch.Tensor) -> None:
+    """Attention over two disjoint key ranges merged by their log-sum-exp, in one launch: a, b [N, H, D] (any float
+    dtype, any row and head strides, last dimension contiguous), a_lse, b_lse [N, H] fp32 -> out [N, H, D] (its own
+    dtype), out_lse [N, H] fp32. out / out_lse may be a / a_lse. Reference: attention_merge.merge_two."""
+    tokens, heads, dim = a.shape
+    if b.shape != a.shape or out.shape != a.shape or any(t.shape != (tokens, heads) for t in (a_lse, b_lse, out_lse)):
+        raise ValueError(f"merge_pair: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}, lses "
+                         f"{[tuple(t.shape) for t in (a_lse, b_lse, out_lse)]}")
+    if any(t.stride(-1) != 1 for t in (a, b, out, a_lse, b_lse, out_lse)) or dim != triton.next_power_of_2(dim) \
+            or any(t.dtype != torch.float32 for t in (a_lse, b_lse, out_lse)):
+        raise ValueError("merge_pair: last dimensions contiguous, a power-of-two head size and fp32 lses")
+    if tokens * heads == 0:
+        return
+    merge_pair_fwd_kernel[(triton.cdiv(tokens, MERGE_PAIR_TOKENS), heads)](
+        a, a_lse, b, b_lse, out, out_lse, tokens, heads,
+        a.stride(0), a.stride(1), a_lse.stride(0), b.stride(0), b.stride(1), b_lse.stride(0),
+        out.stride(0), out.stride(1), out_lse.stride(0),
+        BLOCK_T=MERGE_PAIR_TOKENS, BLOCK_D=dim,
+    )

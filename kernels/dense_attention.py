@@ -4,7 +4,7 @@ Why: on the H200 cuDNN's fused attention ran an 8,192-query causal chunk at 631 
 engine's paged Triton kernel (bench/results/session11, the attention_backends part); at 32K it is a third of an
 8K chunk's pass. It reads dense K/V only, so a span's keys come from the layer's own K/V (its diagonal block)
 and from its prefix gathered out of the pool in fixed blocks (engine/layers/paged_attention.py); each piece
-returns its log-sum-exp, and the pieces are merged (merge_into) as the paged kernel's passes chain.
+returns its log-sum-exp, and the pieces are merged (merge) as the paged kernel's passes chain.
 
 cuDNN builds an execution plan per shape, the first time it meets one (tens of milliseconds): queries are padded
 to a multiple of QUERY_BUCKET and prefix blocks are PREFIX_BLOCK keys, so serving meets a small fixed set of
@@ -14,7 +14,7 @@ shapes, all built by warm_up() before a server is ready.
 from __future__ import annotations
 
 import torch
-from headroom.kernels.attention_merge import naive_attention_with_lse
+from headroom.kernels.attention_merge import merge_two, naive_attention_with_lse
 
 # Query rows are padded up to a multiple of this (extra rows are computed and dropped; a causal block's real rows
 # never see the padded keys after them).
@@ -93,15 +93,20 @@ def naive_dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     return naive_attention_with_lse(q, k, v, seen, scale)
 
 
-def merge_into(acc: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor) -> None:
-    """acc [N, H, D] fp32 and lse [N, H] (attention over some keys) <- merged with out / out_lse over other keys, in
-    place. Every row has seen keys on both sides (finite lse), as a long span's pieces always do."""
-    top = torch.maximum(lse, out_lse)
-    mine, theirs = torch.exp(lse - top), torch.exp(out_lse - top)
-    total = mine + theirs
-    acc.mul_((mine / total)[..., None])
-    acc.add_(out.float().mul_((theirs / total)[..., None]))
-    lse.copy_(top + torch.log(total))
+def merge(a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.Tensor, out: torch.Tensor,
+          out_lse: torch.Tensor) -> None:
+    """Attention over two disjoint key ranges (a, b [N, H, D], any float dtype; lses [N, H] fp32) merged into out
+    (its own dtype) and out_lse; out / out_lse may be a / a_lse. One Triton launch on CUDA (a long span's pieces:
+    about fifteen torch kernels a merge otherwise, 22 ms of a 32K prompt's passes on the H200, session 12),
+    merge_two's arithmetic elsewhere."""
+    if a.is_cuda:
+        from headroom.kernels.attention_merge_triton import merge_pair_into
+
+        merge_pair_into(a, a_lse, b, b_lse, out, out_lse)
+        return
+    merged, lse = merge_two(a.float(), a_lse, b, b_lse)
+    out.copy_(merged)
+    out_lse.copy_(lse)
 
 
 def warm_up(device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,

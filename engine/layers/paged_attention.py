@@ -162,25 +162,28 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
                          kv: PagedKV, scale: float, out: torch.Tensor, prefix: _DensePrefix) -> None:
     """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
     its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel,
-    merged in an fp32 accumulator."""
+    merged in an fp32 accumulator (dense_attention.merge), the last piece written straight into out's rows."""
     rows = slice(span.offset, span.offset + span.length)
     k, v = chunk_kv
-    q_span = q[rows]
+    q_span, target = q[rows], out[rows]
     # cuDNN reads [H, L, D] views of row-major [L, H, D] tensors; v is a strided view into the fused projection.
     diagonal, lse = dense_attention.dense_attention(q_span, k[rows].contiguous(), v[rows].contiguous(), True, scale)
     if span.start == 0:
-        out[rows] = diagonal
+        target.copy_(diagonal)
         return
-    acc = diagonal.float().contiguous()
-    for index in prefix.blocks:
+    # The running result: cuDNN's bf16 diagonal, then an fp32 accumulator; the last piece writes out's rows.
+    acc = diagonal
+    for n, index in enumerate(prefix.blocks):
         part, part_lse = dense_attention.dense_attention(q_span, kv.k[index], kv.v[index], False, scale)
-        dense_attention.merge_into(acc, lse, part, part_lse)
+        last = n == len(prefix.blocks) - 1 and prefix.partial is None
+        into = target if last else acc if acc.dtype == torch.float32 else torch.empty_like(acc, dtype=torch.float32)
+        dense_attention.merge(acc, lse, part, part_lse, into, lse)
+        acc = into
     if prefix.partial is not None:
-        # The paged kernel continues the accumulator over the partial block's keys (all before every row).
+        # The paged kernel continues the result over the partial block's keys (all before every row).
         table, offsets, first, count = prefix.partial
         ops.paged_attention(q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length,
-                            prev=(acc, lse), out=acc, out_lse=lse)
-    out[rows] = acc
+                            prev=(acc, lse), out=target, out_lse=lse)
 
 
 def _block_passes(q, positions, offsets, table, kv: PagedKV, scale: float, max_q_len: int,

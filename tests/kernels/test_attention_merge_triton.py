@@ -1,11 +1,12 @@
-"""One-launch merge of split-K partials (interpreter on CPU) against merge_attention_states."""
+"""One-launch merges (interpreter on CPU): split-K partials against merge_attention_states, and a pair of key
+ranges (a long prefill span's pieces) against merge_two."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from headroom.kernels.attention_merge import merge_attention_states
-from headroom.kernels.attention_merge_triton import merge_splits_into
+from headroom.kernels.attention_merge import merge_attention_states, merge_two
+from headroom.kernels.attention_merge_triton import merge_pair_into, merge_splits_into
 
 
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40)])
@@ -28,3 +29,48 @@ def test_merge_matches_reference(splits, tokens, heads, dim):
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="lses"):
         merge_splits_into(torch.zeros(2, 1, 1, 8), torch.zeros(3, 1, 1), torch.zeros(1, 1, 8), torch.zeros(1, 1))
+
+
+def _pair(tokens: int, heads: int, dim: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    # a as a [H, N, D] tensor's transposed view (cuDNN's output), b row-major, both bf16.
+    a = torch.randn(heads, tokens, dim, generator=gen).to(torch.bfloat16).transpose(0, 1)
+    b = torch.randn(tokens, heads, dim, generator=gen).to(torch.bfloat16)
+    a_lse, b_lse = torch.randn(tokens, heads, generator=gen) * 3, torch.randn(tokens, heads, generator=gen) * 3
+    return a, a_lse, b, b_lse
+
+
+@pytest.mark.parametrize("tokens,heads,dim", [(37, 3, 16), (16, 2, 32), (1, 1, 8)])
+def test_pair_merge_matches_merge_two_from_strided_bf16_pieces(tokens, heads, dim):
+    a, a_lse, b, b_lse = _pair(tokens, heads, dim, tokens + dim)
+    # A row that saw no key on one side, and one that saw none on either.
+    a_lse[0, 0] = float("-inf")
+    a_lse[-1, -1] = b_lse[-1, -1] = float("-inf")
+    out, out_lse = torch.full((tokens, heads, dim), float("nan")), torch.full((tokens, heads), float("nan"))
+    merge_pair_into(a, a_lse, b, b_lse, out, out_lse)
+    want, want_lse = merge_two(a.float(), a_lse, b.float(), b_lse)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_lse, want_lse, atol=1e-5, rtol=1e-5)
+    assert out[-1, -1].abs().max() == 0 and out_lse[-1, -1] == float("-inf")
+
+
+def test_pair_merge_in_place_and_into_bf16():
+    a, a_lse, b, b_lse = _pair(20, 2, 16, 3)
+    want, want_lse = merge_two(a.float(), a_lse, b.float(), b_lse)
+    acc, lse = a.float().contiguous(), a_lse.clone()
+    merge_pair_into(acc, lse, b, b_lse, acc, lse)
+    torch.testing.assert_close(acc, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    out = torch.empty(20, 2, 16, dtype=torch.bfloat16)
+    merge_pair_into(a, a_lse.clone(), b, b_lse, out, torch.empty(20, 2))
+    assert out.dtype == torch.bfloat16
+    # Within one bf16 rounding of the fp32 merge (the interpreter's cast need not round to nearest as sm_90's does).
+    torch.testing.assert_close(out.float(), want, atol=1e-6, rtol=2**-7)
+
+
+def test_pair_merge_refuses_what_it_cannot_read():
+    a, a_lse, b, b_lse = _pair(4, 2, 16, 5)
+    with pytest.raises(ValueError, match="lses"):
+        merge_pair_into(a, a_lse[:3], b, b_lse, torch.empty(4, 2, 16), torch.empty(4, 2))
+    with pytest.raises(ValueError, match="power-of-two"):
+        merge_pair_into(a[..., :12], a_lse, b[..., :12], b_lse, torch.empty(4, 2, 12), torch.empty(4, 2))

@@ -105,7 +105,7 @@ def _dense_batch(start: int, length: int, gen: torch.Generator):
     return pool, batch, q, (torch.cat(chunk_k), torch.cat(chunk_v))
 
 
-@pytest.mark.parametrize("start", [0, 16, 40, 53])
+@pytest.mark.parametrize("start", [0, 5, 16, 32, 40, 53])
 def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
     """The dense path's pieces (causal block, whole prefix blocks, the paged kernel's partial block, merged) give
     the attention of the whole context; the short span beside it goes through the paged kernel as before."""
