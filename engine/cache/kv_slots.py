@@ -48,12 +48,18 @@ class KVAllocator:
         num_pages = self.pages_for(num_tokens)
         if num_pages > len(self._free_pages):
             return None
-        slots: list[int] = []
-        for _ in range(num_pages):
-            page = self._free_pages.pop()
-            self._is_free[page] = False
-            slots.extend(range(page * self.page_tokens, (page + 1) * self.page_tokens))
-        return slots
+        # The free list's tail, in pop order, as one slice: an 8K-token chunk's pages one pop and one extend each
+        # cost ~5 ms of host time a prefill pass (H200 host, session 11's profile), on a long prompt's critical path.
+        pages = self._free_pages[len(self._free_pages) - num_pages:]
+        del self._free_pages[len(self._free_pages) - num_pages:]
+        pages.reverse()
+        is_free = self._is_free
+        for page in pages:
+            is_free[page] = False
+        if self.page_tokens == 1:
+            return pages
+        size = self.page_tokens
+        return [slot for page in pages for slot in range(page * size, page * size + size)]
 
     def free(self, slots: list[int]) -> None:
         """Return whole pages; slots must list each page's slots in order, page-aligned."""

@@ -92,11 +92,20 @@ class RadixCache:
 
     def _common_len(self, edge: list[int], tokens: list[int], pos: int) -> int:
         """Matching leading tokens, rounded down to whole pages."""
-        limit = min(len(edge), len(tokens) - pos)
-        n = 0
-        while n < limit and edge[n] == tokens[pos + n]:
-            n += 1
-        return n - n % self.page_size
+        page = self.page_size
+        pages = min(len(edge), len(tokens) - pos) // page
+        # Slice comparisons run at C speed: the whole range first (a repeat or a continuation matches it all), then
+        # a bisection over pages; a token-by-token loop cost ~17 ms a 32K-token prompt's lookups and inserts.
+        if edge[: pages * page] == tokens[pos : pos + pages * page]:
+            return pages * page
+        matched, unmatched = 0, pages  # pages [0, matched) all match; [0, unmatched) do not
+        while unmatched - matched > 1:
+            mid = (matched + unmatched) // 2
+            if edge[matched * page : mid * page] == tokens[pos + matched * page : pos + mid * page]:
+                matched = mid
+            else:
+                unmatched = mid
+        return matched * page
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:
         """Cut node's edge after `at` tokens; returns the new upper node (the checkpoint stays below)."""
@@ -200,7 +209,10 @@ class RadixCache:
         while walk is not None and walk is not self.root:
             parts.append(walk.kv_slots)
             walk = walk.parent
-        return [slot for part in reversed(parts) for slot in part]
+        slots: list[int] = []
+        for part in reversed(parts):
+            slots.extend(part)
+        return slots
 
     def fork_checkpoint(self, match: PrefixMatch, copy: Callable[[int, int], None]) -> int | None:
         """Copy-on-write: a fresh SSM slot holding a copy of the hit's checkpoint (the request then owns and

@@ -285,3 +285,22 @@ def test_eviction_takes_the_same_leaves_as_the_walk_did(seed):
     for radix, _, _, _ in caches:
         radix.evict(60)
     assert paths(new) == paths(old) and new.evictable_tokens() == unlocked(new)
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_common_length_is_the_whole_pages_that_match(page):
+    """_common_len (slice comparisons and a bisection) against a token-by-token walk, for mismatches anywhere,
+    edges and token tails of any length, and a tail shorter than a page."""
+    radix = RadixCache(KVAllocator(64, page))
+    rng = random.Random(page)
+    for _ in range(400):
+        edge = [rng.randrange(3) for _ in range(page * rng.randrange(1, 12))]
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(0, 5))] + edge[: rng.randrange(0, len(edge) + 1)]
+        tokens += [rng.randrange(3) for _ in range(rng.randrange(0, 2 * page + 2))]
+        if tokens and rng.random() < 0.5:
+            tokens[rng.randrange(len(tokens))] = 7  # a mismatch somewhere
+        pos = rng.randrange(0, len(tokens) + 1)
+        n = 0
+        while n < min(len(edge), len(tokens) - pos) and edge[n] == tokens[pos + n]:
+            n += 1
+        assert radix._common_len(edge, tokens, pos) == n - n % page
