@@ -56,7 +56,8 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
     )
 
 
-@triton.jit
+# The row count follows the span: no specialisation on it (a span of 7,001 rows would compile another variant).
+@triton.jit(do_not_specialize=["num_rows"])
 def merge_pair_fwd_kernel(
     a, a_lse, b, b_lse, out, out_lse, num_rows, num_heads,
     stride_at, stride_ah, stride_alt, stride_bt, stride_bh, stride_blt, stride_ot, stride_oh, stride_olt,

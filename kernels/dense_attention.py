@@ -119,7 +119,16 @@ def warm_up(device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_hea
     built = 0
     for rows in range(QUERY_BUCKET, padded_rows(max_rows) + 1, QUERY_BUCKET):
         q = torch.zeros(rows, num_heads, head_dim, device=device, dtype=dtype)
-        dense_attention(q, keys[:rows], keys[:rows], True, head_dim**-0.5)
-        dense_attention(q, keys[:PREFIX_BLOCK], keys[:PREFIX_BLOCK], False, head_dim**-0.5)
+        diagonal, lse = dense_attention(q, keys[:rows], keys[:rows], True, head_dim**-0.5)
+        part, part_lse = dense_attention(q, keys[:PREFIX_BLOCK], keys[:PREFIX_BLOCK], False, head_dim**-0.5)
         built += 2
+    if not built:
+        return 0
+    # Every merge a span's pieces take (engine/layers/paged_attention.py): the diagonal into an fp32 accumulator or
+    # straight into the output, the accumulator in place or into the output; each dtype pair is a kernel variant.
+    acc = torch.empty(diagonal.shape, device=device, dtype=torch.float32)
+    merge(diagonal, lse, part, part_lse, acc, lse.clone())
+    merge(acc, lse.clone(), part, part_lse, acc, lse.clone())
+    merge(acc, lse.clone(), part, part_lse, torch.empty_like(q), lse.clone())
+    merge(diagonal, lse, part, part_lse, torch.empty_like(q), lse.clone())
     return built

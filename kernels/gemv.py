@@ -17,7 +17,11 @@ with the configuration that did; tuned_gemv runs those and returns None for ever
 silu_mul_gemv is SwiGLU's down projection with the activation fused (the kernel's SILU_MUL): the input row is
 silu(gate) * up, made from the gate|up projection's output as each tile is loaded, rounded as kernels/gates.py's
 silu_mul rounds it, so decode skips that kernel, its launch and its [M, I] round trip. Its table entries are
-separate (input "silu_mul"), timed against silu_mul + cuBLAS."""
+separate (input "silu_mul"), timed against silu_mul + cuBLAS.
+
+Several rows with swap_ab (GemvConfig) compute out.T = w @ x.T: the weight tile is the MMA's M operand and the 16
+rows of x its N, so a tile of 64 or 128 weight rows can be Hopper's wgmma (M >= 64 a warpgroup) and each pipeline
+stage streams a wide weight tile; without it the 16 rows are the M side, too few for wgmma."""
 
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ class GemvConfig:
     split: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    # Several rows only (one row ignores it): the weight tile as the MMA's M operand, acc [BLOCK_N, 16].
+    swap_ab: bool = False
 
 
 TUNED_CONFIGS = Path(__file__).with_name("gemv_tuned_configs.json")
@@ -109,8 +115,9 @@ def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
 
 @triton.jit
 def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr):
-    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more. SILU_MUL:
+                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more (SWAP_AB:
+    acc [BLOCK_N, BLOCK_M] += w-tile @ x-tile.T, else acc [BLOCK_M, BLOCK_N] += x-tile @ w-tile.T). SILU_MUL:
     x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked units are 0: silu(0) is)."""
     # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
@@ -127,7 +134,10 @@ def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.
         if SILU_MUL:
             b_u = _x_tile(p_u, step, mask, EVEN_K, True)
             b_x = _silu_mul(b_x.to(tl.float32), b_u.to(tl.float32), b_x.dtype).to(b_x.dtype)
-        acc = tl.dot(b_x, tl.trans(b_w), acc)
+        if SWAP_AB:
+            acc = tl.dot(b_w, tl.trans(b_x), acc)
+        else:
+            acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc
 
 
@@ -136,6 +146,7 @@ def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -144,7 +155,8 @@ def gemv_fwd_kernel(
     along K. PAIRS (BLOCK_M 1, bf16, K even): x and w are int32 views, two elements a unit; K, k_per_split and
     stride_wn stay in elements. SILU_MUL (SwiGLU's down projection): x is the gate and `up` the up half, [M, K]
     each (row strides stride_xm, stride_um, as pairs too), and the product's input row is silu(gate) * up, made
-    as each tile is loaded; without SILU_MUL `up` is never read."""
+    as each tile is loaded; without SILU_MUL `up` is never read. SWAP_AB (BLOCK_M > 1): the accumulator is
+    out.T's block [BLOCK_N, BLOCK_M], the weight tile the MMA's M operand (see GemvConfig.swap_ab)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -169,7 +181,10 @@ def gemv_fwd_kernel(
     else:
         p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
         p_u = up + offs_m[:, None] * stride_um + (k_lo + offs_u)[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_first = k_lo
     if PDL:
         # Programmatic dependent launch (kernels/pdl.py): the weights do not depend on the kernel before this one,
@@ -178,15 +193,21 @@ def gemv_fwd_kernel(
         b_w = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
         gdc_wait()
         acc = _multiply_add(acc, b_w, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL)
+                            SILU_MUL, SWAP_AB)
         k_first = k_lo + BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
         acc = _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL)
+                            SILU_MUL, SWAP_AB)
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
+                      SPLIT)
+    elif SWAP_AB:
+        # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
+        # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
+        _finish_split(acc, out + offs_m[None, :] * stride_om + offs_n[:, None], ws, counters, pid_n,
+                      offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N,
                       SPLIT)
     else:
         _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
@@ -249,7 +270,9 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         x.stride(0) if up is None else up.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
-        SILU_MUL=up is not None, num_warps=config.num_warps, **pdl_launch(x.device),
+        SILU_MUL=up is not None, num_warps=config.num_warps,
+        # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
+        SWAP_AB=config.swap_ab and num_rows > 1, **pdl_launch(x.device),
     )
     return out
 
@@ -285,9 +308,10 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:
     """The shipped table's entries for this GPU and Triton version (none for another version: timings differ),
     keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
-    down projection) is a plain one."""
+    down projection) is a plain one, and one without "swap_ab" (tables before it) is not swapped."""
     from headroom.kernels.tuned_table import entries_for
 
     return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
-            GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"])
+            GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
+                       c.get("swap_ab", False))
             for c in entries_for(TUNED_CONFIGS, device)}

@@ -162,7 +162,7 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
                          kv: PagedKV, scale: float, out: torch.Tensor, prefix: _DensePrefix) -> None:
     """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
     its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel,
-    merged in an fp32 accumulator (dense_attention.merge), the last piece written straight into out's rows."""
+    merged in an fp32 accumulator (dense_attention.merge), the last merge written straight into out's rows."""
     rows = slice(span.offset, span.offset + span.length)
     k, v = chunk_kv
     q_span, target = q[rows], out[rows]
@@ -171,7 +171,7 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
     if span.start == 0:
         target.copy_(diagonal)
         return
-    # The running result: cuDNN's bf16 diagonal, then an fp32 accumulator; the last piece writes out's rows.
+    # The running result: cuDNN's bf16 diagonal, then an fp32 accumulator; the last merge writes out's rows.
     acc = diagonal
     for n, index in enumerate(prefix.blocks):
         part, part_lse = dense_attention.dense_attention(q_span, kv.k[index], kv.v[index], False, scale)
@@ -180,10 +180,14 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
         dense_attention.merge(acc, lse, part, part_lse, into, lse)
         acc = into
     if prefix.partial is not None:
-        # The paged kernel continues the result over the partial block's keys (all before every row).
+        # The paged kernel continues the result over the partial block's keys (all before every row), reading and
+        # writing fp32 as it always has: the variant warm-up compiled, none new to compile while serving.
+        if acc.dtype != torch.float32:
+            acc = acc.float().contiguous()
         table, offsets, first, count = prefix.partial
         ops.paged_attention(q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length,
-                            prev=(acc, lse), out=target, out_lse=lse)
+                            prev=(acc, lse), out=acc, out_lse=lse)
+        target.copy_(acc)
 
 
 def _block_passes(q, positions, offsets, table, kv: PagedKV, scale: float, max_q_len: int,
