@@ -588,13 +588,28 @@ def attention_tile_sweep() -> dict:
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
     pa.EXTEND_TUNING.clear()
-    # page_tile 0: KIVI's per-element gather instead of whole-page tiles (kernels/paged_attention.py
-    # _load_kivi_pages); bf16 ignores it.
-    # splits_x: that many times the default split count (pa.default_num_splits) of the key range.
-    decode_configs = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
-                      {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4}]
-    for kind in ("bf16", "int2"):
-        for batch in (8, 1):
+    out.update(decode_tile_sweep())
+    return out
+
+
+# page_tile 0: KIVI's per-element gather instead of whole-page tiles (kernels/paged_attention.py _load_kivi_pages);
+# bf16 ignores it. splits_x: that many times the default split count (pa.default_num_splits) of the key range.
+DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
+                       {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4},
+                       {"num_stages": 1}, {"num_stages": 4}, {"block_n": 32, "splits_x": 2}, {"block_n": 128, "num_stages": 1},
+                       {"splits_x": 2, "num_stages": 3}, {"splits_x": 4, "num_warps": 4}, {"block_n": 16}]
+
+
+def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1)) -> dict:
+    """Decode tile configs of the paged attention over 32K keys a sequence (ms of one layer's call, splits
+    merged), DECODE_TILE_CONFIGS, the first the current default; each against the default's output."""
+    import gpu_kernels
+    from headroom.kernels import paged_attention as pa
+
+    out: dict = {}
+    decode_configs = DECODE_TILE_CONFIGS
+    for kind in kinds:
+        for batch in batches:
             lens = [32768] * batch
             kv, table = gpu_kernels.filled_pool(kind, lens)
             args = gpu_kernels.attention_args(kv, table, lens, [1] * batch)
@@ -853,5 +868,51 @@ def attention_backends() -> dict:
                 except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is recorded
                     case[key] = {"error": str(exc)[:300]}
         out[f"chunk{chunk}_keys{context}"] = case
+        torch.cuda.empty_cache()
+    return out
+
+
+def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, ...] = (1, 8)) -> dict:
+    """Where a decode step at long context goes, bf16 KV against int2 (issue 18: int2 decode >= bf16 at 32K):
+    B prompts of `context` tokens through the LLM API, eager decode (no graphs, so each kernel is named), one
+    step under torch's profiler after a few untimed ones; kernel time by name and the step's wall time."""
+    import gc
+
+    from gpu_engine import kernels_by_name
+    from headroom.engine.llm import LLM
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = random.Random(12)
+    out: dict = {}
+    for kv in ("bf16", "int2"):
+        llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=max(batches) * (context + 64),
+                  ssm_slots=max(batches) + 4, chunked_prefill_size=8192, context_length=context + 64,
+                  max_running_requests=max(batches), enable_prefix_cache=False, cuda_graph_max_batch=0)
+        runner, inner = llm.runner, llm.runner.forward
+        for batch in batches:
+            decode_steps = [0]
+            record: dict = {}
+
+            def forward(items, all_positions=False, batch=batch, decode_steps=decode_steps, record=record, **kwargs):
+                if len(items) != batch or any(len(i.token_ids) != 1 for i in items):
+                    return inner(items, all_positions, **kwargs)
+                decode_steps[0] += 1
+                if decode_steps[0] != 4:
+                    return inner(items, all_positions, **kwargs)
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    logits = inner(items, all_positions, **kwargs)
+                    torch.cuda.synchronize()
+                record.update(wall_ms=(time.perf_counter() - started) * 1000, **kernels_by_name(prof, top=20))
+                return logits
+
+            runner.forward = forward
+            llm.generate([[rng.randrange(1000, 200000) for _ in range(context)] for _ in range(batch)],
+                         max_new_tokens=6, ignore_eos=True)
+            runner.forward = inner
+            out[f"{kv}_bs{batch}_ctx{context}"] = record
+        del llm, runner, inner
+        gc.collect()
         torch.cuda.empty_cache()
     return out
