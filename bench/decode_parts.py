@@ -6,6 +6,7 @@ against fla's chunked kernels (engine/layers/linear_attention.py RECURRENT_ROWS)
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -87,6 +88,9 @@ GEMV_ROW_STAGES = (1, 3, 2)
 # Several rows (tensor cores): session 7's winners (32 x 128 and 32 x 256, 4 stages) first.
 GEMV_MMA_TILES = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (16, 256, 4)]
 GEMV_MMA_STAGES = (4, 3)
+# Several rows with swap_ab (the weight tile the MMA's M side, so 64-128 weight rows make a wgmma), timed before
+# GEMV_MMA_TILES: session 11's unswapped tiles were only level with cuBLAS at 8 and 16 rows.
+GEMV_SWAP_TILES = [(64, 128, 4), (128, 128, 4), (64, 256, 4), (128, 64, 4), (128, 128, 8)]
 # Each batch's share of the budget, cumulative: one row (issue 18's decode) first and most.
 GEMV_BATCH_BUDGET = {1: 0.6, 8: 0.8, 16: 1.0}
 
@@ -107,35 +111,65 @@ def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[in
 
 
 def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
-    """The GemvConfigs the sweep times at a shape and row count, most promising first."""
+    """The GemvConfigs the sweep times at a shape and row count, most promising first (for several rows the
+    swapped tiles, then the unswapped ones)."""
     from headroom.kernels.gemv import GemvConfig
 
-    tiles, stages = (GEMV_ROW_TILES, GEMV_ROW_STAGES) if rows == 1 else (GEMV_MMA_TILES, GEMV_MMA_STAGES)
-    return [GemvConfig(bn, bk, split, warps, stage) for stage in stages for bn, bk, warps in tiles
-            for split in gemv_splits(n, k, bn, bk, sms)]
+    if rows == 1:
+        groups = [(GEMV_ROW_TILES, GEMV_ROW_STAGES, False)]
+    else:
+        groups = [(GEMV_SWAP_TILES, GEMV_MMA_STAGES, True), (GEMV_MMA_TILES, GEMV_MMA_STAGES, False)]
+    return [GemvConfig(bn, bk, split, warps, stage, swap) for tiles, stages, swap in groups for stage in stages
+            for bn, bk, warps in tiles for split in gemv_splits(n, k, bn, bk, sms)]
+
+
+def gemv_batches() -> list[int]:
+    """The batches gemv_sweep times: those in GEMV_BATCHES (a comma list: "8,16" sweeps again only the
+    tensor-core rows, the table keeping its other batches' entries), else all of GEMV_BATCH_BUDGET's."""
+    text = os.environ.get("GEMV_BATCHES", "").strip()
+    if not text:
+        return list(GEMV_BATCH_BUDGET)
+    asked = {int(b) for b in text.split(",") if b.strip()}
+    if not asked or asked - set(GEMV_BATCH_BUDGET):
+        raise ValueError(f"GEMV_BATCHES={text!r}: a comma list of {sorted(GEMV_BATCH_BUDGET)}")
+    return [m for m in GEMV_BATCH_BUDGET if m in asked]
+
+
+def _batch_spans(batches: list[int]) -> dict[int, tuple[float, float]]:
+    """Each swept batch's span of the budget (start, end; fractions): its own GEMV_BATCH_BUDGET share, scaled so
+    that the batches swept share the whole budget."""
+    own, before = {}, 0.0
+    for m, cumulative in GEMV_BATCH_BUDGET.items():
+        own[m], before = cumulative - before, cumulative
+    total, start, spans = sum(own[m] for m in batches), 0.0, {}
+    for m in batches:
+        spans[m] = (start, start + own[m] / total)
+        start = spans[m][1]
+    return spans
 
 
 def gemv_sweep(budget_s: float = 150.0) -> dict:
-    """Per shape and batch (1, 8, 16): cuBLAS and the best GemvConfig, each timed over enough weight copies that
-    L2 (60 MB) holds none of them between calls; GB/s of weight bytes; and a decode step's linear time with
-    either choice per shape. Batches run one after another, each shape of a batch up to its even share of the
-    batch's part of budget_s (GEMV_BATCH_BUDGET; time a row leaves is the next rows'); each row says how many
-    configurations it timed and how many the budget skipped. A fused shape (FUSED_SHAPES) times silu_mul_gemv
-    on a gate|up output against silu_mul then cuBLAS ("cublas_us", the two kernels in one graph) and against
-    silu_mul then its plain shape's best GEMV ("unfused_gemv_us"), with silu_mul alone beside them."""
+    """Per shape and batch (1, 8, 16; GEMV_BATCHES picks some, see gemv_batches): cuBLAS and the best GemvConfig,
+    each timed over enough weight copies that L2 (60 MB) holds none of them between calls; GB/s of weight bytes;
+    and a decode step's linear time with either choice per shape. Batches run one after another, each shape of a
+    batch up to its even share of the batch's part of budget_s (GEMV_BATCH_BUDGET, scaled to the batches swept;
+    time a row leaves is the next rows'); each row says how many configurations it timed and how many the budget
+    skipped. A fused shape (FUSED_SHAPES) times silu_mul_gemv on a gate|up output against silu_mul then cuBLAS
+    ("cublas_us", the two kernels in one graph) and against silu_mul then its plain shape's best GEMV
+    ("unfused_gemv_us"), with silu_mul alone beside them."""
     from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import GemvConfig, gemv, silu_mul_gemv
 
     started = time.perf_counter()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    out: dict = {"configs_tried": 0, "configs_skipped": 0, "sms": sms, "shapes": {}}
+    batches = gemv_batches()
+    out: dict = {"configs_tried": 0, "configs_skipped": 0, "sms": sms, "batches": batches, "shapes": {}}
     shapes = _sweep_shapes()
     for name, n, k, per_step, kind, replaces in shapes:
         out["shapes"][name] = {"n": n, "k": k, "per_step": per_step, "weight_bytes": n * k * 2, "batches": {}}
         if kind != "x":
             out["shapes"][name].update(input=kind, replaces=replaces)
-    batch_start = 0.0
-    for m, share in GEMV_BATCH_BUDGET.items():
+    for m, (batch_start, share) in _batch_spans(batches).items():
         for index, (name, n, k, _, kind, replaces) in enumerate(shapes):
             deadline = started + budget_s * (batch_start + (share - batch_start) * (index + 1) / len(shapes))
             copies = max(2, -(-300_000_000 // (n * k * 2)))
@@ -197,9 +231,8 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
                 "skipped_configs": skipped, **extra}
             del weights
             torch.cuda.empty_cache()
-        batch_start = share
-    for m in ("1", "8", "16"):
-        out[f"step_linear_ms_bs{m}"] = _step_linear_ms(out["shapes"], m)
+    for m in batches:
+        out[f"step_linear_ms_bs{m}"] = _step_linear_ms(out["shapes"], str(m))
     out["seconds"] = time.perf_counter() - started
     return out
 
@@ -229,11 +262,14 @@ def _step_linear_ms(shapes: dict, m: str) -> dict:
 GEMV_MIN_GAIN = 0.03
 
 
-def gemv_table(sweep: dict) -> list[dict]:
+def gemv_table(sweep: dict, previous: list[dict] | None = None) -> list[dict]:
     """kernels/gemv_tuned_configs.json's configs for this GPU from a gemv_sweep: the (shape, rows) where the best
-    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings (kernels/tuned_table.py writes the table). A
-    fused shape's entry ("input": "silu_mul") must beat what the engine runs without it by as much: silu_mul then
-    cuBLAS, or silu_mul then the GEMV where the plain shape has its own entry."""
+    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings and the whole config (swap_ab too; the table
+    is written by kernels/tuned_table.py). A fused shape's entry ("input": "silu_mul") must beat what the engine
+    runs without it by as much: silu_mul then cuBLAS, or silu_mul then the GEMV where the plain shape has its own
+    entry. previous (the shipped table's entries for this GPU and Triton version): those of batches the sweep
+    did not time are kept (GEMV_BATCHES="8,16" must not drop the one-row entries); a swept batch's are replaced
+    whole, so a shape that no longer wins there goes back to cuBLAS."""
     def wins(row: dict, baseline_us: float) -> bool:
         return row["best_us"] is not None and row["best_us"] <= (1 - GEMV_MIN_GAIN) * baseline_us
 
@@ -251,7 +287,8 @@ def gemv_table(sweep: dict) -> list[dict]:
                 configs.append({"layer": name, "n": shape["n"], "k": shape["k"], "m": int(m), **fused,
                                 **row["best_config"], "us": round(row["best_us"], 2),
                                 "cublas_us": round(row["cublas_us"], 2)})
-    return configs
+    swept = {int(m) for shape in sweep["shapes"].values() for m in shape["batches"]}
+    return [c for c in previous or [] if c["m"] not in swept] + configs
 
 
 def short_pass_sweep(model: Path, lengths: tuple[int, ...] = (8, 16, 30, 64, 128, 256)) -> dict:

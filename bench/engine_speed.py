@@ -329,13 +329,18 @@ def _stop(signum, frame) -> None:
 
 
 def _gemv_part(state: dict, target: Path) -> dict:
-    """The GEMV sweep, and the table kernels/gemv_tuned_configs.json would ship from it (OUTDIR/, to commit)."""
+    """The GEMV sweep, and the table kernels/gemv_tuned_configs.json would ship from it (OUTDIR/, to commit).
+    With GEMV_BATCHES (some batches swept) the shipped table's entries of the other batches are kept."""
     from headroom.kernels import gemv
-    from headroom.kernels.tuned_table import table_text
+    from headroom.kernels.tuned_table import entries_for, table_text
 
     sweep = decode_parts.gemv_sweep()
-    text = table_text(parts.DEV, decode_parts.gemv_table(sweep), "python3 bench/engine_speed.py OUT gemv",
-                      gemv.TUNED_CONFIGS)
+    source = "python3 bench/engine_speed.py OUT gemv"
+    if sweep["batches"] != list(decode_parts.GEMV_BATCH_BUDGET):
+        source = (f"GEMV_BATCHES={','.join(map(str, sweep['batches']))} {source} (other batches' entries kept from "
+                  "the previous table)")
+    configs = decode_parts.gemv_table(sweep, entries_for(gemv.TUNED_CONFIGS, parts.DEV))
+    text = table_text(parts.DEV, configs, source, gemv.TUNED_CONFIGS)
     (target / "gemv_tuned_configs.json").write_text(text)
     # Also into this checkout, so that the parts after this one (and servers they start) run the new table.
     gemv.TUNED_CONFIGS.write_text(text)

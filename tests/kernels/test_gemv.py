@@ -51,6 +51,30 @@ def test_gemv_bf16_tiles_tails_and_splits(rows, k, block_k, split):
     _check(gemv(x, w, GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2)), x, w)
 
 
+@pytest.mark.parametrize("rows", [2, 8, 16])
+@pytest.mark.parametrize(("n", "k", "block_n", "block_k", "split"), [
+    (200, 256, 64, 128, 1),  # EVEN_K; the last block of 64 weight rows partial
+    (130, 328, 128, 64, 1),  # K not a multiple of the tile: the last tile masked along K
+    (72, 600, 64, 128, 3),  # split over K with a ragged tail: fp32 partials parked [M, N] and summed
+])
+def test_gemv_swap_ab(rows, n, k, block_n, block_k, split):
+    """swap_ab (the weight tile the MMA's M operand, the accumulator out.T's block) against F.linear, and against
+    the same tiles unswapped: stored back as [M, N], through the split workspace too, rows past M left out."""
+    x, w = _case(rows * 100 + k + split, rows, n, k)
+    swapped = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, swap_ab=True)
+    got = gemv(x, w, swapped)
+    _check(got, x, w)
+    plain = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2)
+    torch.testing.assert_close(got, gemv(x, w, plain), atol=1e-4, rtol=1e-4)
+
+
+def test_gemv_swap_ab_one_row_is_the_row_kernel():
+    """One row has no MMA: a swap_ab config runs the one-row kernel, the same result bit for bit."""
+    x, w = _case(9, 1, 70, 256)
+    config = GemvConfig(block_n=16, block_k=64, split=2, num_stages=2)
+    assert torch.equal(gemv(x, w, GemvConfig(**{**vars(config), "swap_ab": True})), gemv(x, w, config))
+
+
 def test_gemv_split_counters_return_to_zero():
     """Each output block's last split sums the partials and resets its counter, so the next launch (or another
     kernel sharing quant_matmul's counters) starts from zero."""
@@ -156,6 +180,23 @@ def test_silu_mul_gemv_is_silu_mul_then_gemv(rows, k, block_k, split):
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("rows", [2, 16])
+@pytest.mark.parametrize(("k", "block_k", "split"), [(256, 128, 1), (328, 64, 2)])
+def test_silu_mul_gemv_swap_ab(rows, k, block_k, split):
+    """The fused down projection with swap_ab: equal to silu_mul then the swapped GEMV, and to the reference."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import naive_silu_mul_gemv, silu_mul_gemv
+
+    gate, up = torch.split(_gate_up(rows * 10 + k, rows, k, torch.float32), [k, k], dim=-1)
+    _, w = _case(k + split, rows, 100, k)
+    config = GemvConfig(block_n=64, block_k=block_k, split=split, num_stages=2, swap_ab=True)
+    got = silu_mul_gemv(gate, up, w, config)
+    assert got.shape == (rows, 100)
+    assert torch.equal(got, gemv(silu_mul(gate, up), w, config))
+    want = naive_silu_mul_gemv(gate, up, w)
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
+
+
 def test_silu_mul_gemv_separate_and_misaligned_halves():
     """gate and up as two tensors of different row strides (an unmerged gate / up), and one bf16 row whose
     gate|up view starts mid-pair (2-byte loads, not pairs): the same result as silu_mul then gemv."""
@@ -208,7 +249,7 @@ def test_tuned_silu_mul_gemv_runs_only_its_own_entries(monkeypatch):
 
 def test_tuned_configs_keep_plain_and_fused_entries_apart(monkeypatch, tmp_path):
     """A table written before the fused entries (no "input") loads as plain entries; a fused entry of the same
-    shape and rows gets a key of its own."""
+    shape and rows gets a key of its own. An entry without "swap_ab" is unswapped; one with it keeps it."""
     import json
 
     import triton
@@ -218,19 +259,22 @@ def test_tuned_configs_keep_plain_and_fused_entries_apart(monkeypatch, tmp_path)
     plain = {"n": 2560, "k": 9216, "m": 1, "block_n": 16, "block_k": 512, "split": 4, "num_warps": 4,
              "num_stages": 3}
     fused = {**plain, "input": "silu_mul", "block_n": 32, "split": 2}
+    swapped = {**plain, "m": 8, "block_n": 128, "block_k": 128, "swap_ab": True}
     table = tmp_path / "gemv_tuned_configs.json"
-    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [plain, fused]}}))
+    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [plain, fused, swapped]}}))
     monkeypatch.setattr(module, "TUNED_CONFIGS", table)
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_A")
     assert module.load_tuned_configs(torch.device("cuda")) == {
-        (2560, 9216, 1, "x"): GemvConfig(16, 512, 4, 4, 3), (2560, 9216, 1, "silu_mul"): GemvConfig(32, 512, 2, 4, 3)}
+        (2560, 9216, 1, "x"): GemvConfig(16, 512, 4, 4, 3), (2560, 9216, 1, "silu_mul"): GemvConfig(32, 512, 2, 4, 3),
+        (2560, 9216, 8, "x"): GemvConfig(128, 128, 4, 4, 3, swap_ab=True)}
 
 
 def test_compiles_for_the_h200():
     """The GPU compiler takes every variant the engine launches - one row (bf16 pairs) with and without a split,
     16 rows on the tensor cores, each plain and with SwiGLU's activation fused (SILU_MUL) - with PDL on and off
     (the interpreter ran a one-row GEMV that Triton's sm_90 compiler rejected, session 10); with PDL the kernel
-    waits on its producer (griddepcontrol)."""
+    waits on its producer (griddepcontrol). 16 rows with SWAP_AB and 64 or 128 weight rows a tile compile to
+    wgmma (the point of swapping: 16 rows as the M side are too few for it)."""
     from tests.kernels.sm90 import compile_sm90
 
     variants = []
@@ -242,16 +286,25 @@ def test_compiles_for_the_h200():
                 pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
                 constants = {"BLOCK_M": rows, "BLOCK_N": 16 if pairs else 32, "BLOCK_K": 512 if pairs else 128,
                              "NUM_STAGES": 3, "EVEN_K": True, "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul,
-                             "PDL": pdl}
+                             "PDL": pdl, "SWAP_AB": False}
                 variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, constants))
     # A ragged K (masked tiles) with the activation fused: one row 2 bytes a load, and 16 rows.
     for rows in (1, 16):
         pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
         variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
             "BLOCK_M": rows, "BLOCK_N": 32, "BLOCK_K": 128, "NUM_STAGES": 3, "EVEN_K": False, "SPLIT": True,
-            "PAIRS": False, "SILU_MUL": True, "PDL": True}))
+            "PAIRS": False, "SILU_MUL": True, "PDL": True, "SWAP_AB": False}))
+    # Swapped: plain without a split, fused with one, and a ragged K.
+    for block_n, split, silu_mul, even_k in ((64, False, False, True), (128, True, True, True),
+                                             (64, True, True, False)):
+        pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": 128, "NUM_STAGES": 4, "EVEN_K": even_k, "SPLIT": split,
+            "PAIRS": False, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": True}))
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         assert ("griddepcontrol.wait" in result["ptx"]) == constants["PDL"], constants
         # the fused variants compute silu (an exp: ex2 in PTX); the plain ones do not
         assert ("ex2" in result["ptx"]) == constants["SILU_MUL"], constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in result["ptx"], constants
