@@ -9,7 +9,9 @@ switch interval, --gil-switch-ms 5, beside the rows), serve_lag4 / serve_lag8 (t
 of the GPU in a pass that takes interjections, --interjection-lag: session 11 found the default 2 costing the HTTP
 prefill rows), serve_trace / serve_trace_plain (the server built in this process, a lone 8K and 32K prompt over
 HTTP at the default lag and with the host never held back, then under torch's profiler: GPU busy time, idle gaps,
-blocking CUDA calls; bench/serve_trace.py), serve_int2
+blocking CUDA calls; bench/serve_trace.py), decode_tiles (the paged kernel's decode configs at 32K keys, bf16 and
+int2, batch 1 and 8), profile_decode_long (an eager decode step at 32K context, bf16 against int2 KV, kernels by
+name), serve_int2
 (the INT2 plan over HTTP: 128K context, 8 running; prefill 32K/120K, decode at 32K), kivi_blocks (the KIVI block
 path against the fused kernel), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
@@ -378,6 +380,8 @@ def main() -> None:
             "serve_lag4": lambda s: part_serve(s, flags=("--interjection-lag", "4")),
             "serve_lag8": lambda s: part_serve(s, flags=("--interjection-lag", "8")),
             "serve_trace": lambda s: __import__("serve_trace").serve_trace(MODEL),
+            "decode_tiles": lambda s: parts.decode_tile_sweep(),
+            "profile_decode_long": lambda s: parts.profile_decode_long(MODEL),
             "serve_trace_plain": lambda s: __import__("serve_trace").serve_trace(MODEL, extra=("--no-interjection",)),
             "tiles": lambda s: parts.attention_tile_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
