@@ -58,6 +58,20 @@ def test_rms_norm_rotary(rotary_dim, dim, unit_offset):
     torch.testing.assert_close(got, naive_rms_norm_rotary(x, w, 1e-6, unit_offset, positions, inv_freq), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("heads,dim,rotary_dim", [(5, 24, 8), (1, 40, 16), (8, 16, 16), (3, 128, 64)], ids=str)
+@pytest.mark.parametrize("config", [None, (1, 4), (2, 4), (4, 8)], ids=str)
+def test_rms_norm_rotary_head_tiles(heads, dim, rotary_dim, config):
+    """BLOCK_H heads of one token a program: head counts not a multiple of the tile, one head, head_dim not a
+    power of two; rows strided (heads cut out of a wider projection)."""
+    gen = _gen(heads * 1000 + dim)
+    x = torch.randn(3, heads, 2 * dim, generator=gen)[..., dim:]
+    w = torch.randn(dim, generator=gen)
+    positions, inv_freq = torch.tensor([2, 300, 32769]), rotary_inv_freq(rotary_dim, 1e6)
+    got = rms_norm_rotary(x, w, 1e-6, False, positions, inv_freq, config=config)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, naive_rms_norm_rotary(x, w, 1e-6, False, positions, inv_freq), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("config", [None, (1, 4), (4, 2), (16, 4), (64, 8)], ids=str)
 @pytest.mark.parametrize("shape", [(7, 3, 20), (1, 1, 20), (13, 5, 32), (9, 24)], ids=str)
 def test_gated_rms_norm(shape, config):
@@ -160,6 +174,32 @@ def test_qk_norm_rotary_store_matches_the_two_norms_and_the_row_stores(unit_offs
     assert torch.equal(pools[1][rows], v)
 
 
+@pytest.mark.parametrize("hq,hkv,dim,rotary_dim", [(3, 1, 24, 8), (5, 2, 40, 16), (16, 4, 32, 32), (2, 2, 8, 8)], ids=str)
+@pytest.mark.parametrize("config", [None, (1, 4), (2, 4), (4, 2)], ids=str)
+def test_qk_norm_rotary_store_head_tiles(hq, hkv, dim, rotary_dim, config):
+    """Programs of BLOCK_H heads of one token: head counts that are not a multiple of the tile (the last tile's
+    heads past the count masked, q's and k's tiles apart), head_dim not a power of two (BLOCK_D's masked
+    channels), whole and partial rotary; strided q/k/v views and a strided pool, whose other rows stay as they
+    were."""
+    from headroom.kernels.rotary import naive_qk_norm_rotary_store
+    from headroom.kernels.rotary_triton import qk_norm_rotary_store
+
+    gen = _gen(hq * 100 + hkv * 10 + dim)
+    tokens = 4
+    fused = torch.randn(tokens, (hq + 2 * hkv) * dim + 8, generator=gen)[:, 8:]
+    q, k, v = (part.view(tokens, -1, dim) for part in fused.split([hq * dim, hkv * dim, hkv * dim], dim=-1))
+    wq, wk = torch.randn(dim, generator=gen), torch.randn(dim, generator=gen)
+    positions, inv_freq = torch.tensor([0, 5, 4097, 65539]), rotary_inv_freq(rotary_dim, 1e6)
+    rows = torch.tensor([6, 1, 3, 0])
+    pools = [torch.randn(8, 2, hkv, dim, generator=gen)[:, 1] for _ in range(2)]
+    want_pools = [p.clone() for p in pools]
+    got = qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, True, positions, inv_freq, *pools, rows, config=config)
+    want = naive_qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, True, positions, inv_freq, *want_pools, rows)
+    for a, b in zip((*got, *pools), (*want, *want_pools), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert torch.equal(pools[1][rows], v)
+
+
 @pytest.mark.parametrize("pdl", [True, False])
 def test_qk_norm_rotary_store_compiles_for_the_h200(pdl):
     from tests.kernels.sm90 import compile_sm90
@@ -167,6 +207,6 @@ def test_qk_norm_rotary_store_compiles_for_the_h200(pdl):
     pointers = dict(q="*bf16", k="*bf16", v="*bf16", wq="*bf16", wk="*bf16", positions="*i64", inv_freq="*fp32",
                     q_out="*bf16", k_out="*bf16", pool_k="*bf16", pool_v="*bf16", rows="*i64", eps="fp32")
     [result] = compile_sm90([("headroom.kernels.rotary_triton", "qk_norm_rotary_store_fwd_kernel", pointers,
-                              dict(BLOCK_D=256, UNIT_OFFSET=True, PDL=pdl))])
+                              dict(BLOCK_H=4, BLOCK_D=256, VEC=2, UNIT_OFFSET=True, PDL=pdl))])
     assert result["ok"], result.get("error")
     assert ("griddepcontrol.wait" in result["ptx"]) == pdl
