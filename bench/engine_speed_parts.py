@@ -166,6 +166,13 @@ def kernel_checks() -> dict:
         "unfused_ms": _bench(lambda: (rotary_triton.rms_norm_rotary(fq, wq, 1e-6, True, pos, inv),
                                       pools[0].index_put_((rows,), rotary_triton.rms_norm_rotary(fk, wk, 1e-6, True, pos, inv)),
                                       pools[1].index_put_((rows,), fv)))}
+    # 8 channels a thread, 16-byte accesses: another order of the rstd sums (not bit-equal to the default tile).
+    wide_tile = rotary_triton.qk_norm_rotary_store(fq, fk, fv, wq, wk, 1e-6, True, pos, inv, pools[0], pools[1], rows,
+                                                   config=(4, 1))
+    out["qk_norm_rotary_store"]["tile_4x1"] = {
+        "q_vs_default": _diff(wide_tile[0], got[0]), "q": _diff(wide_tile[0], want[0]),
+        "ms": _bench(lambda: rotary_triton.qk_norm_rotary_store(fq, fk, fv, wq, wk, 1e-6, True, pos, inv, pools[0],
+                                                               pools[1], rows, config=(4, 1)))}
     qk = torch.randn(n, 16, 256, device=DEV, dtype=bf)[..., :128]  # GDN q heads cut from a wider q|k
     from fla.modules.norm.l2norm import l2norm_fwd
 
