@@ -620,7 +620,7 @@ def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[
             lens = [32768] * batch
             kv, table = gpu_kernels.filled_pool(kind, lens)
             args = gpu_kernels.attention_args(kv, table, lens, [1] * batch)
-            splits = pa.default_num_splits(batch, 1, gpu_kernels.HQ // gpu_kernels.HKV, gpu_kernels.HKV)
+            splits = pa.default_num_splits(batch, 1, gpu_kernels.HQ // gpu_kernels.HKV, gpu_kernels.HKV, kind != "bf16")
             reference = None
             for config in decode_configs:
                 key = f"{kind}_decode_b{batch}_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))

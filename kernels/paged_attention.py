@@ -34,6 +34,10 @@ _KIND_CODE = {"dense": 0, "fp8": 1, "kivi": 2}
 # Programs to aim for before splitting key ranges: two waves of an H200's 132 multiprocessors.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 32
+# KIVI decode may split further: one sequence's 4 KV heads at 32 splits were one wave of 128 programs, each
+# dequantizing 1,024 keys (H200, 32K keys, session 12 call 2's decode_tiles: 0.087 ms a layer; 64 splits with 4 warps
+# 0.072, bf16's own 0.068). Batches of 2 or more still reach _TARGET_PROGRAMS under _MAX_SPLITS.
+_MAX_SPLITS_KIVI = 64
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend): set only by bench/engine_speed.py's tile sweep; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
@@ -248,8 +252,8 @@ def paged_attention_fwd(
         block_n, num_stages = 64, (2 if kv.kind == "kivi" else 3)
     else:
         # Decode (32K keys): bf16 64 keys, 3 stages; KIVI whole-page tiles of 64 keys, 2 stages, and 8 warps
-        # when the launch is one wave or less (batch 1: 0.163 ms vs 0.192 with 4) but 4 when it is more
-        # (batch 8: 0.39 ms vs 0.60 with 8).
+        # when the launch is one wave or less but 4 when it is more (batch 8: 0.39 ms vs 0.60 with 8); batch 1
+        # now splits into two waves (_MAX_SPLITS_KIVI) and takes 4.
         block_n, num_stages = 64, (2 if kv.kind == "kivi" else 3)
         if kv.kind == "kivi":
             num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
@@ -321,11 +325,12 @@ def _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv: PagedKV) 
         raise ValueError("q, kv_table and the pool tensors need a contiguous last dimension")
 
 
-def default_num_splits(num_seqs: int, max_q_len: int, group: int, num_kv_heads: int) -> int:
-    """Programs per key range: enough for _TARGET_PROGRAMS in all, at most _MAX_SPLITS, a power of two (the merge
-    kernel's tile, BLOCK_S, then takes a few values, all met by the warm-up)."""
+def default_num_splits(num_seqs: int, max_q_len: int, group: int, num_kv_heads: int, kivi: bool = False) -> int:
+    """Programs per key range: enough for _TARGET_PROGRAMS in all, at most _MAX_SPLITS (_MAX_SPLITS_KIVI over a KIVI
+    pool), a power of two (the merge kernel's tile, BLOCK_S, then takes a few values, all met by the warm-up)."""
     tiles = num_seqs * math.ceil(max_q_len * group / _block_m(max_q_len * group)) * num_kv_heads
-    return 1 << (max(1, min(_MAX_SPLITS, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
+    most = _MAX_SPLITS_KIVI if kivi else _MAX_SPLITS
+    return 1 << (max(1, min(most, _TARGET_PROGRAMS // tiles)).bit_length() - 1)
 
 
 def paged_attention(
@@ -365,7 +370,7 @@ def paged_attention(
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
         num_splits = 1 if prev is not None else default_num_splits(
-            kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads)
+            kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads, kv.kind == "kivi")
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev
     )
