@@ -64,6 +64,14 @@ def _blocking_calls(prof, top: int = 12) -> dict:
     return {e.key[:60]: {"calls": e.count, "ms": round(e.cpu_time_total / 1000, 3)} for e in rows[:top]}
 
 
+def _allocator() -> dict[str, int]:
+    """The caching allocator's device allocations, frees, retries (a cudaFree of every cached block, then again)
+    and reserved bytes so far (CUDA; zeros elsewhere)."""
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "reserved_bytes.all.current")
+    return {key: int(stats.get(key, 0)) for key in keys}
+
+
 def serve_trace(model: Path, lengths: tuple[int, ...] = (8192, 32000), extra: tuple[str, ...] = ()) -> dict:
     import httpx
     from decode_parts import gpu_timeline
@@ -85,7 +93,11 @@ def serve_trace(model: Path, lengths: tuple[int, ...] = (8192, 32000), extra: tu
             for lag in (default_lag, layers + 1):
                 state.loop.set_interjection_lag(lag)
                 for n in lengths:
+                    before = _allocator()
                     out[f"lag{lag}_{n}_first_ms"] = round(complete(n) * 1000, 2)
+                    # What a first call at this length cost the caching allocator (cudaMalloc/cudaFree of new blocks).
+                    after = _allocator()
+                    out[f"lag{lag}_{n}_first_allocator"] = {key: after[key] - before[key] for key in after}
                     out[f"lag{lag}_{n}_ms"] = [round(complete(n) * 1000, 2) for _ in range(3)]
             state.loop.set_interjection_lag(default_lag)
             for n in lengths:
