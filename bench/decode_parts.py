@@ -91,6 +91,13 @@ GEMV_MMA_STAGES = (4, 3)
 # Several rows with swap_ab (the weight tile the MMA's M side, so 64-128 weight rows make a wgmma), timed before
 # GEMV_MMA_TILES: session 11's unswapped tiles were only level with cuBLAS at 8 and 16 rows.
 GEMV_SWAP_TILES = [(64, 128, 4), (128, 128, 4), (64, 256, 4), (128, 64, 4), (128, 128, 8)]
+# Up to 8 rows on the CUDA cores (rows_on_cores: the one-row loop, an FFMA a row and weight), timed before the
+# tensor-core tiles: those reached only ~3.5 TB/s at 8 rows (session 12). Small tiles, as the accumulator is
+# [rows, BLOCK_N, BLOCK_K / 2] (each at most kernels/gemv.py's CORE_ROWS_ACC_REGS a thread at 8 rows: 206-254
+# registers in sm_90 SASS, no spills). 3 stages first: with 1 the x tile goes through shared memory for its layout
+# every tile (24-32 barriers in the loop), with cp.async it is read from the stage buffer (bench/kernel_sass.py).
+GEMV_CORE_ROW_TILES = [(8, 512, 4), (16, 256, 4), (8, 256, 4), (16, 512, 8), (4, 512, 4)]
+GEMV_CORE_ROW_STAGES = (3, 1)
 # Each batch's share of the budget, cumulative: one row (issue 18's decode) first and most.
 GEMV_BATCH_BUDGET = {1: 0.6, 8: 0.8, 16: 1.0}
 
@@ -111,18 +118,22 @@ def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[in
 
 
 def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
-    """The GemvConfigs the sweep times at a shape and row count, most promising first (for several rows, at each
-    stage count the swapped tiles, then the unswapped ones)."""
-    from headroom.kernels.gemv import GemvConfig
+    """The GemvConfigs the sweep times at a shape and row count, most promising first (for up to 8 rows the
+    CUDA-core tiles first; then for several rows, at each stage count the swapped tiles, then the unswapped
+    ones)."""
+    from headroom.kernels.gemv import CORE_ROWS_MAX, GemvConfig
+
+    def configs(stages, tiles, **fields) -> list:
+        return [GemvConfig(bn, bk, split, warps, stage, **fields) for stage in stages for bn, bk, warps in tiles
+                for split in gemv_splits(n, k, bn, bk, sms)]
 
     if rows == 1:
-        stages, groups = GEMV_ROW_STAGES, [(GEMV_ROW_TILES, False)]
-    else:
-        # Stage by stage, the swapped tiles then the unswapped (session 11's winners, 4 and 3 stages, so they are
-        # timed early whatever the budget leaves).
-        stages, groups = GEMV_MMA_STAGES, [(GEMV_SWAP_TILES, True), (GEMV_MMA_TILES, False)]
-    return [GemvConfig(bn, bk, split, warps, stage, swap) for stage in stages for tiles, swap in groups
-            for bn, bk, warps in tiles for split in gemv_splits(n, k, bn, bk, sms)]
+        return configs(GEMV_ROW_STAGES, GEMV_ROW_TILES)
+    cores = configs(GEMV_CORE_ROW_STAGES, GEMV_CORE_ROW_TILES, rows_on_cores=True) if rows <= CORE_ROWS_MAX else []
+    # Stage by stage, the swapped tiles then the unswapped (session 11's winners, 4 and 3 stages, so they are
+    # timed early whatever the budget leaves).
+    return cores + [config for stage in GEMV_MMA_STAGES
+                    for config in configs((stage,), GEMV_SWAP_TILES, swap_ab=True) + configs((stage,), GEMV_MMA_TILES)]
 
 
 def gemv_batches() -> list[int]:
@@ -266,8 +277,8 @@ GEMV_MIN_GAIN = 0.03
 
 def gemv_table(sweep: dict, previous: list[dict] | None = None) -> list[dict]:
     """kernels/gemv_tuned_configs.json's configs for this GPU from a gemv_sweep: the (shape, rows) where the best
-    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings and the whole config (swap_ab too; the table
-    is written by kernels/tuned_table.py). A fused shape's entry ("input": "silu_mul") must beat what the engine
+    configuration beat cuBLAS by GEMV_MIN_GAIN, with both timings and the whole config (swap_ab and rows_on_cores
+    too; the table is written by kernels/tuned_table.py). A fused shape's entry ("input": "silu_mul") must beat what the engine
     runs without it by as much: silu_mul then cuBLAS, or silu_mul then the GEMV where the plain shape has its own
     entry. previous (the shipped table's entries for this GPU and Triton version): those of batches the sweep
     did not time are kept (GEMV_BATCHES="8,16" must not drop the one-row entries); a swept batch's are replaced

@@ -21,7 +21,13 @@ separate (input "silu_mul"), timed against silu_mul + cuBLAS.
 
 Several rows with swap_ab (GemvConfig) compute out.T = w @ x.T: the weight tile is the MMA's M operand and the 16
 rows of x its N, so a tile of 64 or 128 weight rows can be Hopper's wgmma (M >= 64 a warpgroup) and each pipeline
-stage streams a wide weight tile; without it the 16 rows are the M side, too few for wgmma."""
+stage streams a wide weight tile; without it the 16 rows are the M side, too few for wgmma.
+
+Two to eight rows with rows_on_cores (GemvConfig) stay on the CUDA cores as one row does: each weight pair is
+unpacked once and is then one FFMA a row (acc [BLOCK_M, BLOCK_N, units], BLOCK_M the rows rounded up to a power of
+two): 10.9-12.4 sm_90 instructions a weight element at 8 rows with 3 stages (8 of them FFMAs), against the 16 a
+cycle's issue leaves at 4.3 TB/s; the tensor-core tiles reached only ~3.5 TB/s at 8 rows (session 12). Fused
+(SILU_MUL) it is ~29: every thread recomputes silu for each row of the x units it holds."""
 
 from __future__ import annotations
 
@@ -45,6 +51,16 @@ class GemvConfig:
     num_stages: int = 3
     # Several rows only (one row ignores it): the weight tile as the MMA's M operand, acc [BLOCK_N, 16].
     swap_ab: bool = False
+    # 2 to 8 rows on the CUDA cores (CORE_ROWS; swap_ab then ignored); one row and 9-16 rows ignore it.
+    rows_on_cores: bool = False
+
+
+# The most rows CORE_ROWS takes: each row is another FFMA a weight element, and at 8 the loop already issues
+# 11-12 instructions a weight element of the 16 a cycle leaves at full bandwidth (see the module docstring).
+CORE_ROWS_MAX = 8
+# fp32 accumulator registers a thread CORE_ROWS keeps across the loop (BLOCK_M x BLOCK_N x units over the threads)
+# before the launch sums over the units every tile instead (ROW_SUM; see gemv_fwd_kernel).
+CORE_ROWS_ACC_REGS = 128
 
 
 TUNED_CONFIGS = Path(__file__).with_name("gemv_tuned_configs.json")
@@ -66,10 +82,34 @@ def _silu_mul(g, u, dtype: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr):
-    """acc (fp32 [BLOCK_N, units]) plus the products of weight tile b_w and x b_x [units], an FFMA each. PAIRS: both are bf16
-    pairs read as int32 (low element in the low half), and a bf16 is the top half of an fp32: the high element is
-    one mask, the low one a shift (a bf16 -> fp32 conversion of the high element costs ptxas two, PRMT and shift).
+def _products(acc, w_lo, x_lo, w_hi, x_hi, HI: tl.constexpr, ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
+    """acc plus w_lo * x_lo (and w_hi * x_hi where HI: the pairs' high elements): weights [BLOCK_N, units] against
+    one row's x [units] (acc [BLOCK_N, units]) or, ROWS, [BLOCK_M, units] (acc [BLOCK_M, BLOCK_N, units], or with
+    ROW_SUM [BLOCK_M, BLOCK_N], summed over the units here: one reduction a tile for both halves)."""
+    if ROWS and ROW_SUM:
+        prod = w_lo[None, :, :] * x_lo[:, None, :]
+        if HI:
+            prod += w_hi[None, :, :] * x_hi[:, None, :]
+        acc += tl.sum(prod, axis=2)
+    else:
+        if ROWS:
+            w_a, x_a, w_b, x_b = w_lo[None, :, :], x_lo[:, None, :], w_hi[None, :, :], x_hi[:, None, :]
+        else:
+            w_a, x_a, w_b, x_b = w_lo, x_lo[None, :], w_hi, x_hi[None, :]
+        # two accumulations, not acc + (lo + hi): that compiles to FMUL, FFMA, FADD
+        acc += w_a * x_a
+        if HI:
+            acc += w_b * x_b
+    return acc
+
+
+@triton.jit
+def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, ROWS: tl.constexpr,
+                ROW_SUM: tl.constexpr):
+    """acc plus the products of weight tile b_w and x b_x ([units] for one row, ROWS: [BLOCK_M, units]; see
+    _products), an FFMA each. PAIRS: both are bf16 pairs read as int32 (low element in the low half), and a bf16
+    is the top half of an fp32: the high element is one mask, the low one a shift (a bf16 -> fp32 conversion of
+    the high element costs ptxas two, PRMT and shift); a weight pair is unpacked once however many rows use it.
     SILU_MUL: b_x is the gate and b_u the up half of the same units; x is silu(gate) * up (see _silu_mul)."""
     if PAIRS:
         w_lo = (b_w << 16).to(tl.float32, bitcast=True)
@@ -79,15 +119,14 @@ def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr)
         if SILU_MUL:
             x_lo = _silu_mul(x_lo, (b_u << 16).to(tl.float32, bitcast=True), tl.bfloat16)
             x_hi = _silu_mul(x_hi, (b_u & -65536).to(tl.float32, bitcast=True), tl.bfloat16)
-        # two accumulations, not acc + (lo + hi): that compiles to FMUL, FFMA, FADD
-        acc += w_lo * x_lo[None, :]
-        acc += w_hi * x_hi[None, :]
+        acc = _products(acc, w_lo, x_lo, w_hi, x_hi, True, ROWS, ROW_SUM)
     else:
         # (if/else, not an early return: see _multiply_add)
         x = b_x.to(tl.float32)
         if SILU_MUL:
             x = _silu_mul(x, b_u.to(tl.float32), b_x.dtype)
-        acc += b_w.to(tl.float32) * x[None, :]
+        w = b_w.to(tl.float32)
+        acc = _products(acc, w, x, w, x, False, ROWS, ROW_SUM)
     return acc
 
 
@@ -115,19 +154,23 @@ def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
 
 @triton.jit
 def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc plus x's matching tile times b_w: CUDA-core products for one row, the tensor cores for more (SWAP_AB:
-    acc [BLOCK_N, BLOCK_M] += w-tile @ x-tile.T, else acc [BLOCK_M, BLOCK_N] += x-tile @ w-tile.T). SILU_MUL:
-    x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked units are 0: silu(0) is)."""
+                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr, SWAP_AB: tl.constexpr,
+                  CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
+    """acc plus x's matching tile times b_w: CUDA-core products for one row and for CORE_ROWS, the tensor cores
+    for more (SWAP_AB: acc [BLOCK_N, BLOCK_M] += w-tile @ x-tile.T, else acc [BLOCK_M, BLOCK_N] += x-tile @
+    w-tile.T). SILU_MUL: x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked
+    units are 0: silu(0) is)."""
     # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
-    if BLOCK_M == 1:
-        b_x = _x_tile(p_x, step, m_u, EVEN_K, False)
+    if BLOCK_M == 1 or CORE_ROWS:
+        # CORE_ROWS: p_x's rows past M repeat row M - 1 (see gemv_fwd_kernel), so only K masks
+        mask = m_u if BLOCK_M == 1 else m_u[None, :]
+        b_x = _x_tile(p_x, step, mask, EVEN_K, False)
         if SILU_MUL:
-            b_u = _x_tile(p_u, step, m_u, EVEN_K, False)
+            b_u = _x_tile(p_u, step, mask, EVEN_K, False)
         else:
             b_u = b_x
-        acc = _accumulate(acc, b_w, b_x, b_u, PAIRS, SILU_MUL)
+        acc = _accumulate(acc, b_w, b_x, b_u, PAIRS, SILU_MUL, CORE_ROWS, ROW_SUM)
     else:
         mask = m_m[:, None] if EVEN_K else m_m[:, None] & m_u[None, :]
         b_x = _x_tile(p_x, step, mask, EVEN_K, True)
@@ -146,7 +189,7 @@ def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
-    SWAP_AB: tl.constexpr,
+    SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -156,7 +199,14 @@ def gemv_fwd_kernel(
     stride_wn stay in elements. SILU_MUL (SwiGLU's down projection): x is the gate and `up` the up half, [M, K]
     each (row strides stride_xm, stride_um, as pairs too), and the product's input row is silu(gate) * up, made
     as each tile is loaded; without SILU_MUL `up` is never read. SWAP_AB (BLOCK_M > 1): the accumulator is
-    out.T's block [BLOCK_N, BLOCK_M], the weight tile the MMA's M operand (see GemvConfig.swap_ab)."""
+    out.T's block [BLOCK_N, BLOCK_M], the weight tile the MMA's M operand (see GemvConfig.swap_ab).
+    CORE_ROWS (BLOCK_M 2-8): the one-row loop for every row at once, x a [BLOCK_M, units] tile (pairs too; row
+    strides in elements) and acc [BLOCK_M, BLOCK_N, units], BLOCK_M times one row's registers: kept for tiles of
+    at most CORE_ROWS_ACC_REGS a thread (small BLOCK_N x BLOCK_K: an FFMA a row and weight, no reduction in the
+    loop; 206-254 registers at 8 rows, no spills). ROW_SUM (larger tiles): acc [BLOCK_M, BLOCK_N], the products
+    summed over the units every tile, which bounds the accumulator but costs a shuffle tree a tile for every
+    (row, weight row) a thread holds: 77 instructions a weight element at 8 rows of 32 x 256 (1792 SHFLs a tile,
+    spills), a fallback for tiles too large, not a contender."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -178,6 +228,16 @@ def gemv_fwd_kernel(
         p_x = x + k_lo // UNIT + offs_u
         p_u = up + k_lo // UNIT + offs_u
         acc = tl.zeros((BLOCK_N, BLOCK_U), dtype=tl.float32)
+    elif CORE_ROWS:
+        # As for N: rows past M read row M - 1 again (their sums are never stored), so x's loads carry no row
+        # mask and no zero fill.
+        x_rows = tl.minimum(offs_m, M - 1)[:, None]
+        p_x = x + x_rows * (stride_xm // UNIT) + (k_lo // UNIT + offs_u)[None, :]
+        p_u = up + x_rows * (stride_um // UNIT) + (k_lo // UNIT + offs_u)[None, :]
+        if ROW_SUM:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_U), dtype=tl.float32)
     else:
         p_x = x + offs_m[:, None] * stride_xm + (k_lo + offs_u)[None, :]
         p_u = up + offs_m[:, None] * stride_um + (k_lo + offs_u)[None, :]
@@ -193,15 +253,21 @@ def gemv_fwd_kernel(
         b_w = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
         gdc_wait()
         acc = _multiply_add(acc, b_w, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, SWAP_AB)
+                            SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
         k_first = k_lo + BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
         acc = _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, SWAP_AB)
+                            SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
+                      SPLIT)
+    elif CORE_ROWS:
+        if not ROW_SUM:
+            acc = tl.sum(acc, axis=2)
+        _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
+                      offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
                       SPLIT)
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
@@ -216,8 +282,9 @@ def gemv_fwd_kernel(
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
-    """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16. One launch
-    also with a split over K: the last split of an output block to finish sums the others' fp32 partials."""
+    """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16 (2 to 8 on
+    the CUDA cores with config.rows_on_cores). One launch also with a split over K: the last split of an output
+    block to finish sums the others' fp32 partials."""
     return _launch(x, None, w, config)
 
 
@@ -255,24 +322,31 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     split = triton.cdiv(k, k_per_split)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    # bf16 pairs as int32 for one row (see _accumulate); 4-byte alignment holds for any even K and any
-    # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in)
+    core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
+    block_m = 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
+    # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
+    # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
+    # and several rows need even row strides too
     operands = (x, w) if up is None else (x, up, w)
-    pairs = num_rows == 1 and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 \
-        and all(t.data_ptr() % 4 == 0 for t in operands)
+    pairs = (num_rows == 1 or core_rows) and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 \
+        and all(t.data_ptr() % 4 == 0 for t in operands) \
+        and (num_rows == 1 or all(t.stride(0) % 2 == 0 for t in operands))
     # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
-    x_arg = x[0].view(torch.int32) if pairs else x
-    up_arg = x_arg if up is None else up[0].view(torch.int32) if pairs else up
+    x_arg = (x[0] if num_rows == 1 else x).view(torch.int32) if pairs else x
+    up_arg = x_arg if up is None else (up[0] if num_rows == 1 else up).view(torch.int32) if pairs else up
+    # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
+    acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
     gemv_fwd_kernel[(blocks, split)](
         # counters only for a split (a launch without one never touches them, nor allocates them)
         x_arg, up_arg, w.view(torch.int32) if pairs else w, out, ws,
         _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0),
         x.stride(0) if up is None else up.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=1 if num_rows == 1 else 16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
-        SWAP_AB=config.swap_ab and num_rows > 1, **pdl_launch(x.device),
+        SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
+        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, **pdl_launch(x.device),
     )
     return out
 
@@ -308,10 +382,11 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:
     """The shipped table's entries for this GPU and Triton version (none for another version: timings differ),
     keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
-    down projection) is a plain one, and one without "swap_ab" (tables before it) is not swapped."""
+    down projection) is a plain one, one without "swap_ab" (tables before it) is not swapped, and one without
+    "rows_on_cores" runs several rows on the tensor cores."""
     from headroom.kernels.tuned_table import entries_for
 
     return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
             GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
-                       c.get("swap_ab", False))
+                       c.get("swap_ab", False), c.get("rows_on_cores", False))
             for c in entries_for(TUNED_CONFIGS, device)}

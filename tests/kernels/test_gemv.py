@@ -1,7 +1,8 @@
 """The decode GEMV (kernels/gemv.py, Triton interpreter on CPU) against torch's F.linear: one row and several, with and
 without a split over K (summed in the same launch), shapes that no block divides; bf16 one row as int32 pairs, with
 K a multiple of the tile (no K masks) and with a ragged tail, odd K and views that start mid-pair (2-byte loads).
-The fused SwiGLU down projection (silu_mul_gemv) against silu_mul then the GEMV, and its own table entries."""
+The fused SwiGLU down projection (silu_mul_gemv) against silu_mul then the GEMV, and its own table entries. 2-8 rows
+on the CUDA cores (rows_on_cores) in bf16 pairs and fp32, whole accumulator and summed every tile (ROW_SUM)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,64 @@ def test_gemv_swap_ab_one_row_is_the_row_kernel():
     x, w = _case(9, 1, 70, 256)
     config = GemvConfig(block_n=16, block_k=64, split=2, num_stages=2)
     assert torch.equal(gemv(x, w, GemvConfig(**{**vars(config), "swap_ab": True})), gemv(x, w, config))
+
+
+def _row_sum(rows: int, config: GemvConfig, pairs: bool) -> bool:
+    """Whether the launch sums rows_on_cores' products every tile (its accumulator over the register budget)."""
+    import triton
+    from headroom.kernels.gemv import CORE_ROWS_ACC_REGS
+
+    units = config.block_k // (2 if pairs else 1)
+    return triton.next_power_of_2(rows) * config.block_n * units // (32 * config.num_warps) > CORE_ROWS_ACC_REGS
+
+
+# (n, k, block_n, block_k, split, num_warps): the tiles of test_gemv_rows_on_cores.
+CORE_ROW_TILES = [
+    (40, 512, 16, 128, 1, 4),  # EVEN_K; the last block of 16 weight rows partial
+    (130, 328, 8, 64, 2, 4),  # ragged K (the last tile masked along K), split over K
+    (72, 600, 8, 128, 3, 2),  # split over K unevenly with a ragged tail: fp32 partials parked [M, N] and summed
+    (200, 512, 32, 256, 1, 1),  # accumulator past CORE_ROWS_ACC_REGS even at 2 rows: ROW_SUM
+    (64, 203, 16, 64, 2, 4),  # odd K: no pairs
+]
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 8])
+@pytest.mark.parametrize(("n", "k", "block_n", "block_k", "split", "warps"), CORE_ROW_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemv_rows_on_cores(rows, n, k, block_n, block_k, split, warps, dtype):
+    """Several rows on the CUDA cores (no dot, so bf16 runs in the interpreter: int32 pairs for even K), rows
+    rounded up to a power of two (rows past M repeat the last and are not stored) against F.linear; swap_ab
+    ignored."""
+    gen = torch.Generator().manual_seed(rows * 1000 + k + split)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_warps=warps, num_stages=2,
+                        rows_on_cores=True)
+    pairs = dtype == torch.bfloat16 and k % 2 == 0
+    assert _row_sum(rows, config, pairs) == (block_n == 32)
+    got = gemv(x, w, config)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-4)
+    else:
+        _check(got, x, w)
+    assert torch.equal(got, gemv(x, w, GemvConfig(**{**vars(config), "swap_ab": True})))
+
+
+def test_gemv_rows_on_cores_strided_rows_and_the_rows_it_leaves():
+    """Rows of a wider tensor: an even row stride and a pair-aligned start take pairs, an odd stride 2-byte loads
+    (the same result); one row and 9-16 rows ignore rows_on_cores (the one-row kernel, the tensor cores)."""
+    gen = torch.Generator().manual_seed(21)
+    wide = torch.randn(4, 260, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(24, 256, generator=gen) * 0.05).to(torch.bfloat16)
+    config = GemvConfig(block_n=16, block_k=64, split=2, num_stages=2, rows_on_cores=True)
+    even = wide[:, 2:258]  # row stride 260, starts on a pair
+    _check(gemv(even, w, config), even, w)
+    odd = torch.cat([wide, wide[:, :1]], dim=1)[:, :256]  # row stride 261: no pairs
+    torch.testing.assert_close(gemv(odd, w, config).float(), F.linear(odd.float(), w.float()), atol=0.02, rtol=0.01)
+    plain = GemvConfig(block_n=16, block_k=64, split=2, num_stages=2)
+    assert torch.equal(gemv(even[:1], w, config), gemv(even[:1], w, plain))
+    x16, w32 = _case(22, 12, 24, 256)
+    assert torch.equal(gemv(x16, w32, config), gemv(x16, w32, plain))
 
 
 def test_gemv_split_counters_return_to_zero():
@@ -180,6 +239,30 @@ def test_silu_mul_gemv_is_silu_mul_then_gemv(rows, k, block_k, split):
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize(("k", "block_k", "split", "block_n"), [
+    (256, 128, 1, 16),  # EVEN_K
+    (328, 64, 2, 8),  # ragged tail, split
+    (512, 256, 3, 32),  # ROW_SUM (with 1 warp), split
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_silu_mul_gemv_rows_on_cores(rows, k, block_k, split, block_n, dtype):
+    """The fused down projection with rows on the CUDA cores (gate and up column views of one gate|up output, as
+    pairs in bf16): equal to silu_mul then the same GEMV bit for bit, and to the reference within bf16 error."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import naive_silu_mul_gemv, silu_mul_gemv
+
+    gate, up = torch.split(_gate_up(rows * 10 + k, rows, k, dtype), [k, k], dim=-1)
+    w = (torch.randn(70, k, generator=torch.Generator().manual_seed(k)) * 0.05).to(dtype)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2,
+                        num_warps=1 if block_n == 32 else 4, rows_on_cores=True)
+    got = silu_mul_gemv(gate, up, w, config)
+    assert got.dtype == dtype and got.shape == (rows, 70)
+    assert torch.equal(got, gemv(silu_mul(gate, up), w, config))
+    want = naive_silu_mul_gemv(gate.float(), up.float(), w.float())
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+
+
 @pytest.mark.parametrize("rows", [2, 16])
 @pytest.mark.parametrize(("k", "block_k", "split"), [(256, 128, 1), (328, 64, 2)])
 def test_silu_mul_gemv_swap_ab(rows, k, block_k, split):
@@ -249,7 +332,8 @@ def test_tuned_silu_mul_gemv_runs_only_its_own_entries(monkeypatch):
 
 def test_tuned_configs_keep_plain_and_fused_entries_apart(monkeypatch, tmp_path):
     """A table written before the fused entries (no "input") loads as plain entries; a fused entry of the same
-    shape and rows gets a key of its own. An entry without "swap_ab" is unswapped; one with it keeps it."""
+    shape and rows gets a key of its own. An entry without "swap_ab" is unswapped; one with it keeps it; so for
+    "rows_on_cores"."""
     import json
 
     import triton
@@ -260,13 +344,17 @@ def test_tuned_configs_keep_plain_and_fused_entries_apart(monkeypatch, tmp_path)
              "num_stages": 3}
     fused = {**plain, "input": "silu_mul", "block_n": 32, "split": 2}
     swapped = {**plain, "m": 8, "block_n": 128, "block_k": 128, "swap_ab": True}
+    cores = {**plain, "n": 18432, "k": 2560, "m": 8, "block_n": 8, "block_k": 512, "split": 1, "swap_ab": False,
+             "rows_on_cores": True}
     table = tmp_path / "gemv_tuned_configs.json"
-    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [plain, fused, swapped]}}))
+    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__,
+                                           "configs": [plain, fused, swapped, cores]}}))
     monkeypatch.setattr(module, "TUNED_CONFIGS", table)
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_A")
     assert module.load_tuned_configs(torch.device("cuda")) == {
         (2560, 9216, 1, "x"): GemvConfig(16, 512, 4, 4, 3), (2560, 9216, 1, "silu_mul"): GemvConfig(32, 512, 2, 4, 3),
-        (2560, 9216, 8, "x"): GemvConfig(128, 128, 4, 4, 3, swap_ab=True)}
+        (2560, 9216, 8, "x"): GemvConfig(128, 128, 4, 4, 3, swap_ab=True),
+        (18432, 2560, 8, "x"): GemvConfig(8, 512, 1, 4, 3, rows_on_cores=True)}
 
 
 def test_compiles_for_the_h200():
@@ -274,7 +362,7 @@ def test_compiles_for_the_h200():
     16 rows on the tensor cores, each plain and with SwiGLU's activation fused (SILU_MUL) - with PDL on and off
     (the interpreter ran a one-row GEMV that Triton's sm_90 compiler rejected, session 10); with PDL the kernel
     waits on its producer (griddepcontrol). 16 rows with SWAP_AB and 64 or 128 weight rows a tile compile to
-    wgmma (the point of swapping: 16 rows as the M side are too few for it)."""
+    wgmma (the point of swapping: 16 rows as the M side are too few for it); CORE_ROWS to no MMA at all."""
     from tests.kernels.sm90 import compile_sm90
 
     variants = []
@@ -286,21 +374,35 @@ def test_compiles_for_the_h200():
                 pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
                 constants = {"BLOCK_M": rows, "BLOCK_N": 16 if pairs else 32, "BLOCK_K": 512 if pairs else 128,
                              "NUM_STAGES": 3, "EVEN_K": True, "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul,
-                             "PDL": pdl, "SWAP_AB": False}
+                             "PDL": pdl, "SWAP_AB": False, "CORE_ROWS": False,
+                             "ROW_SUM": False}
                 variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, constants))
     # A ragged K (masked tiles) with the activation fused: one row 2 bytes a load, and 16 rows.
     for rows in (1, 16):
         pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
         variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
             "BLOCK_M": rows, "BLOCK_N": 32, "BLOCK_K": 128, "NUM_STAGES": 3, "EVEN_K": False, "SPLIT": True,
-            "PAIRS": False, "SILU_MUL": True, "PDL": True, "SWAP_AB": False}))
+            "PAIRS": False, "SILU_MUL": True, "PDL": True, "SWAP_AB": False, "CORE_ROWS": False,
+            "ROW_SUM": False}))
     # Swapped: plain without a split, fused with one, and a ragged K.
     for block_n, split, silu_mul, even_k in ((64, False, False, True), (128, True, True, True),
                                              (64, True, True, False)):
         pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
         variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
             "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": 128, "NUM_STAGES": 4, "EVEN_K": even_k, "SPLIT": split,
-            "PAIRS": False, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": True}))
+            "PAIRS": False, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": True, "CORE_ROWS": False,
+            "ROW_SUM": False}))
+    # Rows on the CUDA cores: 8 rows as pairs (whole accumulator) plain and fused, with and without a split; 2 rows
+    # summed every tile (ROW_SUM); 4 rows ragged, 2-byte loads.
+    for rows, block_n, block_k, pairs, even_k, split, silu_mul, row_sum in (
+            (8, 8, 512, True, True, False, False, False), (8, 16, 256, True, True, True, True, False),
+            (2, 32, 512, True, True, True, False, True), (4, 8, 256, False, False, True, True, False)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": even_k,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": False, "CORE_ROWS": True,
+            "ROW_SUM": row_sum}))
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         assert ("griddepcontrol.wait" in result["ptx"]) == constants["PDL"], constants
@@ -308,3 +410,5 @@ def test_compiles_for_the_h200():
         assert ("ex2" in result["ptx"]) == constants["SILU_MUL"], constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in result["ptx"], constants
+        if constants["CORE_ROWS"]:
+            assert "mma" not in result["ptx"], constants
