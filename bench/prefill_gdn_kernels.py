@@ -6,10 +6,12 @@ For 8,192 and 32,768 tokens as one sequence and as four of varied lengths:
 - conv: error of causal_conv1d_varlen_qkv (norm fused) against naive_causal_conv1d_varlen_qkv (bf16 ulps, states
   exact), and ms of the old path (the previous kernel, a strided [N, C] output, two l2_norm, and the copy of v
   fla's input_guard made), of the new one, of the new planes with the separate l2_norm, and of the reference;
+  the rows kernel (ROWS_CONFIG) against the tile kernel (rows_vs_tile: bit-equal or not, ulps) and its ms;
 - gated_norm: error against naive_gated_rms_norm, ms of the old one-row kernel (with the copy of the strided z its
   reshape made) and of the new one; decode-sized row counts too;
-- sweep (8,192 tokens, one sequence): every (BLOCK_T, BLOCK_C, num_warps) of the conv and (BLOCK_R, num_warps) of
-  the gated norm, ms each: the fastest become conv_varlen.DEFAULT_CONFIG and norm_triton.GATED_CONFIG;
+- sweep (8,192 tokens, one sequence): every (BLOCK_T, BLOCK_C, num_warps[, variant]) of the conv (both kernels:
+  conv_best overall, conv_best_tile, conv_best_rows) and (BLOCK_R, num_warps) of the gated norm, ms each: the
+  fastest become conv_varlen.DEFAULT_CONFIG and norm_triton.GATED_CONFIG;
 - fla: fla's chunked rule on the old inputs (strided v, separate l2_norm) and the new (contiguous planes, normed).
 The JSON is rewritten after every measurement; sections past the deadline (75 s after the imports) are skipped, and say so.
 
@@ -53,10 +55,15 @@ TOKENS = (40, 70) if CPU else (8192, 32768)
 EPS = 1e-6
 # The whole run must end within 90 s, imports and CUDA start included.
 DEADLINE_S = 75.0
-# (BLOCK_T, BLOCK_C, num_warps); BLOCK_C >= 128: the fused norm needs whole 128-channel heads in a block.
-CONV_SWEEP = [(32, 128, 4)] if CPU else [
-    (16, 128, 4), (32, 128, 4), (64, 128, 4), (128, 128, 4), (32, 128, 8), (64, 128, 8), (128, 128, 8),
-    (16, 256, 4), (32, 256, 4), (32, 256, 8), (64, 256, 8), (32, 128, 2), (64, 128, 2)]
+# (BLOCK_T, BLOCK_C, num_warps[, variant]); BLOCK_C >= 128: the fused norm needs whole 128-channel heads in a block.
+# The tile kernel's (session 10's best five; the rest were 0.19-2.7 ms) first, then the rows kernel's (each input
+# row loaded once): BLOCK_C / (32 num_warps) = 8 channels a thread (126 registers at sm_90, ptxas) or 4 (80).
+ROWS_CONFIG = (64, 128, 4, "rows") if CPU else (64, 1024, 4, "rows")
+CONV_SWEEP = [(32, 128, 4), ROWS_CONFIG] if CPU else [
+    (32, 128, 2), (64, 128, 4), (32, 256, 4),
+    (16, 1024, 4, "rows"), (32, 1024, 4, "rows"), (64, 1024, 4, "rows"), (128, 1024, 4, "rows"),
+    (32, 512, 4, "rows"), (64, 512, 4, "rows"), (128, 512, 4, "rows"), (64, 256, 2, "rows"), (64, 2048, 8, "rows"),
+    (16, 256, 4), (32, 128, 4)]
 # (BLOCK_R, num_warps)
 NORM_SWEEP = [(4, 2)] if CPU else [(r, w) for r in (4, 8, 16, 32, 64) for w in (2, 4, 8)] + [(1, 4), (2, 4)]
 START = time.perf_counter()
@@ -176,6 +183,23 @@ def scenario(tokens: int, num_seqs: int) -> dict:
     }
 
 
+def rows_vs_tile(s: dict, tile_qkv) -> dict:
+    """The rows kernel (ROWS_CONFIG) against the tile kernel's default: one matrix unnormed, states, and the normed
+    q | k | v planes (tile_qkv, the tile kernel's)."""
+    x, w, slots, cu, max_len = s["x"], s["weight"], s["slots"], s["cu"], max(s["lengths"])
+    tile_states, rows_states = s["states"].clone(), s["states"].clone()
+    tile = causal_conv1d_varlen(x, w, tile_states, slots, cu, max_len)
+    rows = causal_conv1d_varlen(x, w, rows_states, slots, cu, max_len, config=ROWS_CONFIG)
+    res = {"unnormed_bit_equal": bool(torch.equal(rows, tile)),
+           "states_bit_equal": bool(torch.equal(rows_states, tile_states)), "unnormed": ulp_error(rows, tile)}
+    rows_qkv = causal_conv1d_varlen_qkv(x, w, s["states"].clone(), slots, cu, max_len, KEY_DIM, D, EPS,
+                                        config=ROWS_CONFIG)
+    for name, g, t in zip("qkv", rows_qkv, tile_qkv, strict=True):
+        res[f"{name}_bit_equal"] = bool(torch.equal(g, t))
+        res[name] = ulp_error(g, t)
+    return res
+
+
 def conv_section(s: dict) -> dict:
     x, w, slots, cu, lengths = s["x"], s["weight"], s["slots"], s["cu"], s["lengths"]
     max_len = max(lengths)
@@ -187,6 +211,13 @@ def conv_section(s: dict) -> dict:
     plain_states = s["states"].clone()
     res["planes_unnormed"] = ulp_error(causal_conv1d_varlen(x, w, plain_states, slots, cu, max_len),
                                        naive_causal_conv1d_varlen(x, w, s["states"].clone(), slots, lengths))
+    # The rows kernel against the tile kernel (the default config): the unnormed outputs and states should be
+    # bit-equal (the same taps in the same order); the normed q/k may differ where the heads' sums of squares are
+    # reduced in another order (the two kernels' register layouts differ). On the CPU (the interpreter runs the rows
+    # kernel's per-row steps slowly: ~2 s a call) only for the shorter tokens' several sequences, so that the whole
+    # run keeps its deadline.
+    if not CPU or (len(lengths) > 1 and x.shape[0] == TOKENS[0]):
+        res["rows_vs_tile"] = rows_vs_tile(s, got)
     legacy_states = s["states"].clone()
     res["legacy_vs_new_unnormed"] = ulp_error(legacy_conv(x, w, legacy_states, slots, cu, max_len),
                                               causal_conv1d_varlen(x, w, s["states"].clone(), slots, cu, max_len))
@@ -208,6 +239,9 @@ def conv_section(s: dict) -> dict:
         "new_one_matrix": timed_ms(lambda: causal_conv1d_varlen(x, w, states, slots, cu, max_len)),
         "naive_torch": timed_ms(lambda: naive_causal_conv1d_varlen_qkv(x, w, states, slots, lengths, KEY_DIM, D, EPS)),
     }
+    if not CPU:
+        res["ms"]["rows_fused_norm"] = timed_ms(lambda: causal_conv1d_varlen_qkv(
+            x, w, states, slots, cu, max_len, KEY_DIM, D, EPS, config=ROWS_CONFIG))
     moved = 2 * x.numel() * x.element_size()
     res["new_fused_norm_share_of_4_8_TBps"] = moved / (res["ms"]["new_fused_norm"] * 1e-3) / 4.8e12
     return res
@@ -263,6 +297,11 @@ def sweeps(report: dict, save) -> None:
         timed = {k: v for k, v in table.items() if k.startswith("(") and isinstance(v, float)}
         if timed:
             report[f"{name}_best"] = min(timed, key=timed.get)
+    for variant in ("tile", "rows"):
+        timed = {k: v for k, v in conv.items() if k.startswith("(") and isinstance(v, float)
+                 and ("'rows'" in k) == (variant == "rows")}
+        if timed:
+            report[f"conv_best_{variant}"] = min(timed, key=timed.get)
 
 
 def fla_section(report: dict, save) -> None:
@@ -298,7 +337,7 @@ def fla_section(report: dict, save) -> None:
 def main(path: str) -> None:
     report: dict = {"device": "cpu (interpreter)" if CPU else torch.cuda.get_device_name(), "dtype": str(DTYPE),
                     "shapes": {"hk": HK, "hv": HV, "d": D, "channels": CHANNELS, "kernel": KERNEL},
-                    "defaults": {"conv": DEFAULT_CONFIG, "gated_norm": GATED_CONFIG,
+                    "defaults": {"conv": DEFAULT_CONFIG, "conv_rows": ROWS_CONFIG, "gated_norm": GATED_CONFIG,
                                  "gated_norm_few_rows": GATED_FEW_ROWS_CONFIG}}
 
     def save() -> None:
