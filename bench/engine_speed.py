@@ -112,7 +112,8 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
     log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else f"/tmp/engine_speed_serve{suffix}.log")
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
     env = dict(os.environ)
-    if cold_start_only:
+    if cold_start_only or into_rows:
+        # The row's cold start is a first start: an empty Triton compile cache, whatever earlier parts compiled.
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     started = time.perf_counter()
     server = subprocess.Popen(headroom_cli(*args), cwd="/tmp", stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -336,7 +337,7 @@ def _gemv_part(state: dict, target: Path) -> dict:
     from headroom.kernels import gemv
     from headroom.kernels.tuned_table import entries_for, table_text
 
-    sweep = decode_parts.gemv_sweep()
+    sweep = decode_parts.gemv_sweep(float(os.environ.get("GEMV_SWEEP_BUDGET_S", "150")))
     source = "python3 bench/engine_speed.py OUT gemv"
     if sweep["batches"] != list(decode_parts.GEMV_BATCH_BUDGET):
         source = (f"GEMV_BATCHES={','.join(map(str, sweep['batches']))} {source} (other batches' entries kept from "
