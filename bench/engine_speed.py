@@ -22,8 +22,8 @@ configurations against cuBLAS at the decode shapes), short_passes (lone short pr
 token by token against fla: engine/layers/linear_attention.py's RECURRENT_ROWS), fla_configs (after the parts
 that serve: the configs fla's autotuners picked, written to OUTDIR/fla_tuned_configs.json, which
 kernels/fla_tuned_configs.json ships; the part also writes that file in this checkout, so that serve_cold_tuned,
-which follows, starts with them and an empty Triton cache). `serve` goes first so
-that its start is a cold one (empty Triton caches on a fresh machine). Rows measured by several parts merge
+which follows, starts with them and an empty Triton cache). `serve` starts its
+server with an empty Triton cache whatever ran before it, so its start is a cold one. Rows measured by several parts merge
 into one table; results also go to /tmp/engine_speed_state.json so a second command on the same machine can
 add the remaining parts. Writes OUTDIR/engine_speed.json (the issue's schema) and OUTDIR/engine_speed_detail.json.
 
