@@ -38,6 +38,7 @@ import triton.language as tl  # noqa: E402
 from headroom.kernels.conv import naive_causal_conv1d_varlen, naive_causal_conv1d_varlen_qkv  # noqa: E402
 from headroom.kernels.conv_varlen import (  # noqa: E402
     DEFAULT_CONFIG,
+    TILE_CONFIG,
     _window_input,
     causal_conv1d_varlen,
     causal_conv1d_varlen_qkv,
@@ -184,11 +185,11 @@ def scenario(tokens: int, num_seqs: int) -> dict:
 
 
 def rows_vs_tile(s: dict, tile_qkv) -> dict:
-    """The rows kernel (ROWS_CONFIG) against the tile kernel's default: one matrix unnormed, states, and the normed
+    """The rows kernel (ROWS_CONFIG) against the tile kernel (TILE_CONFIG): one matrix unnormed, states, and the normed
     q | k | v planes (tile_qkv, the tile kernel's)."""
     x, w, slots, cu, max_len = s["x"], s["weight"], s["slots"], s["cu"], max(s["lengths"])
     tile_states, rows_states = s["states"].clone(), s["states"].clone()
-    tile = causal_conv1d_varlen(x, w, tile_states, slots, cu, max_len)
+    tile = causal_conv1d_varlen(x, w, tile_states, slots, cu, max_len, config=TILE_CONFIG)
     rows = causal_conv1d_varlen(x, w, rows_states, slots, cu, max_len, config=ROWS_CONFIG)
     res = {"unnormed_bit_equal": bool(torch.equal(rows, tile)),
            "states_bit_equal": bool(torch.equal(rows_states, tile_states)), "unnormed": ulp_error(rows, tile)}
@@ -217,7 +218,8 @@ def conv_section(s: dict) -> dict:
     # kernel's per-row steps slowly: ~2 s a call) only for the shorter tokens' several sequences, so that the whole
     # run keeps its deadline.
     if not CPU or (len(lengths) > 1 and x.shape[0] == TOKENS[0]):
-        res["rows_vs_tile"] = rows_vs_tile(s, got)
+        res["rows_vs_tile"] = rows_vs_tile(s, causal_conv1d_varlen_qkv(x, w, s["states"].clone(), slots, cu, max_len,
+                                                                      KEY_DIM, D, EPS, config=TILE_CONFIG))
     legacy_states = s["states"].clone()
     res["legacy_vs_new_unnormed"] = ulp_error(legacy_conv(x, w, legacy_states, slots, cu, max_len),
                                               causal_conv1d_varlen(x, w, s["states"].clone(), slots, cu, max_len))
@@ -337,7 +339,7 @@ def fla_section(report: dict, save) -> None:
 def main(path: str) -> None:
     report: dict = {"device": "cpu (interpreter)" if CPU else torch.cuda.get_device_name(), "dtype": str(DTYPE),
                     "shapes": {"hk": HK, "hv": HV, "d": D, "channels": CHANNELS, "kernel": KERNEL},
-                    "defaults": {"conv": DEFAULT_CONFIG, "conv_rows": ROWS_CONFIG, "gated_norm": GATED_CONFIG,
+                    "defaults": {"conv": DEFAULT_CONFIG, "conv_tile": TILE_CONFIG, "conv_rows": ROWS_CONFIG, "gated_norm": GATED_CONFIG,
                                  "gated_norm_few_rows": GATED_FEW_ROWS_CONFIG}}
 
     def save() -> None:

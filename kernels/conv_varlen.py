@@ -15,13 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_T rows, BLOCK_C channels, num_warps) of a program; bench/prefill_gdn_kernels.py sweeps them on the GPU.
-# H200, session 10 (bench/results/session10/call3/prefill_gdn_kernels.json, 8,192 x 8,192): 0.177 ms, 64 x 128 x 4
-# warps 0.186, the replaced kernel 0.253; 128 elements a thread or more (64 x 128 x 2, 128 x 128 x 4) fell off a
-# cliff (2.7 ms: spilled).
-DEFAULT_CONFIG = (32, 128, 2)
-# A 4th config element picks the kernel: "tile" (causal_conv1d_varlen_fwd_kernel, the default when absent) or "rows"
-# (causal_conv1d_varlen_rows_kernel, each input row loaded once; KERNEL <= 4). Not measured yet: the sweep decides.
+# (BLOCK_T rows, BLOCK_C channels, num_warps[, variant]) of a program; bench/prefill_gdn_kernels.py sweeps them on
+# the GPU. A 4th element picks the kernel: "tile" (causal_conv1d_varlen_fwd_kernel, when absent) or "rows"
+# (causal_conv1d_varlen_rows_kernel, each input row loaded once; KERNEL <= 4).
+# H200, session 12 call 5 (bench/results/session12/call5/e/prefill_gdn_kernels.json, 8,192 x 8,192): rows 128 x 1024
+# x 4 warps 0.089 ms, 64 x 1024 0.093, 32 x 512 0.094; the best tile config 0.177 (32 x 128 x 2, session 10's
+# default: 255 registers, spilled). Rows against tile on the GPU: the unnormed output, v and the states bit-equal, the
+# L2-normed q and k within 1 bf16 ulp (another order of the norm's sum), both 5-6 ulps from the fp32 reference.
+TILE_CONFIG = (32, 128, 2)
+DEFAULT_CONFIG = (128, 1024, 4, "rows")
 VARIANTS = ("tile", "rows")
 
 
@@ -165,7 +167,7 @@ def causal_conv1d_varlen_rows_kernel(
     at bf16) keep every row access one coalesced 512-byte segment a warp.
     Compiled for sm_90 on the CPU (4B shapes, the launcher's integer specializations, Triton's ptxas): at (64, 1024,
     4) 126 registers, no spills, a loop of 4 16-byte loads and 4 16-byte stores a thread with no shared memory; the
-    tile kernel at DEFAULT_CONFIG 255 registers with ~0.9 KB spilled, its shifted tiles converted to another register
+    tile kernel at TILE_CONFIG 255 registers with ~0.9 KB spilled, its shifted tiles converted to another register
     layout through shared memory (48 barriers a program). Normed q/k heads are summed in another order than the tile
     kernel's (8 channels in a thread, then a 16-lane butterfly), so those may differ from it in the last bit on the
     GPU; the unnormed outputs and the states should not."""

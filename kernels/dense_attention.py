@@ -115,12 +115,14 @@ def warm_up(device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_hea
     bucket up to max_rows, the chunk); returns how many, 0 where cuDNN attention is not available here."""
     if not available(torch.empty(1, num_heads, head_dim, device=device, dtype=dtype), num_kv_heads):
         return 0
-    keys = torch.zeros(max(PREFIX_BLOCK, padded_rows(max_rows)), num_kv_heads, head_dim, device=device, dtype=dtype)
+    # Separate key and value tensors, as serving passes them (not one tensor twice).
+    keys, values = (torch.zeros(max(PREFIX_BLOCK, padded_rows(max_rows)), num_kv_heads, head_dim, device=device,
+                                dtype=dtype) for _ in range(2))
     built = 0
     for rows in range(QUERY_BUCKET, padded_rows(max_rows) + 1, QUERY_BUCKET):
         q = torch.zeros(rows, num_heads, head_dim, device=device, dtype=dtype)
-        diagonal, lse = dense_attention(q, keys[:rows], keys[:rows], True, head_dim**-0.5)
-        part, part_lse = dense_attention(q, keys[:PREFIX_BLOCK], keys[:PREFIX_BLOCK], False, head_dim**-0.5)
+        diagonal, lse = dense_attention(q, keys[:rows], values[:rows], True, head_dim**-0.5)
+        part, part_lse = dense_attention(q, keys[:PREFIX_BLOCK], values[:PREFIX_BLOCK], False, head_dim**-0.5)
         built += 2
     if not built:
         return 0
