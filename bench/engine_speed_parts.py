@@ -900,7 +900,8 @@ def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, .
             decode_steps = [0]
             record: dict = {}
 
-            def forward(items, all_positions=False, batch=batch, decode_steps=decode_steps, record=record, **kwargs):
+            def forward(items, all_positions=False, batch=batch, decode_steps=decode_steps, record=record,
+                        inner=inner, **kwargs):
                 if len(items) != batch or any(len(i.token_ids) != 1 for i in items):
                     return inner(items, all_positions, **kwargs)
                 decode_steps[0] += 1
@@ -919,7 +920,7 @@ def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, .
                          max_new_tokens=6, ignore_eos=True)
             runner.forward = inner
             out[f"{kv}_bs{batch}_ctx{context}"] = record
-        del llm, runner, inner
+        del llm, runner
         gc.collect()
         torch.cuda.empty_cache()
     return out

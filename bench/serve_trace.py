@@ -32,7 +32,12 @@ def _prompt(n: int) -> list[int]:
 def _start_server(model: Path, extra: list[str]):
     import uvicorn
     from headroom.engine.server.app import build_app
-    from headroom.engine.server.cli import add_arguments, apply_gil_switch, http_limits_from_args, options_from_args
+    from headroom.engine.server.cli import (
+        add_arguments,
+        apply_gil_switch,
+        http_limits_from_args,
+        options_from_args,
+    )
     from headroom.engine.server.factory import build_state, warm_up
     from headroom.engine.server.transport import uvicorn_config
 
