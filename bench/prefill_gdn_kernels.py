@@ -39,6 +39,7 @@ from headroom.kernels.conv import naive_causal_conv1d_varlen, naive_causal_conv1
 from headroom.kernels.conv_varlen import (  # noqa: E402
     DEFAULT_CONFIG,
     TILE_CONFIG,
+    _store_new_state,
     _window_input,
     causal_conv1d_varlen,
     causal_conv1d_varlen_qkv,
@@ -98,12 +99,8 @@ def legacy_conv_kernel(
     tl.store(out + (row0 + o_t)[:, None].to(tl.int64) * stride_o + o_c[None, :], b_out.to(out.dtype.element_ty),
              mask=m)
     if t0 + BLOCK_T >= length:
-        o_s = tl.arange(0, BLOCK_S)
-        m_s = (o_s < KERNEL - 1)[:, None] & m_c[None, :]
-        b_state = _window_input(x, states, row0, slot, length - (KERNEL - 1) + o_s, o_c, m_s, stride_x, stride_ss,
-                                stride_sc, KERNEL)
-        p_new = new_states + i_b * stride_nb + o_c[None, :] * stride_nc + o_s[:, None]
-        tl.store(p_new, b_state.to(new_states.dtype.element_ty), mask=m_s)
+        _store_new_state(x, states, new_states, row0, slot, length, i_b, o_c, m_c, stride_x, stride_ss, stride_sc,
+                         stride_nb, stride_nc, KERNEL, BLOCK_S)
 
 
 def legacy_conv(x, weight, states, slots, cu, max_len):

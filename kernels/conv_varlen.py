@@ -38,6 +38,19 @@ def _window_input(x, states, row0, slot, p, o_c, m, stride_x, stride_ss, stride_
 
 
 @triton.jit
+def _store_new_state(x, states, new_states, row0, slot, length, i_b, o_c, m_c, stride_x, stride_ss, stride_sc,
+                     stride_nb, stride_nc, KERNEL: tl.constexpr, BLOCK_S: tl.constexpr):
+    """A sequence's last program: its new state is its last K-1 inputs (some still from the old state if the
+    sequence is shorter than that), written to new_states[i_b] (programs of the same sequence still read the old)."""
+    o_s = tl.arange(0, BLOCK_S)
+    m_s = (o_s < KERNEL - 1)[:, None] & m_c[None, :]
+    b_state = _window_input(x, states, row0, slot, length - (KERNEL - 1) + o_s, o_c, m_s, stride_x, stride_ss,
+                            stride_sc, KERNEL)
+    p_new = new_states + i_b * stride_nb + o_c[None, :] * stride_nc + o_s[:, None]
+    tl.store(p_new, b_state.to(new_states.dtype.element_ty), mask=m_s)
+
+
+@triton.jit
 def causal_conv1d_varlen_fwd_kernel(
     x, weight, states, slots, offsets, out, new_states, stride_x, stride_wc, stride_ss, stride_sc, stride_nb,
     stride_nc, num_tokens, eps, CHANNELS: tl.constexpr, KEY_DIM: tl.constexpr, NORM_DIM: tl.constexpr,
@@ -90,14 +103,8 @@ def causal_conv1d_varlen_fwd_kernel(
              + o_dt[:, None] * width + (o_c - plane_c0)[None, :])
     tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m)
     if t0 + BLOCK_T >= length:
-        # The sequence's last tile: its new state is the last K-1 inputs (some still from the old state if the
-        # sequence is shorter than that).
-        o_s = tl.arange(0, BLOCK_S)
-        m_s = (o_s < KERNEL - 1)[:, None] & m_c[None, :]
-        b_state = _window_input(x, states, row0, slot, length - (KERNEL - 1) + o_s, o_c, m_s, stride_x, stride_ss,
-                                stride_sc, KERNEL)
-        p_new = new_states + i_b * stride_nb + o_c[None, :] * stride_nc + o_s[:, None]
-        tl.store(p_new, b_state.to(new_states.dtype.element_ty), mask=m_s)
+        _store_new_state(x, states, new_states, row0, slot, length, i_b, o_c, m_c, stride_x, stride_ss, stride_sc,
+                         stride_nb, stride_nc, KERNEL, BLOCK_S)
 
 
 @triton.jit
@@ -228,13 +235,8 @@ def causal_conv1d_varlen_rows_kernel(
         x_m3, x_m2, x_m1 = x_1, x_2, x_3
         x_0, x_1, x_2, x_3 = n_0, n_1, n_2, n_3
     if t0 + BLOCK_T >= length:
-        # The sequence's last program: its new state, as in the tile kernel.
-        o_s = tl.arange(0, BLOCK_S)
-        m_s = (o_s < KERNEL - 1)[:, None] & m_c[None, :]
-        b_state = _window_input(x, states, row0, slot, length - (KERNEL - 1) + o_s, o_c, m_s, stride_x, stride_ss,
-                                stride_sc, KERNEL)
-        p_new = new_states + i_b * stride_nb + o_c[None, :] * stride_nc + o_s[:, None]
-        tl.store(p_new, b_state.to(new_states.dtype.element_ty), mask=m_s)
+        _store_new_state(x, states, new_states, row0, slot, length, i_b, o_c, m_c, stride_x, stride_ss, stride_sc,
+                         stride_nb, stride_nc, KERNEL, BLOCK_S)
 
 
 def causal_conv1d_varlen(
