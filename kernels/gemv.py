@@ -263,12 +263,6 @@ def gemv_fwd_kernel(
     if BLOCK_M == 1:
         _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
                       SPLIT)
-    elif CORE_ROWS:
-        if not ROW_SUM:
-            acc = tl.sum(acc, axis=2)
-        _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
-                      offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
-                      SPLIT)
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
@@ -276,6 +270,10 @@ def gemv_fwd_kernel(
                       offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N,
                       SPLIT)
     else:
+        if CORE_ROWS and not ROW_SUM:
+            # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
+            # SWAP_AB with CORE_ROWS), stored the same way
+            acc = tl.sum(acc, axis=2)
         _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
                       offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
                       SPLIT)
