@@ -13,7 +13,8 @@ blocking CUDA calls; bench/serve_trace.py), decode_tiles (the paged kernel's dec
 int2, batch 1 and 8), profile_decode_long (an eager decode step at 32K context, bf16 against int2 KV, kernels by
 name), serve_int2
 (the INT2 plan over HTTP: 128K context, 8 running; prefill 32K/120K, decode at 32K), kivi_blocks (the KIVI block
-path against the fused kernel), attention_check (paged attention of every pool kind against naive), logits_4b
+path against the fused kernel), kivi_dense (a long KIVI chunk's dense path, cuDNN over dequantized ranges, against
+the paged passes and fp32), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
@@ -385,6 +386,7 @@ def main() -> None:
             "profile_decode_long": lambda s: parts.profile_decode_long(MODEL),
             "serve_trace_plain": lambda s: __import__("serve_trace").serve_trace(MODEL, extra=("--no-interjection",)),
             "tiles": lambda s: parts.attention_tile_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
+            "kivi_dense": lambda s: parts.kivi_dense_check(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])

@@ -924,3 +924,68 @@ def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, .
         gc.collect()
         torch.cuda.empty_cache()
     return out
+
+
+def kivi_dense_check() -> dict:
+    """The dense path of a long KIVI chunk (engine/layers/paged_attention.py: ranges dequantized into the workspace,
+    cuDNN over the chunk's own keys and whole prefix blocks, the paged kernel over the rest) against the paged
+    passes it replaces (the block path and the window) on the same int2 pool: one layer at the 4B model's heads,
+    an 8,192-token chunk after 24K and after 120K cached tokens (page-aligned, as a lone prompt's chunks are), and a
+    7,990-token chunk starting and ending mid-page (as one after other requests' tokens), beside a decode step;
+    ms of each and their difference, and both against fp32 attention over the dequantized context on 256 rows."""
+    out: dict = {}
+    for name, start, length in (("chunk8192_after24576", 24576, 8192), ("chunk8192_after122880", 122880, 8192),
+                                ("chunk7990_after24690", 24690, 7990)):
+        out[name] = _kivi_dense_case(start, length)
+        torch.cuda.empty_cache()
+    return out
+
+
+def _kivi_dense_case(start: int, length: int) -> dict:
+    import gpu_kernels
+    from headroom.engine.layers import paged_attention as layer
+    from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+    from headroom.engine.runtime.kv_pool import KVPool
+    from headroom.engine.sequence import Sequence
+    from headroom.kernels.attention import naive_prefix_attention
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    gen = torch.Generator(device=DEV).manual_seed(start)
+    end = start + length
+    pages_end = -(-end // gpu_kernels.PAGE) * gpu_kernels.PAGE
+    pool = KVPool(pages_end + 96, 1, hkv, d, "int2", torch.bfloat16, DEV, residual_rows=2)
+    long, short = Sequence("long", list(range(end + 1))), Sequence("short", list(range(71)))
+    long.kv_slots, short.kv_slots = list(range(pages_end)), list(range(pages_end, pages_end + 96))
+    for seq, done, new in ((long, start, length), (short, 70, 1)):
+        k = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+        v = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        pool.store(0, seq, 0, k[:done], v[:done])
+        seq.num_computed_tokens = done
+        pool.store(0, seq, done, k[done:], v[done:])
+    q = torch.randn(length + 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    items = [BatchItem(long, list(range(length))), BatchItem(short, [5])]
+
+    def run(dense_min_rows: int) -> tuple[torch.Tensor, ForwardBatch]:
+        layer.DENSE_MIN_ROWS = dense_min_rows
+        batch = ForwardBatch.build(items, DEV)
+        return layer.paged_attention_over_pool(q, batch, pool, 0, d**-0.5), batch
+
+    default_rows = layer.DENSE_MIN_ROWS
+    try:
+        got, batch = run(default_rows)
+        took_dense = bool(batch.cached(layer.KIVI_DENSE, lambda: {}))
+        want, _ = run(10**9)
+        dense_ms = _bench(lambda: run(default_rows))
+        paged_ms = _bench(lambda: run(10**9))
+    finally:
+        layer.DENSE_MIN_ROWS = default_rows
+    sample = torch.arange(0, length, length // 256, device=DEV)[:256]
+    k_ctx, v_ctx = pool.context(0, long, end)
+    truth = naive_prefix_attention(q[sample].float(), k_ctx.float(), v_ctx.float(), batch.positions[sample], d**-0.5)
+    k_s, v_s = pool.context(0, short, 71)
+    short_truth = naive_prefix_attention(q[length:].float(), k_s.float(), v_s.float(), batch.positions[length:],
+                                         d**-0.5)
+    return {"took_dense_path": took_dense, "dense_ms": dense_ms, "paged_ms": paged_ms,
+            "dense_vs_paged": _diff(got[:length], want[:length]),
+            "dense_vs_fp32": _diff(got[sample], truth), "paged_vs_fp32": _diff(want[sample], truth),
+            "decode_row_vs_fp32": _diff(got[length:], short_truth)}

@@ -6,19 +6,24 @@ enough (kernels/paged_kv.py BLOCKWISE_MIN_ROWS) reads its prefix in blocks inste
 dequantized once into a dense workspace that the dense kernel reads, where the fused loads would dequantize
 the whole prefix again in every query tile. The passes chain: each continues the online softmax of the one
 before (paged_attention's prev), in an fp32 accumulator, and the last writes the output.
+
+Long spans (DENSE_MIN_ROWS) go through cuDNN's fused attention instead (kernels/dense_attention.py says why): a
+bf16 pool's straight from its rows, a KIVI pool's from the same dequantized workspace, one block of keys at a time
+(_long_kivi_span_attention), so a long KIVI prefill runs its attention at cuDNN's rate, not the paged kernel's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from headroom.engine.runtime.forward_batch import POOL_BLOCKS, POOL_INDEX, WINDOW_INDEX, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
-from headroom.kernels import dense_attention, ops
+from headroom.kernels import dense_attention, ops, paged_kv
 from headroom.kernels.host_copy import to_device
-from headroom.kernels.paged_kv import PagedKV, page_table, plan_prefix_blocks
+from headroom.kernels.paged_kv import PagedKV, blockwise_supported, page_table, plan_prefix_blocks
 
 # Spans of at least this many rows over a bf16 pool take the dense path (cuDNN; kernels/dense_attention.py): below
 # it the paged kernel's share of a pass is small, and cuDNN's fixed cost is not worth a launch of its own.
@@ -26,9 +31,13 @@ DENSE_MIN_ROWS = 2048
 # ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"
 DENSE_PREFIX = "dense_attention.prefix"
+# ForwardBatch cache key: the long KIVI spans on the dense path, span index -> _KiviDenseSpan.
+KIVI_DENSE = "dense_attention.kivi"
 
 # One pass over a key range: (prev (out, lse) or None, out, out_lse) -> (out, out_lse).
 _Pass = Callable[[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# One cuDNN call over a key range of a long span: () -> (out, lse).
+_Piece = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -109,33 +118,188 @@ def paged_attention_over_pool(
             _long_span_attention(q, positions, chunk_kv, spans[i], kv, scale, out, prefix)
         return out
 
-    def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
-        # Rows of the flattened window buffer [rows x page, H, D] holding each sequence's open page; every
-        # layer's windows hold the same positions, so one table serves the pass.
-        lens = [s.end % page for s in spans]
-        if not any(lens):
-            return None
-        rows = [kv_pool.residual_row(s.seq) * page for s in spans]
-        return page_table([list(range(r, r + n)) for r, n in zip(rows, lens, strict=True)], 1, device), _int32(lens, device)
-
     group = q.shape[1] // kv.num_kv_heads
-    blocks = None if batch.is_static else batch.cached(
-        POOL_BLOCKS, lambda: _prefix_blocks(batch, closed_keys(), kv, group, device))
-    passes: list[_Pass] = []
-    if blocks is None:
-        passes.append(pool_pass(closed_t))
-    else:
-        if blocks.direct_lens is not None:
-            passes.append(pool_pass(blocks.direct_lens))
-        passes += _block_passes(q, positions, offsets, table, kv, scale, max_q_len, blocks)
-    index = batch.cached(WINDOW_INDEX, window_index)
-    if index is not None:
-        window_table, window_lens = index
-        window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
-        passes.append(lambda prev, out, lse: ops.paged_attention(
-            q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
-            prev=prev, out=out, out_lse=lse))
-    return _chain(passes, q)
+    # Long spans on the dense path (_long_kivi_span_attention); the paged passes below see none of their keys.
+    dense = {} if batch.is_static else batch.cached(KIVI_DENSE, lambda: _kivi_dense_spans(q, batch, kv, kv_pool, device))
+
+    def paged_passes() -> torch.Tensor:
+        # (A function of its own: the block path's workspace is freed before the dense spans allocate theirs, so
+        # the two never hold the plan's dequant_transient twice.)
+        def window_index() -> tuple[torch.Tensor, torch.Tensor] | None:
+            # Rows of the flattened window buffer [rows x page, H, D] holding each sequence's open page; every
+            # layer's windows hold the same positions, so one table serves the pass.
+            lens = [0 if i in dense else s.end % page for i, s in enumerate(spans)]
+            if not any(lens):
+                return None
+            rows = [kv_pool.residual_row(s.seq) * page for s in spans]
+            return page_table([list(range(r, r + n)) for r, n in zip(rows, lens, strict=True)], 1, device), _int32(lens, device)
+
+        closed = [0 if i in dense else n for i, n in enumerate(closed_keys())]
+        direct = batch.cached(DENSE_OTHERS, lambda: _int32(closed, device)) if dense else closed_t
+        blocks = None if batch.is_static else batch.cached(
+            POOL_BLOCKS, lambda: _prefix_blocks(batch, closed, kv, group, device))
+        passes: list[_Pass] = []
+        if blocks is None:
+            passes.append(pool_pass(direct))
+        else:
+            if blocks.direct_lens is not None:
+                passes.append(pool_pass(blocks.direct_lens))
+            passes += _block_passes(q, positions, offsets, table, kv, scale, max_q_len, blocks)
+        index = batch.cached(WINDOW_INDEX, window_index)
+        if index is not None:
+            window_table, window_lens = index
+            window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
+            passes.append(lambda prev, out, lse: ops.paged_attention(
+                q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
+                prev=prev, out=out, out_lse=lse))
+        return _chain(passes, q)
+
+    # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are
+    # written below.)
+    out = torch.empty_like(q) if len(dense) == len(spans) else paged_passes()
+    if dense:
+        window = (kv_pool.residual_k[layer], kv_pool.residual_v[layer])
+        shape = (max(d.plan.workspace_tokens for d in dense.values()), kv.num_kv_heads, kv.head_dim)
+        workspace = (q.new_empty(shape), q.new_empty(shape))
+        for i, span_index in dense.items():
+            _long_kivi_span_attention(q, positions, spans[i], kv, window, workspace, scale, out, span_index)
+    return out
+
+
+@dataclass(frozen=True)
+class KiviDensePlan:
+    """The key ranges of a long chunk of a KIVI pool on the dense path (plan_kivi_dense), each made dense in the
+    workspace just before it is read: its closed pages dequantized (the range rounded out to whole pages), and for
+    the chunk's own keys its open page's `window` keys copied in after them. own (first key, keys): the chunk's
+    keys, cuDNN's causal square; blocks: the first keys of the whole PREFIX_BLOCKs before the chunk, cuDNN's too;
+    rest (first key, keys): the prefix keys after the last whole block, for the paged kernel over the workspace."""
+
+    own: tuple[int, int]
+    blocks: tuple[int, ...]
+    rest: tuple[int, int] | None
+    window: int
+    workspace_tokens: int
+
+
+def plan_kivi_dense(start: int, end: int, page: int, block: int, workspace_limit: int) -> KiviDensePlan | None:
+    """The dense path's ranges for a chunk of keys start..end-1 (start cached; a KIVI pool of `page`-token pages,
+    cuDNN prefix blocks of `block` keys) in a workspace of at most workspace_limit tokens (the plan's
+    dequant_transient); None where a range would not fit it, or where blocks are not whole pages."""
+    if block % page:
+        return None
+    whole = start - start % block
+    rest = (whole, start - whole) if start > whole else None
+    # Workspace tokens of each range: the own keys from their first page on; the rest's pages whole.
+    workspace = max(end - (start - start % page), block if whole else 0,
+                    -(-start // page) * page - whole if rest else 0)
+    if workspace > workspace_limit:
+        return None
+    return KiviDensePlan((start, end - start), tuple(range(0, whole, block)), rest, end % page, workspace)
+
+
+@dataclass(frozen=True)
+class _DequantRange:
+    """One range of a _KiviDenseSpan in the workspace: its first key (a page's first), the closed keys dequantized
+    (whole pages) as a count and as dequantize_block's block_lens [1]."""
+
+    first: int
+    closed_keys: int
+    lens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _KiviDenseSpan:
+    """Device side of a long KIVI span's plan, the same in every layer of the pass (ForwardBatch-cached): its closed
+    pages [1, pages]; each range's dequantization (_DequantRange: own, the blocks', the rest's); the span's window
+    row; the rest's key count [1], first key [1] and workspace slot table [1, keys], and the query offsets [0, L]."""
+
+    plan: KiviDensePlan
+    pages: torch.Tensor
+    own: _DequantRange
+    blocks: list[_DequantRange]
+    rest: tuple[_DequantRange, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    window_row: int
+    offsets: torch.Tensor
+    zero: torch.Tensor
+
+
+def _kivi_dense_spans(q: torch.Tensor, batch: ForwardBatch, kv: PagedKV, kv_pool: KVPool,
+                      device: torch.device) -> dict[int, _KiviDenseSpan]:
+    """The batch's spans that take the dense path over a KIVI pool, by index: long enough (DENSE_MIN_ROWS), cuDNN
+    available at this head geometry, pages dequantize_block tiles, and a plan (plan_kivi_dense)."""
+    page = kv.page_tokens
+    if kv.kind != "kivi" or not blockwise_supported(kv.head_dim, page, kv.value_group) \
+            or not any(s.length >= DENSE_MIN_ROWS for s in batch.spans) \
+            or not dense_attention.available(q, kv.num_kv_heads):
+        return {}
+    found = {}
+    lens: dict[int, torch.Tensor] = {}
+
+    def dequant(first: int, end: int, closed: int) -> _DequantRange:
+        lo = first - first % page
+        keys = max(0, min(-(-end // page) * page, closed) - lo)
+        if keys not in lens:
+            lens[keys] = _int32([keys], device)
+        return _DequantRange(lo, keys, lens[keys])
+
+    for i, span in enumerate(batch.spans):
+        plan = None if span.length < DENSE_MIN_ROWS else plan_kivi_dense(
+            span.start, span.end, page, dense_attention.PREFIX_BLOCK, paged_kv.BLOCKWISE_WORKSPACE_TOKENS)
+        if plan is None:
+            continue
+        closed = span.end - plan.window
+        rest = None
+        if plan.rest is not None:
+            first, count = plan.rest
+            rest = (dequant(first, first + count, closed), _int32([count], device), _int32([first], device),
+                    page_table([list(range(count))], 1, device))
+        found[i] = _KiviDenseSpan(
+            plan, page_table([span.seq.kv_slots[:closed]], page, device), dequant(span.start, span.end, closed),
+            [dequant(first, first + dense_attention.PREFIX_BLOCK, closed) for first in plan.blocks], rest,
+            kv_pool.residual_row(span.seq) if plan.window else -1, _int32([0, span.length], device),
+            _int32([0], device))
+    return found
+
+
+def _long_kivi_span_attention(q: torch.Tensor, positions: torch.Tensor, span, kv: PagedKV,
+                              window: tuple[torch.Tensor, torch.Tensor], workspace: tuple[torch.Tensor, torch.Tensor],
+                              scale: float, out: torch.Tensor, index: _KiviDenseSpan) -> None:
+    """One long span's rows of out over a KIVI pool: each range of its plan made dense in the workspace (k_ws, v_ws
+    [slots, H, D]) and read there, by cuDNN (its own keys, the whole prefix blocks) or the paged kernel (the rest),
+    merged as a bf16 pool's long span is (_merge_pieces). window: the layer's residual K and V [rows, page, H, D].
+    Equal to the paged passes' attention over the same dequantized keys, up to the order of the sums."""
+    rows = slice(span.offset, span.offset + span.length)
+    q_span = q[rows]
+    k_ws, v_ws = workspace
+
+    def dense(where: _DequantRange, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys first..first+count-1 as [count, H, D] views of the workspace."""
+        if where.closed_keys:
+            ops.dequantize_block(kv, index.pages, where.lens, index.zero, where.first, where.closed_keys, k_ws, v_ws)
+        opened = first + count - where.first - where.closed_keys
+        if opened > 0:
+            # The chunk's newest keys, in its open page: as they are (KIVI's residual window), after the closed ones.
+            for buffer, source in ((k_ws, window[0]), (v_ws, window[1])):
+                buffer[where.closed_keys : where.closed_keys + opened].copy_(source[index.window_row, :opened])
+        skip = first - where.first
+        return k_ws[skip : skip + count], v_ws[skip : skip + count]
+
+    def piece(where: _DequantRange, first: int, count: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return dense_attention.dense_attention(q_span, *dense(where, first, count), causal, scale)
+
+    pieces: list[_Piece] = [partial(piece, index.own, *index.plan.own, True)]
+    pieces += [partial(piece, where, where.first, dense_attention.PREFIX_BLOCK, False) for where in index.blocks]
+    continuations: list[_Pass] = []
+    if index.rest is not None:
+        where, count, first, ws_table = index.rest
+
+        def rest(prev, acc, lse):
+            dense(where, where.first, where.closed_keys)
+            return ops.paged_attention(q_span, positions[rows], index.offsets, ws_table, first, count,
+                                       PagedKV("dense", k_ws, v_ws), scale, max_q_len=span.length, prev=prev, out=acc,
+                                       out_lse=lse)
+        continuations.append(rest)
+    _merge_pieces(out[rows], pieces, continuations)
 
 
 @dataclass(frozen=True)
@@ -161,33 +325,47 @@ class _DensePrefix:
 def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor], span,
                          kv: PagedKV, scale: float, out: torch.Tensor, prefix: _DensePrefix) -> None:
     """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
-    its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel,
-    merged in an fp32 accumulator (dense_attention.merge), the last merge written straight into out's rows."""
+    its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel
+    (_merge_pieces)."""
     rows = slice(span.offset, span.offset + span.length)
     k, v = chunk_kv
-    q_span, target = q[rows], out[rows]
+    q_span = q[rows]
     # cuDNN reads [H, L, D] views of row-major [L, H, D] tensors; v is a strided view into the fused projection.
-    diagonal, lse = dense_attention.dense_attention(q_span, k[rows].contiguous(), v[rows].contiguous(), True, scale)
-    if span.start == 0:
-        target.copy_(diagonal)
-        return
-    # The running result: cuDNN's bf16 diagonal, then an fp32 accumulator; the last merge writes out's rows.
-    acc = diagonal
-    for n, index in enumerate(prefix.blocks):
-        part, part_lse = dense_attention.dense_attention(q_span, kv.k[index], kv.v[index], False, scale)
-        last = n == len(prefix.blocks) - 1 and prefix.partial is None
+    pieces: list[_Piece] = [partial(dense_attention.dense_attention, q_span, k[rows].contiguous(), v[rows].contiguous(),
+                                    True, scale)]
+    pieces += [partial(dense_attention.dense_attention, q_span, kv.k[index], kv.v[index], False, scale)
+               for index in prefix.blocks]
+    continuations: list[_Pass] = []
+    if prefix.partial is not None:
+        table, offsets, first, count = prefix.partial
+        continuations.append(lambda prev, acc, lse: ops.paged_attention(
+            q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length, prev=prev,
+            out=acc, out_lse=lse))
+    _merge_pieces(out[rows], pieces, continuations)
+
+
+def _merge_pieces(target: torch.Tensor, pieces: list[_Piece], continuations: list[_Pass]) -> None:
+    """target (a span's rows of the output) = attention over the union of disjoint key ranges: the pieces (cuDNN
+    calls, each returning its (out, lse)) merged in an fp32 accumulator (dense_attention.merge; a last merge writes
+    target straight), then the continuations (paged passes over the keys left, each continuing the accumulator in
+    place). The paged kernel reads and writes fp32 there as it always has (the variant warm-up compiled, none new
+    to compile while serving), and target takes the result once."""
+    acc, lse = pieces[0]()
+    for n, piece in enumerate(pieces[1:], start=1):
+        part, part_lse = piece()
+        last = n == len(pieces) - 1 and not continuations
         into = target if last else acc if acc.dtype == torch.float32 else torch.empty_like(acc, dtype=torch.float32)
         dense_attention.merge(acc, lse, part, part_lse, into, lse)
         acc = into
-    if prefix.partial is not None:
-        # The paged kernel continues the result over the partial block's keys (all before every row), reading and
-        # writing fp32 as it always has: the variant warm-up compiled, none new to compile while serving.
-        if acc.dtype != torch.float32:
-            acc = acc.float().contiguous()
-        table, offsets, first, count = prefix.partial
-        ops.paged_attention(q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length,
-                            prev=(acc, lse), out=acc, out_lse=lse)
-        target.copy_(acc)
+    if not continuations:
+        if len(pieces) == 1:
+            target.copy_(acc)
+        return
+    if acc.dtype != torch.float32:
+        acc = acc.float().contiguous()
+    for run in continuations:
+        acc, lse = run((acc, lse), acc, lse)
+    target.copy_(acc)
 
 
 def _block_passes(q, positions, offsets, table, kv: PagedKV, scale: float, max_q_len: int,

@@ -190,15 +190,21 @@ class ModelRunner:
 
     def warm_attention_plans(self, max_rows: int) -> int:
         """Build the cuDNN attention plans that prefill passes of up to max_rows rows can meet (the dense path
-        of long spans, engine/layers/paged_attention.py); 0 where that path is not taken (CPU, quantized pools,
-        no cuDNN, no full-attention layer). A plan built inside a request cost it tens of milliseconds."""
-        mc = self.model_config
-        if self.device.type != "cuda" or not self.kv_pool.stores_rows_as_is or not mc.full_attention_layers:
+        of long spans, engine/layers/paged_attention.py); 0 where that path is not taken (CPU, fp8 pools, KIVI
+        pages the block dequantizer cannot tile, no cuDNN, no full-attention layer). A plan built inside a request
+        cost it tens of milliseconds."""
+        mc, pool = self.model_config, self.kv_pool
+        if self.device.type != "cuda" or not mc.full_attention_layers:
             return 0
         from headroom.kernels import dense_attention
+        from headroom.kernels.paged_kv import blockwise_supported
 
-        return dense_attention.warm_up(self.device, self.kv_pool.layers[0]["k"].dtype, mc.num_heads, mc.num_kv_heads,
-                                       mc.head_dim, max_rows)
+        if not (pool.stores_rows_as_is or pool.is_kivi and blockwise_supported(mc.head_dim, pool.page_tokens,
+                                                                              pool.value_group)):
+            return 0
+        # (A KIVI pool's pages are packed integers; its dense path reads them dequantized into the model's dtype.)
+        dtype = pool.model_dtype if pool.is_kivi else pool.layers[0]["k"].dtype
+        return dense_attention.warm_up(self.device, dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, max_rows)
 
     @property
     def overlaps_decode(self) -> bool:

@@ -164,6 +164,9 @@ WARMUP_SHORT_PROMPTS = (("warmup-short", 37), ("warmup-stops", 300))
 # such a shape compiled there: 1.8 s for a lone 30-token prompt on the H200, after the old warm-up.
 WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
 WARMUP_CONCURRENT = (8, 64)
+# A KIVI warm-up prompt's last chunk: too short for the dense path (DENSE_MIN_ROWS), long enough for the block path
+# (kernels/paged_kv.py BLOCKWISE_MIN_ROWS query rows at any GQA group up to 4... see warm_up).
+WARMUP_BLOCK_PATH_TAIL = 1000
 # After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
 # Prefill tokens of the smaller of the two timed passes the pass-cost fit uses on a GPU (the other is a full chunk).
@@ -177,11 +180,18 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop = state.loop
     chunk = loop.scheduler.config.chunked_prefill_size
     longest = 2 * chunk + 1
+    # A KIVI pool's long chunks take the dense path (engine/layers/paged_attention.py): on a GPU, a prompt whose
+    # last chunk ends mid-page after a whole cuDNN block compiles its paged rest and window passes.
+    open_length = None
     if loop.compiles_kernels and kv_format(str((state.plan or {}).get("kv_dtype", "bf16"))).is_kivi:
-        # On a GPU, long enough that a chunk reads the quantized prefix in two workspace blocks (the plan's
-        # DEQUANT_BLOCK_TOKENS, the engine's block): the block path's continuing pass
-        # (engine/layers/paged_attention.py) is then compiled here too.
-        longest = max(longest, DEQUANT_BLOCK_TOKENS + chunk + 1)
+        from headroom.engine.layers.paged_attention import DENSE_MIN_ROWS
+        from headroom.kernels.dense_attention import PREFIX_BLOCK
+
+        # Whole chunks past the plan's DEQUANT_BLOCK_TOKENS (the dense path), then a chunk too short for that
+        # path whose prefix the block path reads in two workspace blocks: its continuing pass is compiled too.
+        longest = max(longest, (DEQUANT_BLOCK_TOKENS // chunk + 1) * chunk + min(WARMUP_BLOCK_PATH_TAIL, chunk))
+        if chunk > DENSE_MIN_ROWS:
+            open_length = -(-PREFIX_BLOCK // chunk) * chunk + chunk - 1
     length = min(num_tokens or longest, state.context_length - 2)
     # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
     # bound needs the cost model this warm-up fits, so it applies from the first served pass on.
@@ -223,6 +233,8 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
         add("warmup-decode", 3, 8, 1, 1)
         add("warmup-long", length, 2, 7, 0)
+        if open_length is not None and open_length < state.context_length - 2:
+            add("warmup-long-open", open_length, 2, 23, 3)
         # Short prompts too: a length that is no multiple of 16 and one with checkpoint stops inside compile
         # kernel specialisations of their own; left to the first user request, they took 1.4 s on the H200.
         for name, size in WARMUP_SHORT_PROMPTS:

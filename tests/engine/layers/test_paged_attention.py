@@ -141,3 +141,78 @@ def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
     prefix = batch.cached(f"{layer.DENSE_PREFIX}.0", lambda: None)
     assert prefix is not None and len(prefix.blocks) == start // 16 and (prefix.partial is None) == (start % 16 == 0)
     torch.testing.assert_close(layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv), got)
+
+
+@pytest.mark.parametrize(("start", "end", "want"), [
+    # the first chunk: its own keys only (an open page of 18 keys after them)
+    (0, 50, ((0, 50), (), None, 18, 50)),
+    # own keys plus two whole 64-key prefix blocks
+    (128, 192, ((128, 64), (0, 64), None, 0, 64)),
+    # the prefix's last 32 keys are no whole block: the paged kernel's rest
+    (160, 224, ((160, 64), (0, 64), (128, 32), 0, 64)),
+    # a chunk starting mid-page: its own keys take the workspace from their first page on (72: 128..199); the
+    # rest's keys 128..149 take their page whole (128..159)
+    (150, 200, ((150, 50), (0, 64), (128, 22), 8, 72)),
+    (100, 200, ((100, 100), (0,), (64, 36), 8, 104)),
+])
+def test_plan_kivi_dense_gives_cudnn_the_chunk_and_whole_blocks_and_the_paged_kernel_the_rest(start, end, want):
+    plan = layer.plan_kivi_dense(start, end, 32, 64, 128)
+    assert plan is not None and (plan.own, plan.blocks, plan.rest, plan.window, plan.workspace_tokens) == want
+
+
+def test_plan_kivi_dense_declines_what_the_workspace_cannot_hold():
+    assert layer.plan_kivi_dense(0, 128, 32, 64, 128) is not None
+    assert layer.plan_kivi_dense(0, 129, 32, 64, 128) is None  # own keys past the workspace
+    assert layer.plan_kivi_dense(10, 130, 32, 64, 128) is None  # 0..129 from their first page
+    assert layer.plan_kivi_dense(0, 64, 32, 256, 128) is not None  # no whole block yet: the block size is moot
+    assert layer.plan_kivi_dense(256, 300, 32, 256, 128) is None  # a 256-key block past it
+    assert layer.plan_kivi_dense(0, 64, 32, 48, 128) is None  # cuDNN blocks not whole pages
+
+
+def _kivi_batch(kv_dtype: str, start: int, length: int, gen: torch.Generator):
+    """A KIVI pool (32-token pages) holding a `length`-token chunk after `start` cached tokens, beside a decode step
+    after 70; returns the pool, the batch and q."""
+    pool = KVPool(1024, 1, KV_HEADS, DIM, kv_dtype, torch.float32, torch.device("cpu"), residual_rows=2)
+    long, short = Sequence("long", list(range(start + length + 1))), Sequence("short", list(range(71)))
+    long.kv_slots, short.kv_slots = list(range(0, 512)), list(range(512, 608))
+    for seq, done, new in ((long, start, length), (short, 70, 1)):
+        k = torch.randn(done + new, KV_HEADS, DIM, generator=gen) * 2
+        v = torch.randn(done + new, KV_HEADS, DIM, generator=gen)
+        pool.store(0, seq, 0, k[:done], v[:done])
+        seq.num_computed_tokens = done
+        pool.store(0, seq, done, k[done:], v[done:])
+    batch = ForwardBatch.build([BatchItem(long, list(range(length))), BatchItem(short, [5])], torch.device("cpu"))
+    return pool, batch, torch.randn(length + 1, HEADS, DIM, generator=gen)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
+@pytest.mark.parametrize(("start", "length"), [(0, 64), (0, 50), (128, 64), (160, 64), (128, 50), (150, 50),
+                                                (100, 100), (32, 40)])
+def test_long_kivi_spans_on_the_dense_path_equal_plain_attention(monkeypatch, kv_dtype, start, length):
+    """A long KIVI chunk's ranges made dense in the workspace (closed pages dequantized, the open page's keys
+    copied) and read by cuDNN (here its CPU reference) and the paged kernel, merged, give attention over the
+    sequence's dequantized context, whether the chunk starts or ends mid-page; the decode step beside it takes the
+    paged passes."""
+    from headroom.kernels import dense_attention
+
+    monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
+    monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 64)
+    monkeypatch.setattr(paged_kv, "BLOCKWISE_WORKSPACE_TOKENS", 128)
+    monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
+    calls = []
+    real = dense_attention.dense_attention
+
+    def as_cudnn_returns(q, k, v, causal, scale):
+        calls.append((k.shape[0], causal))
+        out, lse = real(q, k, v, causal, scale)
+        return dense_attention.to_rows(out.transpose(0, 1)[None].contiguous(), lse.t()[None, ..., None].contiguous())
+
+    monkeypatch.setattr(dense_attention, "dense_attention", as_cudnn_returns)
+    pool, batch, q = _kivi_batch(kv_dtype, start, length, torch.Generator().manual_seed(start + length))
+    got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
+    torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
+    plan = layer.plan_kivi_dense(start, start + length, 32, 64, 128)
+    assert plan is not None and calls == [(length, True)] + [(64, False)] * len(plan.blocks)
+    assert list(batch.cached(layer.KIVI_DENSE, lambda: None)) == [0]
+    # The next layer reuses the pass's index and gives the same answer.
+    torch.testing.assert_close(layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5), got)
