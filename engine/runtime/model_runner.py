@@ -32,6 +32,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 # chunk is ~3.6 ms of GPU work against ~1.3 ms to launch it on the H200), few enough that an interjected pass
 # is not queued behind the rest of the long one.
 INTERJECTION_LAG = 2
+# The last chunk of a KIVI warm-up prompt (kivi_warm_up_lengths): under the dense path's DENSE_MIN_ROWS, and at
+# least the block path's BLOCKWISE_MIN_ROWS query rows (512) at any GQA group.
+KIVI_BLOCK_PATH_CHUNK = 1000
 
 
 def bounded_lag(hook: Callable[[], None], device: torch.device, lag: int = INTERJECTION_LAG) -> Callable[[], None]:
@@ -205,6 +208,21 @@ class ModelRunner:
         # (A KIVI pool's pages are packed integers; its dense path reads them dequantized into the model's dtype.)
         dtype = pool.model_dtype if pool.is_kivi else pool.layers[0]["k"].dtype
         return dense_attention.warm_up(self.device, dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, max_rows)
+
+    def kivi_warm_up_lengths(self, chunk: int) -> tuple[int, int | None]:
+        """Warm-up prompt lengths whose passes meet every path of a KIVI pool's long prefills
+        (engine/layers/paged_attention.py), so that all their kernels are compiled before /ready: whole chunks past
+        the block path's workspace (the dense path), then a last chunk too short for the dense path that reads its
+        prefix in two workspace blocks (the block path's continuing pass); and, where chunks are long enough for
+        the dense path, a prompt whose last chunk ends mid-page after a whole cuDNN block (its paged rest), else
+        None."""
+        from headroom.engine.layers.paged_attention import DENSE_MIN_ROWS
+        from headroom.kernels.dense_attention import PREFIX_BLOCK
+        from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
+
+        longest = (BLOCKWISE_WORKSPACE_TOKENS // chunk + 1) * chunk + min(KIVI_BLOCK_PATH_CHUNK, chunk)
+        mid_page = -(-PREFIX_BLOCK // chunk) * chunk + chunk - 1 if chunk > DENSE_MIN_ROWS else None
+        return longest, mid_page
 
     @property
     def overlaps_decode(self) -> bool:

@@ -20,7 +20,6 @@ from headroom.engine.default_model import DEFAULT_MODEL_NAME, ensure_default_mod
 from headroom.engine.loop.engine_loop import EngineLoop, check_interjection_lag
 from headroom.engine.loop.step import StepStats, TokenEvent
 from headroom.engine.plan import Pinned, Plan, PlanRequest, Targets, load_geometry, make_plan, parse_size
-from headroom.engine.plan.engines.builtin import DEQUANT_BLOCK_TOKENS
 from headroom.engine.plan.kv_format import kv_format
 from headroom.engine.scheduler.types import PassCostModel, SchedulerConfig
 from headroom.engine.sequence import SamplingParams, Sequence
@@ -164,9 +163,6 @@ WARMUP_SHORT_PROMPTS = (("warmup-short", 37), ("warmup-stops", 300))
 # such a shape compiled there: 1.8 s for a lone 30-token prompt on the H200, after the old warm-up.
 WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
 WARMUP_CONCURRENT = (8, 64)
-# A KIVI warm-up prompt's last chunk: too short for the dense path (DENSE_MIN_ROWS), long enough for the block path
-# (kernels/paged_kv.py BLOCKWISE_MIN_ROWS query rows at any GQA group up to 4... see warm_up).
-WARMUP_BLOCK_PATH_TAIL = 1000
 # After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
 # Prefill tokens of the smaller of the two timed passes the pass-cost fit uses on a GPU (the other is a full chunk).
@@ -180,18 +176,11 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     loop = state.loop
     chunk = loop.scheduler.config.chunked_prefill_size
     longest = 2 * chunk + 1
-    # A KIVI pool's long chunks take the dense path (engine/layers/paged_attention.py): on a GPU, a prompt whose
-    # last chunk ends mid-page after a whole cuDNN block compiles its paged rest and window passes.
     open_length = None
     if loop.compiles_kernels and kv_format(str((state.plan or {}).get("kv_dtype", "bf16"))).is_kivi:
-        from headroom.engine.layers.paged_attention import DENSE_MIN_ROWS
-        from headroom.kernels.dense_attention import PREFIX_BLOCK
-
-        # Whole chunks past the plan's DEQUANT_BLOCK_TOKENS (the dense path), then a chunk too short for that
-        # path whose prefix the block path reads in two workspace blocks: its continuing pass is compiled too.
-        longest = max(longest, (DEQUANT_BLOCK_TOKENS // chunk + 1) * chunk + min(WARMUP_BLOCK_PATH_TAIL, chunk))
-        if chunk > DENSE_MIN_ROWS:
-            open_length = -(-PREFIX_BLOCK // chunk) * chunk + chunk - 1
+        # On a GPU, the prompts whose passes meet every path of a KIVI pool's long prefills (the runner says which).
+        kivi_longest, open_length = loop.runner.kivi_warm_up_lengths(chunk)
+        longest = max(longest, kivi_longest)
     length = min(num_tokens or longest, state.context_length - 2)
     # Warm-up runs full chunks, so every pass shape serving uses is compiled before /ready; the pass-time
     # bound needs the cost model this warm-up fits, so it applies from the first served pass on.
