@@ -985,7 +985,17 @@ def _kivi_dense_case(start: int, length: int) -> dict:
     k_s, v_s = pool.context(0, short, 71)
     short_truth = naive_prefix_attention(q[length:].float(), k_s.float(), v_s.float(), batch.positions[length:],
                                          d**-0.5)
-    return {"took_dense_path": took_dense, "dense_ms": dense_ms, "paged_ms": paged_ms,
+    # The element where the two paths differ most, against fp32 at its row: which of them is off there.
+    gap = (got[:length].float() - want[:length].float()).abs()
+    flat = int(gap.argmax())
+    row, head, dim = flat // (hq * d), flat // d % hq, flat % d
+    row_truth = naive_prefix_attention(q[row:row + 1].float(), k_ctx.float(), v_ctx.float(),
+                                       batch.positions[row:row + 1], d**-0.5)
+    worst = {"row": row, "head": head, "dim": dim, "dense": float(got[row, head, dim]),
+             "paged": float(want[row, head, dim]), "fp32": float(row_truth[0, head, dim]),
+             "dense_row_vs_fp32": _diff(got[row:row + 1], row_truth), "paged_row_vs_fp32": _diff(want[row:row + 1], row_truth),
+             "rms_dense_vs_paged": float(gap.pow(2).mean().sqrt())}
+    return {"took_dense_path": took_dense, "dense_ms": dense_ms, "paged_ms": paged_ms, "worst": worst,
             "dense_vs_paged": _diff(got[:length], want[:length]),
             "dense_vs_fp32": _diff(got[sample], truth), "paged_vs_fp32": _diff(want[sample], truth),
             "decode_row_vs_fp32": _diff(got[length:], short_truth)}

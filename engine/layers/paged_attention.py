@@ -115,7 +115,7 @@ def paged_attention_over_pool(
             out = _chain([pool_pass(others)], q)
         for i in long:
             prefix = batch.cached(f"{DENSE_PREFIX}.{i}", lambda i=i: _DensePrefix.of(spans[i], device))
-            _long_span_attention(q, positions, chunk_kv, spans[i], kv, scale, out, prefix)
+            _long_span_attention(q, chunk_kv, spans[i], kv, scale, out, prefix)
         return out
 
     group = q.shape[1] // kv.num_kv_heads
@@ -162,7 +162,7 @@ def paged_attention_over_pool(
         shape = (max(d.plan.workspace_tokens for d in dense.values()), kv.num_kv_heads, kv.head_dim)
         workspace = (q.new_empty(shape), q.new_empty(shape))
         for i, span_index in dense.items():
-            _long_kivi_span_attention(q, positions, spans[i], kv, window, workspace, scale, out, span_index)
+            _long_kivi_span_attention(q, spans[i], kv, window, workspace, scale, out, span_index)
     return out
 
 
@@ -211,7 +211,8 @@ class _DequantRange:
 class _KiviDenseSpan:
     """Device side of a long KIVI span's plan, the same in every layer of the pass (ForwardBatch-cached): its closed
     pages [1, pages]; each range's dequantization (_DequantRange: own, the blocks', the rest's); the span's window
-    row; the rest's key count [1], first key [1] and workspace slot table [1, keys], and the query offsets [0, L]."""
+    row; the rest's key count [1], first key [1] and workspace slot table (_block_wide_table), the query offsets
+    [0, L] and positions (_span_positions)."""
 
     plan: KiviDensePlan
     pages: torch.Tensor
@@ -221,6 +222,7 @@ class _KiviDenseSpan:
     window_row: int
     offsets: torch.Tensor
     zero: torch.Tensor
+    positions: torch.Tensor
 
 
 def _kivi_dense_spans(q: torch.Tensor, batch: ForwardBatch, kv: PagedKV, kv_pool: KVPool,
@@ -252,16 +254,16 @@ def _kivi_dense_spans(q: torch.Tensor, batch: ForwardBatch, kv: PagedKV, kv_pool
         if plan.rest is not None:
             first, count = plan.rest
             rest = (dequant(first, first + count, closed), _int32([count], device), _int32([first], device),
-                    page_table([list(range(count))], 1, device))
+                    _block_wide_table(list(range(count)), device))
         found[i] = _KiviDenseSpan(
             plan, page_table([span.seq.kv_slots[:closed]], page, device), dequant(span.start, span.end, closed),
             [dequant(first, first + dense_attention.PREFIX_BLOCK, closed) for first in plan.blocks], rest,
             kv_pool.residual_row(span.seq) if plan.window else -1, _int32([0, span.length], device),
-            _int32([0], device))
+            _int32([0], device), _span_positions(span, device))
     return found
 
 
-def _long_kivi_span_attention(q: torch.Tensor, positions: torch.Tensor, span, kv: PagedKV,
+def _long_kivi_span_attention(q: torch.Tensor, span, kv: PagedKV,
                               window: tuple[torch.Tensor, torch.Tensor], workspace: tuple[torch.Tensor, torch.Tensor],
                               scale: float, out: torch.Tensor, index: _KiviDenseSpan) -> None:
     """One long span's rows of out over a KIVI pool: each range of its plan made dense in the workspace (k_ws, v_ws
@@ -295,7 +297,7 @@ def _long_kivi_span_attention(q: torch.Tensor, positions: torch.Tensor, span, kv
 
         def rest(prev, acc, lse):
             dense(where, where.first, where.closed_keys)
-            return ops.paged_attention(q_span, positions[rows], index.offsets, ws_table, first, count,
+            return ops.paged_attention(q_span, index.positions, index.offsets, ws_table, first, count,
                                        PagedKV("dense", k_ws, v_ws), scale, max_q_len=span.length, prev=prev, out=acc,
                                        out_lse=lse)
         continuations.append(rest)
@@ -308,7 +310,7 @@ class _DensePrefix:
     the pool rows of each whole PREFIX_BLOCK, and the paged kernel's table and bounds over the partial block."""
 
     blocks: list[torch.Tensor]
-    partial: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    partial: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
 
     @classmethod
     def of(cls, span, device: torch.device) -> _DensePrefix:
@@ -317,12 +319,26 @@ class _DensePrefix:
         slots = span.seq.kv_slots
         blocks = [to_device(slots[first : first + block], torch.long, device) for first in range(0, whole, block)]
         partial = None if whole == span.start else (
-            page_table([slots[whole : span.start]], 1, device), _int32([0, span.length], device),
-            _int32([whole], device), _int32([span.start - whole], device))
+            _block_wide_table(slots[whole : span.start], device), _int32([0, span.length], device),
+            _int32([whole], device), _int32([span.start - whole], device), _span_positions(span, device))
         return cls(blocks, partial)
 
 
-def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor], span,
+def _block_wide_table(slots: list[int], device: torch.device) -> torch.Tensor:
+    """A one-row slot table [1, PREFIX_BLOCK] for the paged kernel over fewer keys (a prefix's partial block, a
+    KIVI span's rest), zero-padded: the kernel specialises on its row stride being a multiple of 16, so a table as
+    wide as the keys would compile a second variant while serving for the widths the warm-up did not meet."""
+    return page_table([slots + [0] * (dense_attention.PREFIX_BLOCK - len(slots))], 1, device)
+
+
+def _span_positions(span, device: torch.device) -> torch.Tensor:
+    """A long span's query positions (start..end-1, int64 as the pass's) in a tensor of their own: a view at the
+    span's row offset into the pass's positions starts 16-byte aligned or not by the offset's parity, another
+    specialisation of the paged kernel."""
+    return torch.arange(span.start, span.end, device=device, dtype=torch.long)
+
+
+def _long_span_attention(q: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor], span,
                          kv: PagedKV, scale: float, out: torch.Tensor, prefix: _DensePrefix) -> None:
     """One long span's rows of out (kernels/dense_attention.py says why): its causal block over its own K/V and
     its prefix in full PREFIX_BLOCKs through cuDNN, the prefix's last partial block through the paged kernel
@@ -337,9 +353,9 @@ def _long_span_attention(q: torch.Tensor, positions: torch.Tensor, chunk_kv: tup
                for index in prefix.blocks]
     continuations: list[_Pass] = []
     if prefix.partial is not None:
-        table, offsets, first, count = prefix.partial
+        table, offsets, first, count, span_positions = prefix.partial
         continuations.append(lambda prev, acc, lse: ops.paged_attention(
-            q_span, positions[rows], offsets, table, first, count, kv, scale, max_q_len=span.length, prev=prev,
+            q_span, span_positions, offsets, table, first, count, kv, scale, max_q_len=span.length, prev=prev,
             out=acc, out_lse=lse))
     _merge_pieces(out[rows], pieces, continuations)
 

@@ -222,8 +222,6 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
         add("warmup-decode", 3, 8, 1, 1)
         add("warmup-long", length, 2, 7, 0)
-        if open_length is not None and open_length < state.context_length - 2:
-            add("warmup-long-open", open_length, 2, 23, 3)
         # Short prompts too: a length that is no multiple of 16 and one with checkpoint stops inside compile
         # kernel specialisations of their own; left to the first user request, they took 1.4 s on the H200.
         for name, size in WARMUP_SHORT_PROMPTS:
@@ -236,6 +234,10 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             logger.info("start-up: warm-up ran %d passes in %.1f s (the first %.1f s)", len(timings),
                         time.perf_counter() - started, timings[0].seconds)
         if loop.compiles_kernels:
+            if open_length is not None and open_length < state.context_length - 2:
+                # Alone, so that its chunks fall where kivi_warm_up_lengths put them.
+                add("warmup-long-open", open_length, 2, 23, 3)
+                loop.run_until_idle()
             for i, size in enumerate(WARMUP_ALONE_PROMPTS):
                 if size < length:
                     add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
