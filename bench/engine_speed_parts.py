@@ -967,10 +967,11 @@ def _kivi_dense_case(start: int, length: int) -> dict:
 
     def run(dense_min_rows: int) -> tuple[torch.Tensor, ForwardBatch]:
         layer.DENSE_MIN_ROWS = dense_min_rows
+        layer.DENSE_ATTENTION = dense_min_rows < 10**9
         batch = ForwardBatch.build(items, DEV)
         return layer.paged_attention_over_pool(q, batch, pool, 0, d**-0.5), batch
 
-    default_rows = layer.DENSE_MIN_ROWS
+    default_rows, default_dense = layer.DENSE_MIN_ROWS, layer.DENSE_ATTENTION
     try:
         got, batch = run(default_rows)
         took_dense = bool(batch.cached(layer.KIVI_DENSE, lambda: {}))
@@ -979,6 +980,7 @@ def _kivi_dense_case(start: int, length: int) -> dict:
         paged_ms = _bench(lambda: run(10**9))
     finally:
         layer.DENSE_MIN_ROWS = default_rows
+        layer.DENSE_ATTENTION = default_dense
     sample = torch.arange(0, length, length // 256, device=DEV)[:256]
     k_ctx, v_ctx = pool.context(0, long, end)
     truth = naive_prefix_attention(q[sample].float(), k_ctx.float(), v_ctx.float(), batch.positions[sample], d**-0.5)
@@ -999,3 +1001,145 @@ def _kivi_dense_case(start: int, length: int) -> dict:
             "dense_vs_paged": _diff(got[:length], want[:length]),
             "dense_vs_fp32": _diff(got[sample], truth), "paged_vs_fp32": _diff(want[sample], truth),
             "decode_row_vs_fp32": _diff(got[length:], short_truth)}
+
+
+def dense_path_variants(start: int = 24576, length: int = 8192) -> dict:
+    """A long span's dense path at the layer (engine/layers/paged_attention.py) on an int2 and a bf16 pool, an
+    8,192-token chunk after `start` cached tokens beside a decode step, against the paged passes: as it runs, with
+    every cuDNN call given copies of its K/V, and with the device synchronised after every cuDNN call (a piece read
+    after a later write of its memory would differ from the copies'). Max |dense - paged| of each."""
+    import gpu_kernels
+    from headroom.engine.layers import paged_attention as layer
+    from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+    from headroom.engine.runtime.kv_pool import KVPool
+    from headroom.engine.sequence import Sequence
+    from headroom.kernels import dense_attention
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    real = dense_attention.dense_attention
+    out: dict = {}
+    for kv_dtype in ("int2", "auto"):
+        gen = torch.Generator(device=DEV).manual_seed(start)
+        end = start + length
+        pages_end = -(-end // gpu_kernels.PAGE) * gpu_kernels.PAGE
+        pool = KVPool(pages_end + 96, 1, hkv, d, kv_dtype, torch.bfloat16, DEV, residual_rows=2)
+        long, short = Sequence("long", list(range(end + 1))), Sequence("short", list(range(71)))
+        long.kv_slots, short.kv_slots = list(range(pages_end)), list(range(pages_end, pages_end + 96))
+        news = []
+        for seq, done, new in ((long, start, length), (short, 70, 1)):
+            k = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+            v = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+            pool.store(0, seq, 0, k[:done], v[:done])
+            seq.num_computed_tokens = done
+            pool.store(0, seq, done, k[done:], v[done:])
+            news.append((k[done:], v[done:]))
+        chunk_kv = (torch.cat([k for k, _ in news]), torch.cat([v for _, v in news]))
+        q = torch.randn(length + 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        items = [BatchItem(long, list(range(length))), BatchItem(short, [5])]
+
+        def run(dense_min_rows: int, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
+            layer.DENSE_MIN_ROWS = dense_min_rows
+            layer.DENSE_ATTENTION = dense_min_rows < 10**9
+            return layer.paged_attention_over_pool(q, ForwardBatch.build(items, DEV), pool, 0, d**-0.5, chunk_kv)
+
+        def lone(dense_min_rows: int, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
+            # the long span alone in its pass: no paged pass over other sequences before the dense path
+            layer.DENSE_MIN_ROWS = dense_min_rows
+            layer.DENSE_ATTENTION = dense_min_rows < 10**9
+            return layer.paged_attention_over_pool(q[:length], ForwardBatch.build(items[:1], DEV), pool, 0, d**-0.5,
+                                                   (chunk_kv[0][:length], chunk_kv[1][:length]))
+
+        def copies(q_, k, v, causal, scale):
+            return real(q_, k.clone(), v.clone(), causal, scale)
+
+        def synced(q_, k, v, causal, scale):
+            got = real(q_, k, v, causal, scale)
+            torch.cuda.synchronize()
+            return got
+
+        default_rows, default_dense = layer.DENSE_MIN_ROWS, layer.DENSE_ATTENTION
+        case: dict = {}
+        try:
+            want = run(10**9)
+            for name, fn in (("as_run", real), ("kv_copies", copies), ("synchronised", synced)):
+                dense_attention.dense_attention = fn
+                got = run(default_rows)
+                case[name] = _diff(got[:length], want[:length])
+            dense_attention.dense_attention = real
+            alone = lone(default_rows)
+            case["lone_span"] = _diff(alone, want[:length])
+            case["lone_span_paged"] = _diff(lone(10**9), want[:length])
+            case["lone_span_twice"] = _diff(lone(default_rows), alone)
+        finally:
+            layer.DENSE_MIN_ROWS = default_rows
+            layer.DENSE_ATTENTION = default_dense
+            dense_attention.dense_attention = real
+        out["int2" if kv_dtype == "int2" else "bf16"] = case
+        del pool
+        torch.cuda.empty_cache()
+    return out
+
+
+def cudnn_layout_check(rows: int = 8192) -> dict:
+    """cuDNN's attention (kernels/dense_attention.py) over a causal 8,192-query block and an 8,192-key prefix block
+    at the 4B model's heads, every output row against fp32 (naive_dense_attention, one query head at a time):
+    as the engine calls it (views of row-major [L, H, D], GQA), with each operand a contiguous [1, H, L, D], with
+    K/V repeated to the query heads, twice each (a difference between two identical calls is nondeterminism);
+    and torch's flash attention (_scaled_dot_product_flash_attention) beside it."""
+    import gpu_kernels
+    from headroom.kernels import dense_attention as dense
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+    v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    scale = d**-0.5
+    group = hq // hkv
+    out: dict = {}
+    for causal in (True, False):
+        want = torch.empty(rows, hq, d, device=DEV)
+        want_lse = torch.empty(rows, hq, device=DEV)
+        for h in range(hq):
+            o, lse = dense.naive_dense_attention(q[:, h:h + 1].float(), k[:, h // group:h // group + 1].float(),
+                                                 v[:, h // group:h // group + 1].float(), causal, scale)
+            want[:, h:h + 1], want_lse[:, h:h + 1] = o, lse
+
+        def engine(causal=causal):
+            return dense._cudnn(q, k, v, causal, scale)
+
+        def contiguous(causal=causal):
+            got = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q.transpose(0, 1)[None].contiguous(), k.transpose(0, 1)[None].contiguous(),
+                v.transpose(0, 1)[None].contiguous(), None, True, 0.0, causal, False, scale=scale)
+            return dense.to_rows(got[0], got[1])
+
+        def repeated(causal=causal):
+            kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            got = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q.transpose(0, 1)[None], kr.transpose(0, 1)[None], vr.transpose(0, 1)[None], None, True, 0.0, causal,
+                False, scale=scale)
+            return dense.to_rows(got[0], got[1])
+
+        def flash(causal=causal):
+            kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            got = torch.ops.aten._scaled_dot_product_flash_attention(
+                q.transpose(0, 1)[None], kr.transpose(0, 1)[None], vr.transpose(0, 1)[None], 0.0, causal, False,
+                scale=scale)
+            return dense.to_rows(got[0], got[1])
+
+        case: dict = {}
+        for name, fn in (("engine", engine), ("contiguous", contiguous), ("repeated_kv", repeated), ("flash", flash)):
+            try:
+                first, first_lse = fn()
+                second, _ = fn()
+                err = (first.float() - want).abs()
+                worst_row = int(err.amax(dim=(1, 2)).argmax())
+                case[name] = {"out": _diff(first, want), "lse": _diff(first_lse, want_lse),
+                              "rows_off_by_0.05": int((err.amax(dim=(1, 2)) > 0.05).sum()), "worst_row": worst_row,
+                              "repeat_max_abs": float((first.float() - second.float()).abs().max()),
+                              "ms": _bench(fn)}
+            except Exception as exc:  # noqa: BLE001 - a variant this torch lacks is reported, not fatal
+                case[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        out["causal" if causal else "prefix"] = case
+    return out

@@ -14,6 +14,7 @@ bf16 pool's straight from its rows, a KIVI pool's from the same dequantized work
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -28,6 +29,13 @@ from headroom.kernels.paged_kv import PagedKV, blockwise_supported, page_table, 
 # Spans of at least this many rows over a bf16 pool take the dense path (cuDNN; kernels/dense_attention.py): below
 # it the paged kernel's share of a pass is small, and cuDNN's fixed cost is not worth a launch of its own.
 DENSE_MIN_ROWS = 2048
+# Whether long spans take the dense path at all. Off: on the H200 (session 13, bench/results/session13/) the layer's
+# dense path gave outputs that differ between two identical calls by up to 0.1-0.7 at single elements, over a bf16
+# and a KIVI pool alike (an 8,192-token chunk after 24,576 cached tokens, the span alone in its pass, with PDL on and
+# off), where the paged passes are repeatable and match fp32 there, and where cuDNN's attention alone at the same
+# shapes is exact and repeatable. Until the cause is found long spans take the paged kernel;
+# HEADROOM_DENSE_ATTENTION=1 turns the dense path on to investigate it.
+DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "0") == "1"
 # ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"
 DENSE_PREFIX = "dense_attention.prefix"
@@ -103,7 +111,7 @@ def paged_attention_over_pool(
 
     if not kv_pool.is_kivi:
         long = [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
-        if chunk_kv is None or batch.is_static or kv.kind != "dense" or not long \
+        if not DENSE_ATTENTION or chunk_kv is None or batch.is_static or kv.kind != "dense" or not long \
                 or not dense_attention.available(q, kv.num_kv_heads):
             return _chain([pool_pass(closed_t)], q)
         if len(long) == len(spans):
@@ -230,7 +238,7 @@ def _kivi_dense_spans(q: torch.Tensor, batch: ForwardBatch, kv: PagedKV, kv_pool
     """The batch's spans that take the dense path over a KIVI pool, by index: long enough (DENSE_MIN_ROWS), cuDNN
     available at this head geometry, pages dequantize_block tiles, and a plan (plan_kivi_dense)."""
     page = kv.page_tokens
-    if kv.kind != "kivi" or not blockwise_supported(kv.head_dim, page, kv.value_group) \
+    if not DENSE_ATTENTION or kv.kind != "kivi" or not blockwise_supported(kv.head_dim, page, kv.value_group) \
             or not any(s.length >= DENSE_MIN_ROWS for s in batch.spans) \
             or not dense_attention.available(q, kv.num_kv_heads):
         return {}

@@ -196,8 +196,10 @@ class ModelRunner:
         of long spans, engine/layers/paged_attention.py); 0 where that path is not taken (CPU, fp8 pools, KIVI
         pages the block dequantizer cannot tile, no cuDNN, no full-attention layer). A plan built inside a request
         cost it tens of milliseconds."""
+        from headroom.engine.layers import paged_attention
+
         mc, pool = self.model_config, self.kv_pool
-        if self.device.type != "cuda" or not mc.full_attention_layers:
+        if not paged_attention.DENSE_ATTENTION or self.device.type != "cuda" or not mc.full_attention_layers:
             return 0
         from headroom.kernels import dense_attention
         from headroom.kernels.paged_kv import blockwise_supported
@@ -214,14 +216,15 @@ class ModelRunner:
         (engine/layers/paged_attention.py), so that all their kernels are compiled before /ready: whole chunks past
         the block path's workspace (the dense path), then a last chunk too short for the dense path that reads its
         prefix in two workspace blocks (the block path's continuing pass); and, where chunks are long enough for
-        the dense path, a prompt whose last chunk ends mid-page after a whole cuDNN block (its paged rest), else
-        None."""
-        from headroom.engine.layers.paged_attention import DENSE_MIN_ROWS
+        the dense path (when it is on: paged_attention.DENSE_ATTENTION), a prompt whose last chunk ends mid-page
+        after a whole cuDNN block (its paged rest), else None."""
+        from headroom.engine.layers import paged_attention
         from headroom.kernels.dense_attention import PREFIX_BLOCK
         from headroom.kernels.paged_kv import BLOCKWISE_WORKSPACE_TOKENS
 
         longest = (BLOCKWISE_WORKSPACE_TOKENS // chunk + 1) * chunk + min(KIVI_BLOCK_PATH_CHUNK, chunk)
-        mid_page = -(-PREFIX_BLOCK // chunk) * chunk + chunk - 1 if chunk > DENSE_MIN_ROWS else None
+        dense = paged_attention.DENSE_ATTENTION and chunk > paged_attention.DENSE_MIN_ROWS
+        mid_page = -(-PREFIX_BLOCK // chunk) * chunk + chunk - 1 if dense else None
         return longest, mid_page
 
     @property

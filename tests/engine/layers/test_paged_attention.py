@@ -112,6 +112,7 @@ def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
     from headroom.kernels import dense_attention
 
     monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
+    monkeypatch.setattr(layer, "DENSE_ATTENTION", True)
     monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 16)
     monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
     calls = []
@@ -196,6 +197,7 @@ def test_long_kivi_spans_on_the_dense_path_equal_plain_attention(monkeypatch, kv
     from headroom.kernels import dense_attention
 
     monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
+    monkeypatch.setattr(layer, "DENSE_ATTENTION", True)
     monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 64)
     monkeypatch.setattr(paged_kv, "BLOCKWISE_WORKSPACE_TOKENS", 128)
     monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
@@ -216,3 +218,23 @@ def test_long_kivi_spans_on_the_dense_path_equal_plain_attention(monkeypatch, kv
     assert list(batch.cached(layer.KIVI_DENSE, lambda: None)) == [0]
     # The next layer reuses the pass's index and gives the same answer.
     torch.testing.assert_close(layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5), got)
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int2"])
+def test_the_dense_path_is_off_by_default(monkeypatch, kv_dtype):
+    """Long spans take the paged kernel unless HEADROOM_DENSE_ATTENTION=1 (layer.DENSE_ATTENTION says why): no cuDNN
+    call, the same answer."""
+    from headroom.kernels import dense_attention
+
+    assert layer.DENSE_ATTENTION is False
+    monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
+    monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
+    calls = []
+    monkeypatch.setattr(dense_attention, "dense_attention", lambda *args: calls.append(args))
+    if kv_dtype == "auto":
+        pool, batch, q, chunk_kv = _dense_batch(40, 30, torch.Generator().manual_seed(1))
+    else:
+        (pool, batch, q), chunk_kv = _kivi_batch(kv_dtype, 160, 64, torch.Generator().manual_seed(1)), None
+    got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv)
+    assert calls == []
+    torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
