@@ -1143,3 +1143,38 @@ def cudnn_layout_check(rows: int = 8192) -> dict:
                 case[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         out["causal" if causal else "prefix"] = case
     return out
+
+
+def cudnn_dirty_memory(rows: int = 8192, fills: int = 4) -> dict:
+    """Whether cuDNN's attention depends on what the memory it is handed held before (session 13's lead for the
+    dense path's unrepeatable results: an uninitialised workspace or scratch read): a causal 8,192 x 8,192 block and
+    8,192 queries over an 8,192-key block at the 4B model's heads, each computed on a clean start, then after the
+    caching allocator's free blocks were filled with random bytes (a 4 GiB tensor written and freed), `fills` times;
+    each result against the clean one and against fp32."""
+    import gpu_kernels
+    from headroom.kernels import dense_attention as dense
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    gen = torch.Generator(device=DEV).manual_seed(12)
+    q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+    v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    scale, group = d**-0.5, hq // hkv
+    out: dict = {}
+    for causal in (True, False):
+        want = torch.empty(rows, hq, d, device=DEV)
+        for h in range(hq):
+            o, _ = dense.naive_dense_attention(q[:, h:h + 1].float(), k[:, h // group:h // group + 1].float(),
+                                               v[:, h // group:h // group + 1].float(), causal, scale)
+            want[:, h:h + 1] = o
+        clean, _ = dense._cudnn(q, k, v, causal, scale)
+        clean = clean.clone()
+        case: dict = {"clean_vs_fp32": _diff(clean, want), "dirty": []}
+        for i in range(fills):
+            junk = torch.empty(4 << 30, dtype=torch.uint8, device=DEV)
+            junk.random_(0, 256, generator=torch.Generator(device=DEV).manual_seed(i))
+            del junk
+            got, _ = dense._cudnn(q, k, v, causal, scale)
+            case["dirty"].append({"vs_clean": _diff(got, clean), "vs_fp32": _diff(got, want)})
+        out["causal" if causal else "prefix"] = case
+    return out
