@@ -941,29 +941,44 @@ def kivi_dense_check() -> dict:
     return out
 
 
-def _kivi_dense_case(start: int, length: int) -> dict:
+def _chunk_beside_decode(kv_dtype: str, start: int, length: int):
+    """One layer's pool (kv_dtype, the 4B model's heads) holding a `length`-token chunk after `start` cached tokens
+    beside a decode step after 70, K/V stored: (pool, long, short, the pass's items, q [length + 1, Hq, D], the
+    pass's own K/V)."""
     import gpu_kernels
-    from headroom.engine.layers import paged_attention as layer
-    from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+    from headroom.engine.runtime.forward_batch import BatchItem
     from headroom.engine.runtime.kv_pool import KVPool
     from headroom.engine.sequence import Sequence
-    from headroom.kernels.attention import naive_prefix_attention
 
     hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
     gen = torch.Generator(device=DEV).manual_seed(start)
     end = start + length
     pages_end = -(-end // gpu_kernels.PAGE) * gpu_kernels.PAGE
-    pool = KVPool(pages_end + 96, 1, hkv, d, "int2", torch.bfloat16, DEV, residual_rows=2)
+    pool = KVPool(pages_end + 96, 1, hkv, d, kv_dtype, torch.bfloat16, DEV, residual_rows=2)
     long, short = Sequence("long", list(range(end + 1))), Sequence("short", list(range(71)))
     long.kv_slots, short.kv_slots = list(range(pages_end)), list(range(pages_end, pages_end + 96))
+    news = []
     for seq, done, new in ((long, start, length), (short, 70, 1)):
         k = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
         v = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
         pool.store(0, seq, 0, k[:done], v[:done])
         seq.num_computed_tokens = done
         pool.store(0, seq, done, k[done:], v[done:])
+        news.append((k[done:], v[done:]))
     q = torch.randn(length + 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
     items = [BatchItem(long, list(range(length))), BatchItem(short, [5])]
+    return pool, long, short, items, q, (torch.cat([k for k, _ in news]), torch.cat([v for _, v in news]))
+
+
+def _kivi_dense_case(start: int, length: int) -> dict:
+    import gpu_kernels
+    from headroom.engine.layers import paged_attention as layer
+    from headroom.engine.runtime.forward_batch import ForwardBatch
+    from headroom.kernels.attention import naive_prefix_attention
+
+    hq, d = gpu_kernels.HQ, gpu_kernels.D
+    end = start + length
+    pool, long, short, items, q, _ = _chunk_beside_decode("int2", start, length)
 
     def run(dense_min_rows: int) -> tuple[torch.Tensor, ForwardBatch]:
         layer.DENSE_MIN_ROWS = dense_min_rows
@@ -1010,32 +1025,14 @@ def dense_path_variants(start: int = 24576, length: int = 8192) -> dict:
     after a later write of its memory would differ from the copies'). Max |dense - paged| of each."""
     import gpu_kernels
     from headroom.engine.layers import paged_attention as layer
-    from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
-    from headroom.engine.runtime.kv_pool import KVPool
-    from headroom.engine.sequence import Sequence
+    from headroom.engine.runtime.forward_batch import ForwardBatch
     from headroom.kernels import dense_attention
 
-    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    d = gpu_kernels.D
     real = dense_attention.dense_attention
     out: dict = {}
     for kv_dtype in ("int2", "auto"):
-        gen = torch.Generator(device=DEV).manual_seed(start)
-        end = start + length
-        pages_end = -(-end // gpu_kernels.PAGE) * gpu_kernels.PAGE
-        pool = KVPool(pages_end + 96, 1, hkv, d, kv_dtype, torch.bfloat16, DEV, residual_rows=2)
-        long, short = Sequence("long", list(range(end + 1))), Sequence("short", list(range(71)))
-        long.kv_slots, short.kv_slots = list(range(pages_end)), list(range(pages_end, pages_end + 96))
-        news = []
-        for seq, done, new in ((long, start, length), (short, 70, 1)):
-            k = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
-            v = torch.randn(done + new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-            pool.store(0, seq, 0, k[:done], v[:done])
-            seq.num_computed_tokens = done
-            pool.store(0, seq, done, k[done:], v[done:])
-            news.append((k[done:], v[done:]))
-        chunk_kv = (torch.cat([k for k, _ in news]), torch.cat([v for _, v in news]))
-        q = torch.randn(length + 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-        items = [BatchItem(long, list(range(length))), BatchItem(short, [5])]
+        pool, _, _, items, q, chunk_kv = _chunk_beside_decode(kv_dtype, start, length)
 
         def run(dense_min_rows: int, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
             layer.DENSE_MIN_ROWS = dense_min_rows

@@ -105,26 +105,34 @@ def _dense_batch(start: int, length: int, gen: torch.Generator):
     return pool, batch, q, (torch.cat(chunk_k), torch.cat(chunk_v))
 
 
-@pytest.mark.parametrize("start", [0, 5, 16, 32, 40, 53])
-def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
-    """The dense path's pieces (causal block, whole prefix blocks, the paged kernel's partial block, merged) give
-    the attention of the whole context; the short span beside it goes through the paged kernel as before."""
+def _dense_path_on(monkeypatch, prefix_block: int) -> list[tuple[int, bool]]:
+    """The dense path on at test sizes (8-row spans, prefix_block-key blocks), cuDNN's CPU reference standing in for
+    it and returning its layouts ([1, H, L, D], [1, H, L, 1]) through the same conversion; the (keys, causal) of
+    every call are appended to the list returned."""
     from headroom.kernels import dense_attention
 
     monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
     monkeypatch.setattr(layer, "DENSE_ATTENTION", True)
-    monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 16)
+    monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", prefix_block)
     monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
-    calls = []
+    calls: list[tuple[int, bool]] = []
     real = dense_attention.dense_attention
 
     def as_cudnn_returns(q, k, v, causal, scale):
-        # The layouts cuDNN's results come in ([1, H, L, D], [1, H, L, 1]), through the same conversion.
         calls.append((k.shape[0], causal))
         out, lse = real(q, k, v, causal, scale)
         return dense_attention.to_rows(out.transpose(0, 1)[None].contiguous(), lse.t()[None, ..., None].contiguous())
 
     monkeypatch.setattr(dense_attention, "dense_attention", as_cudnn_returns)
+    return calls
+
+
+@pytest.mark.parametrize("start", [0, 5, 16, 32, 40, 53])
+def test_long_spans_on_the_dense_path_equal_plain_attention(monkeypatch, start):
+    """The dense path's pieces (causal block, whole prefix blocks, the paged kernel's partial block, merged) give
+    the attention of the whole context; the short span beside it goes through the paged kernel as before."""
+
+    calls = _dense_path_on(monkeypatch, prefix_block=16)
     paged = layer.ops.paged_attention
 
     def checked_paged(*args, prev=None, **kwargs):
@@ -194,22 +202,9 @@ def test_long_kivi_spans_on_the_dense_path_equal_plain_attention(monkeypatch, kv
     copied) and read by cuDNN (here its CPU reference) and the paged kernel, merged, give attention over the
     sequence's dequantized context, whether the chunk starts or ends mid-page; the decode step beside it takes the
     paged passes."""
-    from headroom.kernels import dense_attention
 
-    monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
-    monkeypatch.setattr(layer, "DENSE_ATTENTION", True)
-    monkeypatch.setattr(dense_attention, "PREFIX_BLOCK", 64)
     monkeypatch.setattr(paged_kv, "BLOCKWISE_WORKSPACE_TOKENS", 128)
-    monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
-    calls = []
-    real = dense_attention.dense_attention
-
-    def as_cudnn_returns(q, k, v, causal, scale):
-        calls.append((k.shape[0], causal))
-        out, lse = real(q, k, v, causal, scale)
-        return dense_attention.to_rows(out.transpose(0, 1)[None].contiguous(), lse.t()[None, ..., None].contiguous())
-
-    monkeypatch.setattr(dense_attention, "dense_attention", as_cudnn_returns)
+    calls = _dense_path_on(monkeypatch, prefix_block=64)
     pool, batch, q = _kivi_batch(kv_dtype, start, length, torch.Generator().manual_seed(start + length))
     got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5)
     torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
