@@ -165,6 +165,10 @@ WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
 WARMUP_CONCURRENT = (8, 64)
 # After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
+# Each logged compile's text: the kernel, its options and every argument's type and specialisation. The argument
+# list is where two variants of one kernel differ, and a paged-attention launch's runs to ~2,500 characters (session
+# 13's int2 server logged two compiles cut at 400, before any argument).
+COMPILE_LOG_CHARS = 6000
 # Prefill tokens of the smaller of the two timed passes the pass-cost fit uses on a GPU (the other is a full chunk).
 TIMING_PASS_TOKENS = 2048
 # The smallest prefill pass the fit takes a marginal rate against (a 1-token pass is all overhead).
@@ -317,7 +321,7 @@ def _compile_reporter(state: ServerState, before_ready: int):
         if seen[0] <= COMPILE_LOG_FIRST or seen[0] % COMPILE_LOG_EVERY == 0:
             logger.warning("kernel compiled while serving (compile %d after /ready, %d before): a pass shape the "
                            "warm-up did not run, paid by the request in that pass: %s", seen[0], before_ready,
-                           kernel[:400])
+                           kernel[:COMPILE_LOG_CHARS])
 
     return report
 
