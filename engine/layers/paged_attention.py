@@ -142,10 +142,14 @@ def paged_attention_over_pool(
             rows = [kv_pool.residual_row(s.seq) * page for s in spans]
             return page_table([list(range(r, r + n)) for r, n in zip(rows, lens, strict=True)], 1, device), _int32(lens, device)
 
-        closed = [0 if i in dense else n for i, n in enumerate(closed_keys())]
-        direct = batch.cached(DENSE_OTHERS, lambda: _int32(closed, device)) if dense else closed_t
+        def others_closed() -> list[int]:
+            # closed_keys() with the dense spans' zeroed; built inside the ForwardBatch-cached indexes only (once
+            # a pass, not in every layer)
+            return [0 if i in dense else n for i, n in enumerate(closed_keys())]
+
+        direct = batch.cached(DENSE_OTHERS, lambda: _int32(others_closed(), device)) if dense else closed_t
         blocks = None if batch.is_static else batch.cached(
-            POOL_BLOCKS, lambda: _prefix_blocks(batch, closed, kv, group, device))
+            POOL_BLOCKS, lambda: _prefix_blocks(batch, others_closed(), kv, group, device))
         passes: list[_Pass] = []
         if blocks is None:
             passes.append(pool_pass(direct))

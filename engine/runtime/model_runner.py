@@ -214,7 +214,7 @@ class ModelRunner:
     def kivi_warm_up_lengths(self, chunk: int) -> tuple[int, int | None]:
         """Warm-up prompt lengths whose passes meet every path of a KIVI pool's long prefills
         (engine/layers/paged_attention.py), so that all their kernels are compiled before /ready: whole chunks past
-        the block path's workspace (the dense path), then a last chunk too short for the dense path that reads its
+        the block path's workspace (the dense path where it is on, else the block path), then a last chunk too short for the dense path that reads its
         prefix in two workspace blocks (the block path's continuing pass); and, where chunks are long enough for
         the dense path (when it is on: paged_attention.DENSE_ATTENTION), a prompt whose last chunk ends mid-page
         after a whole cuDNN block (its paged rest), else None."""
