@@ -90,14 +90,17 @@ def headroom_cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
 
 
-def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", flags: tuple[str, ...] = ()) -> dict:
+def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", flags: tuple[str, ...] = (),
+               extra_env: dict[str, str] | None = None, label: str = "cold_start_tuned_s") -> dict:
     """Cold start to /ready, then prefill and decode over HTTP (24 GiB plan, bf16 KV, 32K context, 16 running).
     cold_start_only: another first start, with an empty Triton compile cache (TRITON_CACHE_DIR) and the fla
     configs that kernels/fla_tuned_configs.json now holds (the fla_configs part writes it): the cold start of a
     fresh machine running this checkout with the shipped configs.
     kv="int2": issue 18's INT2 plan instead (128K context, 8 running): prefill of 32K and 120K prompts and
     decode at batch 1 and 8 with 32K of context each, over HTTP (the rows stay the LLM API's).
-    flags: more server flags (serve_plain: --no-interjection), measured beside the rows, not into them."""
+    flags: more server flags (serve_plain: --no-interjection), measured beside the rows, not into them.
+    extra_env, label: a cold_start_only start with these environment variables (serve_cold_one_by_one:
+    HEADROOM_COMPILE_AHEAD=0, the warm-up compiling each kernel inside its pass), its seconds kept as state[label]."""
     import httpx
 
     if kv == "int2":
@@ -110,9 +113,9 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
     args += list(flags)
     into_rows = kv == "bf16" and not flags
     suffix = ("_" + kv if kv != "bf16" else "") + "".join("_" + f.strip("-") for f in flags)
-    log_path = Path("/tmp/engine_speed_serve_tuned.log" if cold_start_only else f"/tmp/engine_speed_serve{suffix}.log")
+    log_path = Path(f"/tmp/engine_speed_serve_{label}.log" if cold_start_only else f"/tmp/engine_speed_serve{suffix}.log")
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
-    env = dict(os.environ)
+    env = dict(os.environ, **(extra_env or {}))
     if cold_start_only or into_rows:
         # The row's cold start is a first start: an empty Triton compile cache, whatever earlier parts compiled.
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
@@ -138,7 +141,7 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
                                    or "fla kernel configs" in line or "captured decode" in line
                                    or "scheduler:" in line]
             if cold_start_only:
-                state["cold_start_tuned_s"] = out["cold_start_s"]
+                state[label] = out["cold_start_s"]
                 return out
             if into_rows:
                 state["rows"]["cold_start_s"]["tok_per_s"] = None
@@ -376,6 +379,8 @@ def main() -> None:
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
+            "serve_cold_one_by_one": lambda s: part_serve(s, cold_start_only=True, label="cold_start_one_by_one_s",
+                                                          extra_env={"HEADROOM_COMPILE_AHEAD": "0"}),
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "serve_plain": lambda s: part_serve(s, flags=("--no-interjection",)),
             "serve_switch5": lambda s: part_serve(s, flags=("--gil-switch-ms", "5")),

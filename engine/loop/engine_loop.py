@@ -21,6 +21,7 @@ from headroom.engine.runtime.leader import build_runner
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.scheduler.types import SchedulerConfig
 from headroom.engine.sequence import Sequence
+from headroom.kernels.compile_ahead import CompileAheadReport
 from headroom.kernels.compile_watch import CompileWatch
 
 logger = logging.getLogger("headroom.engine")
@@ -148,6 +149,20 @@ class EngineLoop:
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode CUDA graphs before the loop starts (nothing on a CPU)."""
         return self.runner.capture_decode_graphs()
+
+    def start_compile_ahead(self) -> int:
+        """Until stop_compile_ahead, each pass runs dry first and its kernels compile on every core (the warm-up's
+        cold start, kernels/compile_ahead.py; the passes may then compute garbage). The compile threads, 0 where
+        it stays off."""
+        return self.runner.start_compile_ahead()
+
+    def stop_compile_ahead(self) -> CompileAheadReport | None:
+        return self.runner.stop_compile_ahead()
+
+    def clear_prefix_cache(self) -> int:
+        """Drop every prefix-cache entry no running request holds (with its SSM checkpoint); tokens freed."""
+        radix = self.steps.cache.radix
+        return radix.evict(radix.num_cached_tokens) if radix is not None else 0
 
     def synchronize(self) -> None:
         """Wait until the runner (every tensor-parallel rank) has finished all work sent so far."""

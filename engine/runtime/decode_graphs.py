@@ -235,9 +235,12 @@ class DecodeGraphs:
             self._index.zero_()
             for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW):
                 self._index[row] = self._arange[: self.max_batch]
-            # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel.
+            # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel: in the
+            # warm-up, after a dry one whose kernels compile on every core (kernels/compile_ahead.py).
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
+                if self.runner.compile_ahead is not None:
+                    self.runner.compile_ahead.prepare(lambda size=size: self._pass(size))
                 self._pass(size)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()

@@ -21,6 +21,12 @@ from headroom.engine.runtime.parallel import TensorParallel, shard_config
 from headroom.engine.runtime.sharded_loader import load_sharded_weights
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.engine.sequence import Sequence
+from headroom.kernels.compile_ahead import (
+    CompileAhead,
+    CompileAheadReport,
+    compile_threads,
+    triton_compiles_ahead,
+)
 from headroom.kernels.gdn_fla import use_tuned_fla_configs
 
 logger = logging.getLogger(__name__)
@@ -116,6 +122,9 @@ class ModelRunner:
         self.decode_graphs = DecodeGraphs(self, graph_batch) if graph_batch else None
         # Layers the host may run ahead of the GPU in an interruptible pass (`headroom serve --interjection-lag`).
         self.interjection_lag = INTERJECTION_LAG
+        # Set during the warm-up only (start_compile_ahead): each eager pass runs dry first, its kernels compiled
+        # on every core, then for real.
+        self.compile_ahead: CompileAhead | None = None
 
     def capture_decode_graphs(self) -> CaptureReport:
         """Capture the decode graphs (before the first request: capture overwrites slots 0..max_batch-1)."""
@@ -211,6 +220,23 @@ class ModelRunner:
         dtype = pool.model_dtype if pool.is_kivi else pool.layers[0]["k"].dtype
         return dense_attention.warm_up(self.device, dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, max_rows)
 
+    def start_compile_ahead(self) -> int:
+        """From now until stop_compile_ahead, every eager pass (and each decode graph's warm pass) first runs dry
+        and has its Triton kernels compiled on a thread pool (kernels/compile_ahead.py): for the warm-up alone,
+        whose passes may then compute garbage. Returns the pool's threads, 0 where it stays off: no GPU, tensor
+        parallelism (a dry pass on this rank alone would leave the others' collectives unmatched), a Triton
+        without the hooks it uses, HEADROOM_COMPILE_AHEAD=0, or one CPU."""
+        if self.device.type != "cuda" or self.tp is not None or not triton_compiles_ahead():
+            return 0
+        threads = compile_threads()
+        self.compile_ahead = CompileAhead(threads) if threads else None
+        return threads
+
+    def stop_compile_ahead(self) -> CompileAheadReport | None:
+        """Passes run once again; what compiling ahead did, or None where it was not on."""
+        ahead, self.compile_ahead = self.compile_ahead, None
+        return ahead.report if ahead is not None else None
+
     def kivi_warm_up_lengths(self, chunk: int) -> tuple[int, int | None]:
         """Warm-up prompt lengths whose passes meet every path of a KIVI pool's long prefills
         (engine/layers/paged_attention.py), so that all their kernels are compiled before /ready: whole chunks past
@@ -270,13 +296,21 @@ class ModelRunner:
                 raise ValueError(f"request {seq.request_id!r}: item tokens are not its next uncomputed tokens")
             if len(seq.kv_slots) < end:
                 raise ValueError(f"request {seq.request_id!r} holds {len(seq.kv_slots)} kv slots, needs {end}")
-            if self.ssm_pool is not None:
-                if seq.ssm_slot is None:
-                    raise ValueError(f"request {seq.request_id!r} has no SSM slot")
-                if seq.num_computed_tokens == 0:
-                    self.ssm_pool.reset(seq.ssm_slot)
-        if not all_positions and self.decode_graphs is not None and self.decode_graphs.can_run(items):
-            logits = self.decode_graphs.run(items, tokens_on_device)
+            if self.ssm_pool is not None and seq.ssm_slot is None:
+                raise ValueError(f"request {seq.request_id!r} has no SSM slot")
+        graphs = self.decode_graphs if not all_positions and self.decode_graphs is not None \
+            and self.decode_graphs.can_run(items) else None
+        if self.compile_ahead is not None and graphs is None:
+            # Before the SSM resets below, so that a new sequence's real pass starts from a zeroed state whatever
+            # the dry one wrote; a batch of its own (ForwardBatch caches what the layers build from it).
+            self.compile_ahead.prepare(lambda: self.model(ForwardBatch.build(items, self.device), self.kv_pool,
+                                                          self.ssm_pool, all_positions))
+        if self.ssm_pool is not None:
+            for item in items:
+                if item.seq.num_computed_tokens == 0:
+                    self.ssm_pool.reset(item.seq.ssm_slot)
+        if graphs is not None:
+            logits = graphs.run(items, tokens_on_device)
         else:
             batch = ForwardBatch.build(items, self.device)
             hook = None if between_layers is None else bounded_lag(between_layers, self.device, self.interjection_lag)

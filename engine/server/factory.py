@@ -214,6 +214,9 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         loop.steps.add(seq, frozenset())
 
     watch = loop.watch_compiles()
+    # Until the timing passes: each warm-up pass runs dry first, and the kernels it meets compile on every core at
+    # once instead of one by one inside it (kernels/compile_ahead.py).
+    loop.start_compile_ahead()
     try:
         # Before any request: capture decodes placeholders through the first slots of the pools.
         report = loop.capture_decode_graphs()
@@ -252,6 +255,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             loop.run_until_idle()
             # Those passes paid for the compiling (on a cold H200 both full chunks took seconds, the fit came out
             # at 2.7K tokens/s, and the pass bound cut 8K prompts into three passes): time clean ones for the fit.
+            _report_compile_ahead(loop)
             decodes = [t for t in timings if t.num_prefill_tokens == 0]
             timings.clear()
             # Two sizes, a mid-sized pass and a full chunk, for the marginal rate (fit_cost_model); one size twice
@@ -271,12 +275,17 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - reported through /health, which fails so the pod restarts
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:
+        _report_compile_ahead(loop)
         loop.on_step, loop.steps.emit, loop.steps.poll_arrivals = previous_step, previous_emit, previous_poll
     if failures:
         # A server that cannot run its own warm-up is not usable: never ready, and not live either.
         state.warmup_error = "warm-up failed: " + "; ".join(failures)
         logger.error("%s", state.warmup_error)
         return
+    # The warm-up's prompts are nobody's, and a dry pass (compile ahead) leaves garbage in the states they cached.
+    dropped = loop.clear_prefix_cache()
+    if dropped:
+        logger.info("start-up: dropped the warm-up's %d cached prefix tokens", dropped)
     config = replace(loop.scheduler.config, cost_model=fit_cost_model(timings, marginal=loop.compiles_kernels),
                      max_pass_s=max_pass_s, itl_target_s=itl_target_s)
     loop.scheduler.config = config
@@ -309,6 +318,13 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         watch.on_compile = _compile_reporter(state, watch.count)
     loop.start()
     state.ready.set()
+
+
+def _report_compile_ahead(loop: EngineLoop) -> None:
+    """End compiling ahead (a second call does nothing) and log what it did."""
+    report = loop.stop_compile_ahead()
+    if report is not None:
+        logger.info("start-up: %s", report.summary())
 
 
 def _compile_reporter(state: ServerState, before_ready: int):

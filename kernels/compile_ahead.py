@@ -1,0 +1,188 @@
+"""Compile a warm-up pass's Triton kernels on every CPU core before the pass runs (the cold start).
+
+Why: a cold `headroom serve` compiles its Triton specialisations (51 for the 4B model) one after another, each
+inside the warm-up pass that first launches it: most of a 45-67 s start to /ready on the H200 (docs/gpu.md,
+sessions 12-13), against 16 s with the compiler caches warm. Triton compiles mostly outside the GIL: two threads
+compiled eight attention variants 1.6x faster than one on a 2-core machine (Triton 3.6 and 3.9, sm_90 target).
+A pass cannot use that as it runs, since it meets its kernels one at a time. So the warm-up runs a pass dry
+first: every launch that would compile is skipped and its specialisation recorded (Triton's JIT cache hook); all of
+them then compile at once on a thread pool (Triton's AsyncCompileMode and JITFunction.preload); the pass then runs
+for real and finds every kernel compiled.
+
+A dry pass computes garbage: the kernels it skipped wrote nothing, and whatever ran after them read that. It
+therefore runs only in the warm-up, whose results nothing keeps (the warm-up leaves the prefix cache empty), and
+only where no other thread launches kernels meanwhile (the hook is process-wide). An autotuner met in a dry pass
+would time skipped launches and keep a meaningless choice: its cache is restored after the pass (and its disk cache
+not written), so it tunes in the real pass as it always did. No new index reaches a kernel from a skipped one in
+this engine's passes (indices are built on the host or by torch), so a dry pass reads no memory out of bounds.
+
+Off with HEADROOM_COMPILE_AHEAD=0; HEADROOM_COMPILE_THREADS sets the pool (default: the CPUs this process may
+use, its cgroup quota included, at most MAX_THREADS).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("headroom.kernels")
+
+# More threads than this only contend for the GIL (a compile holds it for its Python front end, about a sixth of
+# its time on the 2-core machine's measurement).
+MAX_THREADS = 16
+
+
+@dataclass
+class CompileAheadReport:
+    """What compiling ahead did over the warm-up: dry passes run, specialisations compiled ahead, those that failed
+    ahead (compiled in their pass instead, where a real error is raised), and the seconds each part took."""
+
+    threads: int
+    dry_passes: int = 0
+    compiled: int = 0
+    failed: int = 0
+    dry_seconds: float = 0.0
+    compile_seconds: float = 0.0
+
+    def summary(self) -> str:
+        failed = f", {self.failed} left to their pass" if self.failed else ""
+        return (f"{self.compiled} Triton specialisations compiled ahead on {self.threads} threads in "
+                f"{self.compile_seconds:.1f} s{failed} ({self.dry_passes} dry passes, {self.dry_seconds:.1f} s)")
+
+
+def cgroup_cpus(cpu_max: str) -> float | None:
+    """The CPUs a cgroup v2 `cpu.max` line ("quota period", or "max period" when unlimited) allows, or None."""
+    parts = cpu_max.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by its cgroup's CPU quota (a pod's limit)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as quota_file:
+            quota = cgroup_cpus(quota_file.read())
+    except OSError:
+        quota = None
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota)))
+    return max(1, cpus)
+
+
+def compile_threads(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """Threads to compile ahead on: HEADROOM_COMPILE_THREADS, else usable_cpus() up to MAX_THREADS; 0 when off
+    (HEADROOM_COMPILE_AHEAD=0, or one thread, which would only add the dry passes)."""
+    if environ.get("HEADROOM_COMPILE_AHEAD", "1") == "0":
+        return 0
+    raw = environ.get("HEADROOM_COMPILE_THREADS")
+    if raw is None:
+        threads = min(usable_cpus(), MAX_THREADS)
+    else:
+        try:
+            threads = int(raw)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise ValueError(f"HEADROOM_COMPILE_THREADS={raw!r} must be a whole number of threads, at least 1")
+    return threads if threads > 1 else 0
+
+
+def triton_compiles_ahead() -> bool:
+    """Whether this Triton has what compiling ahead uses: the JIT cache hook, AsyncCompileMode and preload."""
+    try:
+        from triton import knobs
+        from triton.runtime import _async_compile
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return (hasattr(knobs.runtime, "jit_cache_hook") and hasattr(_async_compile, "AsyncCompileMode")
+            and hasattr(JITFunction, "preload"))
+
+
+class CompileAhead:
+    """prepare(dry_pass) before each warm-up pass; `report` sums what it did."""
+
+    def __init__(self, threads: int):
+        if threads < 1:
+            raise ValueError(f"compile ahead: {threads} threads")
+        self.report = CompileAheadReport(threads)
+
+    def prepare(self, dry_pass: Callable[[], object]) -> int:
+        """Run dry_pass with every launch that would compile skipped, then compile what it skipped on the thread
+        pool. Returns how many specialisations it compiled."""
+        pending = self._record(dry_pass)
+        if pending:
+            self._compile(pending)
+        return len(pending)
+
+    def _record(self, dry_pass: Callable[[], object]) -> list[tuple[Any, str]]:
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+
+        met: dict[tuple[int, str], tuple[Any, str]] = {}
+
+        def skip(**kwargs: Any) -> bool:
+            # A miss: remember the specialisation, and tell Triton to neither compile nor launch it.
+            fn = kwargs["fn"].jit_function
+            met.setdefault((id(fn), str(kwargs["key"])), (fn, kwargs["compile"]["specialization_data"]))
+            return True
+
+        tuners: dict[int, tuple[Any, dict, bool]] = {}
+        autotuner_run = Autotuner.run
+
+        def run_keeping_cache(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(tuner) not in tuners:
+                tuners[id(tuner)] = (tuner, dict(tuner.cache), getattr(tuner, "cache_results", False))
+            if hasattr(tuner, "cache_results"):
+                tuner.cache_results = False
+            return autotuner_run(tuner, *args, **kwargs)
+
+        hook = knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = skip
+        Autotuner.run = run_keeping_cache  # type: ignore[method-assign]
+        started = time.perf_counter()
+        try:
+            dry_pass()
+        finally:
+            knobs.runtime.jit_cache_hook = hook
+            Autotuner.run = autotuner_run  # type: ignore[method-assign]
+            for tuner, cache, cache_results in tuners.values():
+                tuner.cache.clear()
+                tuner.cache.update(cache)
+                if hasattr(tuner, "cache_results"):
+                    tuner.cache_results = cache_results
+            self.report.dry_passes += 1
+            self.report.dry_seconds += time.perf_counter() - started
+        return list(met.values())
+
+    def _compile(self, pending: list[tuple[Any, str]]) -> None:
+        from triton.runtime._async_compile import AsyncCompileMode
+
+        started = time.perf_counter()
+        futures = []
+        failed = 0
+        with ThreadPoolExecutor(self.report.threads, thread_name_prefix="headroom-compile") as pool:
+            # Leaving the mode waits for every compile and puts each kernel in its function's cache; a compile that
+            # fails is left out (ignore_errors), and its pass compiles it again and raises where it always did.
+            with AsyncCompileMode(pool, ignore_errors=True):
+                for fn, data in pending:
+                    try:
+                        futures.append(fn.preload(data))
+                    except Exception as exc:  # noqa: BLE001 - a specialisation preload cannot rebuild: its pass compiles it
+                        failed += 1
+                        logger.debug("compile ahead: %s not preloaded: %s", fn, exc)
+        failed += sum(1 for future in futures if getattr(future, "kernel", None) is None)
+        self.report.compiled += len(pending) - failed
+        self.report.failed += failed
+        self.report.compile_seconds += time.perf_counter() - started

@@ -1,0 +1,141 @@
+"""kernels/compile_ahead.py: a dry pass skips and records every launch that would compile; the recorded
+specialisations compile on a thread pool into their kernels' caches, so the real pass compiles nothing; a
+specialisation that fails ahead is left to its pass, which raises as it always did; an autotuner met in a dry pass
+keeps none of the choices it timed on skipped launches; the hook is handed back. Run through Triton's real JIT
+(compiled for sm_90, Triton ships ptxas) in a child process without the interpreter and with a driver that
+answers for an H200, so no GPU is needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from headroom.kernels.compile_ahead import (
+    MAX_THREADS,
+    CompileAhead,
+    CompileAheadReport,
+    cgroup_cpus,
+    compile_threads,
+)
+
+_CHILD = r'''
+import json
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from headroom.kernels.compile_ahead import CompileAhead
+
+
+class H200:
+    """What the JIT asks a driver for before it compiles: a device, a stream, the target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+@triton.jit
+def scale_kernel(x, y, n, factor, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= 1024)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
+
+
+def time_nothing(fn, quantiles=None, **_):
+    fn()
+    return [1.0, 1.0, 1.0]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"],
+                 do_bench=time_nothing)
+@triton.jit
+def tuned_kernel(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+
+driver.set_active(H200())
+x, y = torch.zeros(4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
+misses = []
+own_hook = lambda **kw: misses.append(kw["fn"].name) and False
+triton.knobs.runtime.jit_cache_hook = own_hook
+ahead = CompileAhead(2)
+
+
+def dry():
+    # 64 twice (one specialisation), 2048 fails its static_assert, the autotuner times its two configs.
+    for block in (64, 128, 256, 64, 2048):
+        scale_kernel[(1,)](x, y, 4096, 2.0, BLOCK=block)
+    tuned_kernel[(1,)](x, y, 4096)
+
+
+out = {"prepared": ahead.prepare(dry), "report": vars(ahead.report), "preloads_seen_by_hook": len(misses)}
+out["hook_handed_back"] = triton.knobs.runtime.jit_cache_hook is own_hook
+out["tuner_choices_kept"] = len(tuned_kernel.cache)
+for block in (64, 128, 256):
+    scale_kernel.warmup(x, y, 4096, 2.0, BLOCK=block, grid=(1,))
+out["compiles_in_real_pass"] = len(misses) - out["preloads_seen_by_hook"]
+try:
+    scale_kernel.warmup(x, y, 4096, 2.0, BLOCK=2048, grid=(1,))
+    out["failed_one_in_its_pass"] = "compiled"
+except Exception as exc:
+    out["failed_one_in_its_pass"] = type(exc).__name__
+print(json.dumps(out))
+'''
+
+
+def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text(_CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # Three scale specialisations, the failing one and the autotuner's two configs were met and skipped.
+    assert got["prepared"] == 6
+    assert got["report"]["compiled"] == 5 and got["report"]["failed"] == 1 and got["report"]["dry_passes"] == 1
+    # The preloads went through the hook that was installed before (a CompileWatch counts them there) ...
+    assert got["preloads_seen_by_hook"] == 6 and got["hook_handed_back"]
+    # ... and the real launches of the same specialisations compile nothing.
+    assert got["compiles_in_real_pass"] == 0
+    assert got["tuner_choices_kept"] == 0
+    assert got["failed_one_in_its_pass"] == "CompileTimeAssertionFailure"
+
+
+def test_cgroup_quota_lines():
+    assert cgroup_cpus("200000 100000\n") == 2.0
+    assert cgroup_cpus("150000 100000") == 1.5
+    assert cgroup_cpus("max 100000") is None
+    assert cgroup_cpus("") is None and cgroup_cpus("x y") is None and cgroup_cpus("0 100000") is None
+
+
+def test_threads_from_the_environment():
+    assert compile_threads({"HEADROOM_COMPILE_AHEAD": "0", "HEADROOM_COMPILE_THREADS": "8"}) == 0
+    assert compile_threads({"HEADROOM_COMPILE_THREADS": "6"}) == 6
+    # One thread would only add the dry passes.
+    assert compile_threads({"HEADROOM_COMPILE_THREADS": "1"}) == 0
+    assert 0 <= compile_threads({}) <= MAX_THREADS
+    for bad in ("0", "-2", "four", ""):
+        with pytest.raises(ValueError, match=f"HEADROOM_COMPILE_THREADS={bad!r} must be a whole number"):
+            compile_threads({"HEADROOM_COMPILE_THREADS": bad})
+    with pytest.raises(ValueError, match="0 threads"):
+        CompileAhead(0)
+
+
+def test_report_summary():
+    report = CompileAheadReport(8, dry_passes=12, compiled=49, failed=2, dry_seconds=3.25, compile_seconds=9.04)
+    assert report.summary() == ("49 Triton specialisations compiled ahead on 8 threads in 9.0 s, 2 left to their "
+                                "pass (12 dry passes, 3.2 s)")
