@@ -1077,6 +1077,82 @@ def dense_path_variants(start: int = 24576, length: int = 8192) -> dict:
     return out
 
 
+def _fp32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention in fp32, one query head at a time (GQA: head h reads K/V head h // group): out [L, Hq, D]
+    and lse [L, Hq], the reference the cuDNN checks take."""
+    from headroom.kernels import dense_attention as dense
+
+    rows, hq, d = q.shape
+    group = hq // k.shape[1]
+    want = torch.empty(rows, hq, d, device=q.device)
+    want_lse = torch.empty(rows, hq, device=q.device)
+    for h in range(hq):
+        o, lse = dense.naive_dense_attention(q[:, h:h + 1].float(), k[:, h // group:h // group + 1].float(),
+                                             v[:, h // group:h // group + 1].float(), causal, scale)
+        want[:, h:h + 1], want_lse[:, h:h + 1] = o, lse
+    return want, want_lse
+
+
+def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
+    """Where the layer's dense path goes wrong (session 13, calls 3-5): an 8,192-token span alone after `start`
+    cached tokens, over a bf16 and an int2 pool, `runs` times with the dense path on, every cuDNN call recorded
+    with clones of its inputs and outputs taken right after it. Each piece is then checked against fp32 on its own
+    inputs and against cuDNN re-run alone on the clones; each run's output against the paged passes'. A piece off
+    from its own re-run: cuDNN's result inside the layer depends on more than its inputs; equal to its re-run but
+    off from fp32: wrong for those inputs; every piece right and the output off: the merges."""
+    import gpu_kernels
+    from headroom.engine.layers import paged_attention as layer
+    from headroom.engine.runtime.forward_batch import ForwardBatch
+    from headroom.kernels import dense_attention
+
+    d = gpu_kernels.D
+    real = dense_attention.dense_attention
+    recorded: list[tuple] = []
+
+    def recording(q_, k, v, causal, scale):
+        got = real(q_, k, v, causal, scale)
+        recorded.append((q_.clone(), k.clone(), v.clone(), got[0].clone(), got[1].clone(), causal, scale))
+        return got
+
+    out: dict = {}
+    for kv_dtype in ("auto", "int2"):
+        pool, _, _, items, q, chunk_kv = _chunk_beside_decode(kv_dtype, start, length)
+
+        def lone(dense: bool, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
+            layer.DENSE_ATTENTION = dense
+            return layer.paged_attention_over_pool(q[:length], ForwardBatch.build(items[:1], DEV), pool, 0, d**-0.5,
+                                                   (chunk_kv[0][:length], chunk_kv[1][:length]))
+
+        default_dense = layer.DENSE_ATTENTION
+        case: dict = {"runs": []}
+        try:
+            want = lone(False)
+            dense_attention.dense_attention = recording
+            for _ in range(runs):
+                recorded.clear()
+                got = lone(True)
+                torch.cuda.synchronize()
+                dense_attention.dense_attention = real
+                pieces = []
+                for q_, k, v, o, lse, causal, scale in recorded:
+                    again, again_lse = real(q_, k, v, causal, scale)
+                    fp32, fp32_lse = _fp32_attention(q_, k, v, causal, scale)
+                    pieces.append({"causal": causal, "keys": k.shape[0], "out_vs_rerun": _diff(o, again),
+                                   "lse_vs_rerun": _diff(lse, again_lse), "out_vs_fp32": _diff(o, fp32),
+                                   "lse_vs_fp32": _diff(lse, fp32_lse)})
+                case["runs"].append({"out_vs_paged": _diff(got, want), "pieces": pieces})
+                dense_attention.dense_attention = recording
+        finally:
+            layer.DENSE_ATTENTION = default_dense
+            dense_attention.dense_attention = real
+        out["bf16" if kv_dtype == "auto" else kv_dtype] = case
+        del pool
+        recorded.clear()
+        torch.cuda.empty_cache()
+    return out
+
+
 def cudnn_layout_check(rows: int = 8192) -> dict:
     """cuDNN's attention (kernels/dense_attention.py) over a causal 8,192-query block and an 8,192-key prefix block
     at the 4B model's heads, every output row against fp32 (naive_dense_attention, one query head at a time):
@@ -1095,12 +1171,7 @@ def cudnn_layout_check(rows: int = 8192) -> dict:
     group = hq // hkv
     out: dict = {}
     for causal in (True, False):
-        want = torch.empty(rows, hq, d, device=DEV)
-        want_lse = torch.empty(rows, hq, device=DEV)
-        for h in range(hq):
-            o, lse = dense.naive_dense_attention(q[:, h:h + 1].float(), k[:, h // group:h // group + 1].float(),
-                                                 v[:, h // group:h // group + 1].float(), causal, scale)
-            want[:, h:h + 1], want_lse[:, h:h + 1] = o, lse
+        want, want_lse = _fp32_attention(q, k, v, causal, scale)
 
         def engine(causal=causal):
             return dense._cudnn(q, k, v, causal, scale)
@@ -1156,14 +1227,10 @@ def cudnn_dirty_memory(rows: int = 8192, fills: int = 4) -> dict:
     q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
     v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-    scale, group = d**-0.5, hq // hkv
+    scale = d**-0.5
     out: dict = {}
     for causal in (True, False):
-        want = torch.empty(rows, hq, d, device=DEV)
-        for h in range(hq):
-            o, _ = dense.naive_dense_attention(q[:, h:h + 1].float(), k[:, h // group:h // group + 1].float(),
-                                               v[:, h // group:h // group + 1].float(), causal, scale)
-            want[:, h:h + 1] = o
+        want, _ = _fp32_attention(q, k, v, causal, scale)
         clean, _ = dense._cudnn(q, k, v, causal, scale)
         clean = clean.clone()
         case: dict = {"clean_vs_fp32": _diff(clean, want), "dirty": []}
