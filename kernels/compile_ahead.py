@@ -9,12 +9,18 @@ first: every launch that would compile is skipped and its specialisation recorde
 them then compile at once on a thread pool (Triton's AsyncCompileMode and JITFunction.preload); the pass then runs
 for real and finds every kernel compiled.
 
-A dry pass computes garbage: the kernels it skipped wrote nothing, and whatever ran after them read that. It
-therefore runs only in the warm-up, whose results nothing keeps (the warm-up leaves the prefix cache empty), and
-only where no other thread launches kernels meanwhile (the hook is process-wide). An autotuner met in a dry pass
-would time skipped launches and keep a meaningless choice: its cache is restored after the pass (and its disk cache
-not written), so it tunes in the real pass as it always did. No new index reaches a kernel from a skipped one in
-this engine's passes (indices are built on the host or by torch), so a dry pass reads no memory out of bounds.
+A dry pass computes garbage: the kernels it skipped wrote nothing, and whatever ran after them read that; it
+also writes the states the real pass then starts from (a continuing chunk's SSM state, a KIVI residual window),
+so the real pass computes garbage too, or applies its chunk twice where nothing was left to compile. It therefore
+runs only in the warm-up, whose results nothing keeps (the warm-up samples greedily, which NaN logits survive, and
+leaves the prefix cache empty), and only where no other thread launches kernels meanwhile (the hook is
+process-wide). Every index a kernel or a torch op reads in a pass is built on the host or by torch from host values
+(tables, slots, offsets, fla's chunk indices), never by a skipped kernel, so a dry pass reads no memory out of
+bounds; the one device value the host reads in a pass (a MoE layer's experts in use) is bounded by the expert
+count whatever the router computed (a second review of the forward path, session 14). An autotuner met in a dry
+pass would time skipped launches and keep a meaningless choice: its cache is restored after the pass (and its disk
+cache not written), so it tunes in the real pass as it always did; the timing of the skipped launches is wasted
+(about 0.1 s a config), which the shipped fla configs avoid on the H200.
 
 Off with HEADROOM_COMPILE_AHEAD=0; HEADROOM_COMPILE_THREADS sets the pool (default: the CPUs this process may
 use, its cgroup quota included, at most MAX_THREADS).

@@ -221,9 +221,9 @@ class ModelRunner:
         return dense_attention.warm_up(self.device, dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim, max_rows)
 
     def start_compile_ahead(self) -> int:
-        """From now until stop_compile_ahead, every eager pass (and each decode graph's warm pass) first runs dry
-        and has its Triton kernels compiled on a thread pool (kernels/compile_ahead.py): for the warm-up alone,
-        whose passes may then compute garbage. Returns the pool's threads, 0 where it stays off: no GPU, tensor
+        """From now until stop_compile_ahead, every eager pass with prefill (and each decode graph's warm pass)
+        first runs dry and has its Triton kernels compiled on a thread pool (kernels/compile_ahead.py): for the
+        warm-up alone, whose passes may then compute garbage. Returns the pool's threads, 0 where it stays off: no GPU, tensor
         parallelism (a dry pass on this rank alone would leave the others' collectives unmatched), a Triton
         without the hooks it uses, HEADROOM_COMPILE_AHEAD=0, or one CPU."""
         if self.device.type != "cuda" or self.tp is not None or not triton_compiles_ahead():
@@ -300,9 +300,11 @@ class ModelRunner:
                 raise ValueError(f"request {seq.request_id!r} has no SSM slot")
         graphs = self.decode_graphs if not all_positions and self.decode_graphs is not None \
             and self.decode_graphs.can_run(items) else None
-        if self.compile_ahead is not None and graphs is None:
-            # Before the SSM resets below, so that a new sequence's real pass starts from a zeroed state whatever
-            # the dry one wrote; a batch of its own (ForwardBatch caches what the layers build from it).
+        if self.compile_ahead is not None and graphs is None and any(item.seq.is_prefilling for item in items):
+            # Passes with prefill only: the warm-up fits its fixed pass cost on decode-only passes, which a dry pass
+            # would double where decode steps run eagerly (no graphs: MoE models). Before the SSM resets below, so
+            # that a new sequence's real pass starts from a zeroed state whatever the dry one wrote; a batch of its
+            # own (ForwardBatch caches what the layers build from it).
             self.compile_ahead.prepare(lambda: self.model(ForwardBatch.build(items, self.device), self.kv_pool,
                                                           self.ssm_pool, all_positions))
         if self.ssm_pool is not None:

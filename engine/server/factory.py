@@ -209,7 +209,9 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
     def add(name: str, size: int, new_tokens: int, stride: int, offset: int, checkpoints: bool = True) -> None:
         """A warm-up request of `size` tokens, each family its own token pattern (no prefix hits between them)."""
         tokens = [(stride * i + offset) % vocab for i in range(size)]
-        seq = Sequence(name, tokens, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
+        # Greedy, always: a dry pass (compile ahead) may leave NaN in the logits, where argmax still picks a token
+        # and sampling would fail on the device.
+        seq = Sequence(name, tokens, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0),
                        take_checkpoints=checkpoints)
         loop.steps.add(seq, frozenset())
 

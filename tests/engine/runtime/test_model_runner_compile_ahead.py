@@ -5,6 +5,7 @@ sequence's SSM state as a GPU dry pass writes garbage there), which is what make
 
 from __future__ import annotations
 
+import pytest
 import torch
 from headroom.engine.config import EngineConfig
 from headroom.engine.runtime.forward_batch import BatchItem
@@ -52,15 +53,21 @@ def test_a_new_sequence_computes_the_same_after_a_dry_pass(tiny_model_factory):
     assert seq.num_computed_tokens == len(prompt)
 
 
-def test_graphed_decode_steps_run_no_dry_pass(tiny_model_factory):
+@pytest.mark.parametrize("graph_batch", [2, 0])
+def test_decode_steps_run_no_dry_pass(tiny_model_factory, graph_batch):
+    """Graphed, a decode step runs what the graphs compiled at capture; eager (no graphs: MoE models), its pass
+    time is what the warm-up fits the fixed pass cost on, which a dry pass would double."""
     model_dir, reference = tiny_model_factory("qwen3_5", 0)
     prompt = random_prompt(reference.config.vocab_size, 5, seed=4)
-    runner = _runner(model_dir, graph_batch=2)
+    runner = _runner(model_dir, graph_batch=graph_batch)
     ahead = _RunsDryPasses()
     runner.compile_ahead = ahead  # type: ignore[assignment]
-    seq = new_sequence(runner, "a", prompt + [7])
-    runner.forward([BatchItem(seq, prompt)])
-    assert ahead.dry_passes == 1
-    # The decode step goes through the static-buffer pass the graphs record: compiled when they were captured.
-    runner.forward([BatchItem(seq, [7])])
-    assert ahead.dry_passes == 1
+    seq = new_sequence(runner, "a", prompt)
+    runner.forward([BatchItem(seq, prompt[:3])])
+    runner.forward([BatchItem(seq, prompt[3:])])
+    assert ahead.dry_passes == 2
+    for token in (7, 8):
+        seq.output_token_ids.append(token)
+        seq.kv_slots += runner.kv_allocator.alloc(1) or []
+        runner.forward([BatchItem(seq, [token])])
+    assert ahead.dry_passes == 2 and seq.num_computed_tokens == len(prompt) + 2
