@@ -86,6 +86,15 @@ def http_prompt(n: int) -> list[int]:
     return [RNG.randrange(32, 128) for _ in range(n)]
 
 
+# Prompt lengths of the greedy probe after /ready: a short one, one with checkpoint stops, one past a chunk.
+PROBE_LENGTHS = (37, 300, 9000)
+
+
+def _probe_prompt(n: int) -> list[int]:
+    """The same n token ids in every run (byte-tokenizer range, as http_prompt)."""
+    return [32 + (i * 37 + n) % 96 for i in range(n)]
+
+
 def headroom_cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from headroom.main import main; sys.exit(main())", *args]
 
@@ -140,6 +149,17 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
             out["start_up_log"] = [line for line in log_path.read_text().splitlines() if "start-up" in line
                                    or "fla kernel configs" in line or "captured decode" in line
                                    or "scheduler:" in line]
+            if kv == "bf16" and not flags:
+                # What the first requests after /ready compute, greedily: a start-up that left garbage anywhere
+                # (compile ahead's dry passes) answers differently from one that did not (serve_cold_one_by_one).
+                probe = [client.post("/v1/completions", json={
+                    "prompt": _probe_prompt(n), "max_tokens": 16, "ignore_eos": True, "temperature": 0,
+                    "return_token_ids": True}).json()["choices"][0].get("token_ids") for n in PROBE_LENGTHS]
+                own, other = ("probe_" + label, "probe_serve") if cold_start_only else ("probe_serve", None)
+                state[own] = out["greedy_probe"] = probe
+                for key in (other,) if other else [k for k in state if k.startswith("probe_cold")]:
+                    if key in state:
+                        out[f"greedy_probe_equals_{key}"] = state[key] == probe
             if cold_start_only:
                 state[label] = out["cold_start_s"]
                 return out
