@@ -54,11 +54,15 @@ class CompileAheadReport:
     failed: int = 0
     dry_seconds: float = 0.0
     compile_seconds: float = 0.0
+    # Dry passes that raised (the real pass then runs as it would have, and raises again if the fault is real).
+    dry_failures: int = 0
 
     def summary(self) -> str:
         failed = f", {self.failed} left to their pass" if self.failed else ""
+        raised = f", {self.dry_failures} of them raised" if self.dry_failures else ""
         return (f"{self.compiled} Triton specialisations compiled ahead on {self.threads} threads in "
-                f"{self.compile_seconds:.1f} s{failed} ({self.dry_passes} dry passes, {self.dry_seconds:.1f} s)")
+                f"{self.compile_seconds:.1f} s{failed} ({self.dry_passes} dry passes{raised}, "
+                f"{self.dry_seconds:.1f} s)")
 
 
 def cgroup_cpus(cpu_max: str) -> float | None:
@@ -126,7 +130,8 @@ class CompileAhead:
 
     def prepare(self, dry_pass: Callable[[], object]) -> int:
         """Run dry_pass with every launch that would compile skipped, then compile what it skipped on the thread
-        pool. Returns how many specialisations it compiled."""
+        pool. Returns how many specialisations it met. A dry pass that raises is logged, not raised: it computes
+        on garbage, and the real pass after it shows whether the fault is real."""
         pending = self._record(dry_pass)
         if pending:
             self._compile(pending)
@@ -160,6 +165,10 @@ class CompileAhead:
         started = time.perf_counter()
         try:
             dry_pass()
+        except Exception as exc:  # noqa: BLE001 - a dry pass reads garbage; only the real pass's errors count
+            self.report.dry_failures += 1
+            logger.warning("compile ahead: a dry pass raised %s: %s (what it met before compiles ahead; the rest "
+                           "compiles in the pass)", type(exc).__name__, exc)
         finally:
             knobs.runtime.jit_cache_hook = hook
             Autotuner.run = autotuner_run  # type: ignore[method-assign]

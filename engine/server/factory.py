@@ -216,10 +216,10 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         loop.steps.add(seq, frozenset())
 
     watch = loop.watch_compiles()
-    # Until the timing passes: each warm-up pass runs dry first, and the kernels it meets compile on every core at
-    # once instead of one by one inside it (kernels/compile_ahead.py).
-    loop.start_compile_ahead()
     try:
+        # Until the timing passes: each warm-up pass runs dry first, and the kernels it meets compile on every core
+        # at once instead of one by one inside it (kernels/compile_ahead.py).
+        loop.start_compile_ahead()
         # Before any request: capture decodes placeholders through the first slots of the pools.
         report = loop.capture_decode_graphs()
         if report.batch_sizes:

@@ -139,3 +139,22 @@ def test_report_summary():
     report = CompileAheadReport(8, dry_passes=12, compiled=49, failed=2, dry_seconds=3.25, compile_seconds=9.04)
     assert report.summary() == ("49 Triton specialisations compiled ahead on 8 threads in 9.0 s, 2 left to their "
                                 "pass (12 dry passes, 3.2 s)")
+    report.dry_failures = 1
+    assert "(12 dry passes, 1 of them raised, 3.2 s)" in report.summary()
+
+
+def test_a_dry_pass_that_raises_is_logged_and_everything_is_handed_back(caplog):
+    from triton import knobs
+    from triton.runtime.autotuner import Autotuner
+
+    hook, run = knobs.runtime.jit_cache_hook, Autotuner.run
+    ahead = CompileAhead(2)
+
+    def dry():
+        assert knobs.runtime.jit_cache_hook is not hook and Autotuner.run is not run
+        raise RuntimeError("garbage index")
+
+    assert ahead.prepare(dry) == 0
+    assert knobs.runtime.jit_cache_hook is hook and Autotuner.run is run
+    assert ahead.report.dry_failures == 1 and ahead.report.dry_passes == 1
+    assert "a dry pass raised RuntimeError: garbage index" in caplog.text
