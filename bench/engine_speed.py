@@ -250,8 +250,9 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
     return out
 
 
-def part_llm(state: dict, kv: str) -> dict:
-    """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence."""
+def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
+    """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence (into the
+    issue's rows unless into_rows is False)."""
     from headroom.engine.llm import LLM
 
     settings = {"device": "cuda", "dtype": "bfloat16", "kv_dtype": kv, "max_total_tokens": 270336, "ssm_slots": 40,
@@ -277,7 +278,7 @@ def part_llm(state: dict, kv: str) -> dict:
         out["prefill"][n] = {"seconds": seconds, "tokens_per_s": n / seconds,
                              "peak_above_static_bytes": torch.cuda.max_memory_allocated() - before}
         row = f"{kv}_prefill_{n // 1024}k"
-        if row in state["rows"]:
+        if row in state["rows"] and into_rows:
             state["rows"][row]["tok_per_s"] = n / seconds
 
     def decode(batch: int, context: int) -> None:
@@ -293,7 +294,7 @@ def part_llm(state: dict, kv: str) -> dict:
             # (the host's share that overlapped decode, engine/loop/in_flight.py, has to hide).
             out["decode"][f"bs{batch}_ctx{context}"]["graph_replay_ms"] = graphs.replay_seconds(batch) * 1000
         row = f"{kv}_decode_bs{batch}_32k"
-        if context == 32768 and row in state["rows"]:
+        if context == 32768 and row in state["rows"] and into_rows:
             state["rows"][row]["tok_per_s"] = batch / median
 
     prefill(8192)
@@ -313,6 +314,23 @@ def part_llm(state: dict, kv: str) -> dict:
     prefill(131072)
     state.setdefault("kv_bytes_per_token", {})[kv] = parts.kv_bytes_per_token(llm.runner.kv_pool)
     return out
+
+
+# The attention loop's variants (kernels/paged_attention.py: mask_split, lazy_rescale), off by default until measured.
+LOOP_VARIANT = {"mask_split": 1, "lazy_rescale": 1}
+
+
+def part_llm_loops(state: dict, kv: str) -> dict:
+    """part_llm with the attention loop's variants on in every launch (prefill and decode), beside the rows."""
+    from headroom.kernels import paged_attention as pa
+
+    pa.EXTEND_TUNING.update(LOOP_VARIANT)
+    pa.DECODE_TUNING.update(LOOP_VARIANT)
+    try:
+        return {"tuning": dict(LOOP_VARIANT), **part_llm(state, kv, into_rows=False)}
+    finally:
+        pa.EXTEND_TUNING.clear()
+        pa.DECODE_TUNING.clear()
 
 
 def part_hf(state: dict, decode: bool = True) -> dict:
@@ -391,7 +409,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     todo = {"serve": part_serve, "llm_bf16": lambda s: part_llm(s, "bf16"), "hf": part_hf,
             "hf_prefill": lambda s: part_hf(s, decode=False),
-            "llm_int2": lambda s: part_llm(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
+            "llm_int2": lambda s: part_llm(s, "int2"),
+            "llm_bf16_loops": lambda s: part_llm_loops(s, "bf16"), "llm_int2_loops": lambda s: part_llm_loops(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
             "logits": lambda s: parts.logit_check(("tiny",)),
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "profile_passes": lambda s: parts.profile_passes(MODEL),

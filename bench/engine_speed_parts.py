@@ -573,7 +573,9 @@ def attention_tile_sweep() -> dict:
     from headroom.kernels import paged_attention as pa
 
     configs = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
-               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}]
+               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 1}, {"lazy_rescale": 1},
+               {"mask_split": 1, "lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1, "block_n": 128},
+               {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2}]
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
@@ -604,7 +606,8 @@ def attention_tile_sweep() -> dict:
 DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, {"num_warps": 8},
                        {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4},
                        {"num_stages": 1}, {"num_stages": 4}, {"block_n": 32, "splits_x": 2}, {"block_n": 128, "num_stages": 1},
-                       {"splits_x": 2, "num_stages": 3}, {"splits_x": 4, "num_warps": 4}, {"block_n": 16}]
+                       {"splits_x": 2, "num_stages": 3}, {"splits_x": 4, "num_warps": 4}, {"block_n": 16},
+                       {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1}]
 
 
 def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1)) -> dict:

@@ -4,12 +4,18 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
   bound by the instructions it issues per code before it is bound by memory (that module's docstring).
 - kivi: paged attention's decode over a KIVI pool (kernels/paged_attention.py, whole-page tiles), instructions
   per key or value element: the 4B model's attention (4 query heads a KV head, head_dim 256, pages of 32 keys,
   value groups of 32 channels).
+- attention: the paged attention's loop per key tile (kernels/paged_attention.py) at the 4B model's heads, a bf16
+  pool (KIND 0) or an int2 KIVI pool (KIND 2), with its loop variants MASK_SPLIT and LAZY_RESCALE; instructions per
+  score element (a query row's key). COMMON 1 compiles a copy of the kernel whose variant branches (a tile that needs
+  its masks, a maximum that grew past RESCALE_LOG2) never run: the path nearly every tile of a long prefix takes,
+  where the plain count holds both sides of each branch.
 - gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
   4B decode shape), compiled without a split over K (a split changes only the epilogue, whose loop over the
   splits' partials can outgrow a short main loop and be counted instead). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
@@ -81,10 +87,45 @@ def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
                     v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
     constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": 16, "BLOCK_N": block_n, "KIND": 2,
                  "BITS": bits, "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32",
-                 "ROUND_TILES": True, "PAGE_TILE": True, "CONTINUE": False}
+                 "ROUND_TILES": True, "PAGE_TILE": True, "CONTINUE": False, "MASK_SPLIT": False, "LAZY_RESCALE": False}
     # A key and a value element for every (key, channel) of the tile.
     return (paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             2 * block_n * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
+
+
+ATTENTION_CONFIGS = ["0,128,64,8,3,0,0,0", "0,128,64,8,3,1,1,0", "0,128,64,8,3,1,0,1", "0,128,64,8,3,0,1,1",
+                     "0,128,64,8,3,1,1,1", "2,16,64,4,2,0,0,0", "2,16,64,4,2,1,1,1"]
+
+
+def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
+    """The same for the paged attention's loop: score elements (query row x key) a thread per key tile."""
+    import importlib.util
+    import tempfile
+
+    from headroom.kernels import paged_attention as module
+
+    kind, block_m, block_n, warps, stages, mask_split, lazy, common = map(int, spec.split(","))
+    if common:
+        source = Path(module.__file__).read_text()
+        for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
+            if branch not in source:
+                raise RuntimeError(f"kernels/paged_attention.py has no {branch!r} to take out")
+            source = source.replace(branch, "if False:")
+        copy = Path(tempfile.mkdtemp()) / "paged_attention_common_path.py"
+        copy.write_text(source)
+        loaded = importlib.util.spec_from_file_location("paged_attention_common_path", copy)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    pool = "*bf16" if kind == 0 else "*u8"
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
+    pointers.update(q="*bf16", o="*bf16" if block_m > 16 else "*fp32", lse="*fp32", k=pool, v=pool, k_scale="*fp16",
+                    k_zero="*fp16", v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "KIND": kind,
+                 "BITS": 2 if kind == 2 else 0, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
+                 "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
+                 "PDL": False, "MASK_SPLIT": bool(mask_split), "LAZY_RESCALE": bool(lazy)}
+    return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
+            block_m * block_n / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
 
 
 def main_loop(sass: str) -> list[str]:
@@ -116,12 +157,16 @@ def count(kernel, pointers: dict, constants: dict, options: dict, elements: floa
     return {"loop_instructions": len(ops), "elements_per_thread": elements,
             "instructions_per_element": round(len(ops) / elements, 2),
             "registers": int(registers.group(1)) if registers else None,
+            # Register spills: local-memory stores and loads, in the loop and in the whole kernel.
+            "spills_in_loop": sum(op in ("STL", "LDL") for op in ops),
+            "spills_in_kernel": len(re.findall(r"\b(?:STL|LDL)\b", sass)),
             "opcodes": dict(collections.Counter(ops).most_common(14))}
 
 
 def main() -> None:
     out = Path(sys.argv[1])
-    subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS)}
+    subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS),
+                "attention": (_attention, ATTENTION_CONFIGS)}
     subject = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in subjects else "stream"
     build, defaults = subjects[subject]
     specs = [a for a in sys.argv[2:] if a != subject] or defaults
@@ -132,7 +177,8 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"}[subject]
+              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
                                "config_fields": fields, "rows": results}, indent=2) + "\n")

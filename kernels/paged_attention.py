@@ -38,8 +38,13 @@ _MAX_SPLITS = 32
 # dequantizing 1,024 keys (H200, 32K keys, session 12 call 2's decode_tiles: 0.087 ms a layer; 64 splits with 4 warps
 # 0.072, bf16's own 0.068). Batches of 2 or more still reach _TARGET_PROGRAMS under _MAX_SPLITS.
 _MAX_SPLITS_KIVI = 64
+# LAZY_RESCALE: the running maximum a row may fall behind by (log2 units) before its accumulator is rescaled; a
+# tile's p is then below 2^8, far inside fp32's range and exact to bf16's relative precision (FlashAttention-4's
+# conditional rescaling).
+RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
-# block_m for extend): set only by bench/engine_speed.py's tile sweep; empty means the defaults below.
+# block_m for extend), and the loop variants mask_split (no causal or range mask on tiles every row sees whole)
+# and lazy_rescale (RESCALE_LOG2): set only by bench/engine_speed.py's tile sweeps; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 
@@ -142,7 +147,7 @@ def paged_attention_fwd_kernel(
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
-    CONTINUE: tl.constexpr, PDL: tl.constexpr,
+    CONTINUE: tl.constexpr, PDL: tl.constexpr, MASK_SPLIT: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -182,6 +187,10 @@ def paged_attention_fwd_kernel(
         b_l = tl.zeros([BLOCK_M], tl.float32)
         b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
+    if MASK_SPLIT:
+        # Keys every row of the tile sees: a tile wholly below this bound skips the causal and range masks.
+        first_pos = tl.min(tl.where(m_m, b_pos, 2147483647))
+        seen_by_all = tl.minimum(hi, first_pos - kv_lo + 1)
     for j0 in range(lo, hi, BLOCK_N):
         o_j = j0 + tl.arange(0, BLOCK_N)
         m_j = o_j < hi
@@ -205,13 +214,30 @@ def paged_attention_fwd_kernel(
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * qk_scale
-        visible = ((kv_lo + o_j)[None, :] <= b_pos[:, None]) & m_j[None, :]
-        b_s = tl.where(visible, b_s, float("-inf"))
+        if MASK_SPLIT:
+            if j0 + BLOCK_N > seen_by_all:
+                visible = ((kv_lo + o_j)[None, :] <= b_pos[:, None]) & m_j[None, :]
+                b_s = tl.where(visible, b_s, float("-inf"))
+        else:
+            visible = ((kv_lo + o_j)[None, :] <= b_pos[:, None]) & m_j[None, :]
+            b_s = tl.where(visible, b_s, float("-inf"))
         m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        if LAZY_RESCALE:
+            # Rescale the accumulator (BLOCK_D multiplies a row, against BLOCK_N for the scores) only when some
+            # row's maximum grew by more than RESCALE_LOG2; otherwise keep the stale maximum, under which this
+            # tile's p stays below 2^RESCALE_LOG2 (the final division and lse undo any reference point exactly).
+            grow = tl.max(tl.where(m_new > b_m, m_new - b_m, 0.0), 0)
+            if grow > RESCALE_LOG2:
+                alpha = tl.exp2(b_m - tl.where(m_new == float("-inf"), 0.0, m_new))
+                b_acc = b_acc * alpha[:, None]
+                b_l = b_l * alpha
+                b_m = m_new
+            m_new = b_m
         # Rows that have seen no key yet keep m = -inf; subtract 0 there so exp2 gives 0, not NaN.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         b_p = tl.exp2(b_s - m_safe[:, None])
-        alpha = tl.exp2(b_m - m_safe)
+        if not LAZY_RESCALE:
+            alpha = tl.exp2(b_m - m_safe)
         if PAGE_TILE:
             b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, NUM_PAGES,
@@ -221,8 +247,12 @@ def paged_attention_fwd_kernel(
                              stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
         if ROUND_TILES:
             b_v = b_v.to(q.dtype.element_ty)
-        b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
-        b_l = b_l * alpha + tl.sum(b_p, 1)
+        if LAZY_RESCALE:
+            b_acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), b_acc, input_precision=DOT_PRECISION)
+            b_l = b_l + tl.sum(b_p, 1)
+        else:
+            b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
+            b_l = b_l * alpha + tl.sum(b_p, 1)
         b_m = m_new
     seen = b_l > 0
     b_o = tl.where(seen[:, None], b_acc / tl.where(seen, b_l, 1.0)[:, None], 0.0)
@@ -297,6 +327,7 @@ def paged_attention_fwd(
         NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
         GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
         ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
+        MASK_SPLIT=bool(tuning.get("mask_split", 0)), LAZY_RESCALE=bool(tuning.get("lazy_rescale", 0)),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device),
     )
     if num_splits == 1:

@@ -121,6 +121,65 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
+# The loop variants a tile sweep may turn on (kernels/paged_attention.py EXTEND_TUNING / DECODE_TUNING): every
+# kind with both on, each alone on a bf16 pool.
+BOTH = {"mask_split": 1, "lazy_rescale": 1}
+LOOP_CASES = [(BOTH, kind) for kind in (("dense", 16, torch.bfloat16), ("kivi", 2, torch.bfloat16),
+                                        ("dense", 16, torch.float32))]
+LOOP_CASES += [({"mask_split": 1}, ("dense", 16, torch.bfloat16)), ({"lazy_rescale": 1}, ("kivi", 4, torch.bfloat16))]
+
+
+def _running_max_steps(kv, table, q, positions, scale: float, tile: int = 64) -> torch.Tensor:
+    """Each row's rise of its running maximum (log2 units) from one key tile to the next, over one sequence: what
+    decides whether lazy rescaling rescales."""
+    from headroom.kernels.paged_kv import naive_gather_kv
+
+    keys, _ = naive_gather_kv(kv, table[0], int(positions.max()) + 1, torch.float32)
+    group = q.shape[1] // keys.shape[1]
+    s = torch.einsum("thd,khd->thk", q.float(), keys.repeat_interleave(group, dim=1)) * scale * 1.4426950408889634
+    s = s.masked_fill(torch.arange(keys.shape[0])[None, None, :] > positions[:, None, None], float("-inf"))
+    tile_max = torch.stack([s[..., j:j + tile].amax(-1) for j in range(0, keys.shape[0], tile)], -1)
+    running = tile_max.cummax(-1).values
+    return (running[..., 1:] - running[..., :-1])[running[..., :-1] > float("-inf")]
+
+
+@pytest.mark.parametrize("tuning,kind", LOOP_CASES, ids=str)
+@pytest.mark.parametrize("kv_lens,q_lens,spread", [
+    ([300], [1], 0.0),           # decode over five tiles
+    ([160, 40], [24, 40], 0.0),  # a chunk after a prefix (tiles it sees whole, then the diagonal) and a whole prompt
+    ([200], [100], 0.0),         # query tiles of 32 tokens each: the first sees one key tile whole, the last three
+    ([300], [24], 12.0),         # queries of large norm: maxima that jump past 2^8 between tiles and that do not
+])
+def test_loop_variants_match_naive(monkeypatch, tuning, kind, kv_lens, q_lens, spread):
+    """Tiles every row sees whole skip the masks; a row's maximum may lag by up to 2^8 before its accumulator is
+    rescaled: the answer is as close to naive attention as the default loop's, and within rounding of it."""
+    from headroom.kernels import paged_attention as pa
+
+    kind, bits, dtype = kind
+    kv, table = make_pool(kind, bits, 2, 64, kv_lens, dtype)
+    q, positions, offsets = _batch(kv_lens, q_lens, 4, 64, dtype)
+    if spread:
+        q = (q.float() * 0.1 + spread).to(dtype)
+        steps = _running_max_steps(kv, table, q, positions, 64**-0.5)
+        assert (steps > 8).any() and ((steps > 0) & (steps <= 8)).any()
+    args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
+            torch.tensor(kv_lens, dtype=torch.int32), kv, 64**-0.5)
+    # One split: each program walks every key tile (small grids split the keys, a tile a program).
+    want, want_lse = paged_attention(*args, num_splits=1)
+    for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
+        for key, value in tuning.items():
+            monkeypatch.setitem(table_, key, value)
+    got, got_lse = paged_attention(*args, num_splits=1)
+    ref, ref_lse = naive_paged_attention(*args)
+    assert torch.isfinite(got).all() and torch.isfinite(got_lse).all()
+    # As close to naive attention as the default loop is (bf16 outputs of magnitude 2-4 round by 0.016-0.031).
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.float() - ref.float()).abs().max() <= (want.float() - ref.float()).abs().max() + tol
+    assert (got_lse - ref_lse).abs().max() <= (want_lse - ref_lse).abs().max() + 1e-4
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-4, rtol=1e-5)
+
+
 def test_continuing_an_earlier_range_equals_merging_the_two():
     # The residual-window pass resumes the pool pass's softmax (prev) in place of a merge: same answer, written
     # over the fp32 accumulator it read, or into a fresh bf16 output.
