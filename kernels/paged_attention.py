@@ -39,7 +39,7 @@ _MAX_SPLITS = 32
 # 0.072, bf16's own 0.068). Batches of 2 or more still reach _TARGET_PROGRAMS under _MAX_SPLITS.
 _MAX_SPLITS_KIVI = 64
 # LAZY_RESCALE: the running maximum a row may fall behind by (log2 units) before its accumulator is rescaled; a
-# tile's p is then below 2^8, far inside fp32's range and exact to bf16's relative precision (FlashAttention-4's
+# tile's p is then at most 2^8, far inside fp32's range and exact to bf16's relative precision (FlashAttention-4's
 # conditional rescaling).
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
@@ -225,7 +225,7 @@ def paged_attention_fwd_kernel(
         if LAZY_RESCALE:
             # Rescale the accumulator (BLOCK_D multiplies a row, against BLOCK_N for the scores) only when some
             # row's maximum grew by more than RESCALE_LOG2; otherwise keep the stale maximum, under which this
-            # tile's p stays below 2^RESCALE_LOG2 (the final division and lse undo any reference point exactly).
+            # tile's p stays at most 2^RESCALE_LOG2 (the final division and lse undo any reference point exactly).
             grow = tl.max(tl.where(m_new > b_m, m_new - b_m, 0.0), 0)
             if grow > RESCALE_LOG2:
                 alpha = tl.exp2(b_m - tl.where(m_new == float("-inf"), 0.0, m_new))

@@ -147,8 +147,9 @@ def _running_max_steps(kv, table, q, positions, scale: float, tile: int = 64) ->
 @pytest.mark.parametrize("kv_lens,q_lens,spread", [
     ([300], [1], 0.0),           # decode over five tiles
     ([160, 40], [24, 40], 0.0),  # a chunk after a prefix (tiles it sees whole, then the diagonal) and a whole prompt
-    ([200], [100], 0.0),         # query tiles of 32 tokens each: the first sees one key tile whole, the last three
-    ([300], [24], 12.0),         # queries of large norm: maxima that jump past 2^8 between tiles and that do not
+    ([200], [100], 0.0),         # two query tiles of 64 tokens (GROUP 2): the first sees one key tile whole
+    ([300], [24], 12.0),         # queries of large norm: true running maxima that rise past 2^8 between tiles and
+                                 # that rise by less (so tiles both rescale and keep a stale maximum)
 ])
 def test_loop_variants_match_naive(monkeypatch, tuning, kind, kv_lens, q_lens, spread):
     """Tiles every row sees whole skip the masks; a row's maximum may lag by up to 2^8 before its accumulator is
@@ -178,6 +179,55 @@ def test_loop_variants_match_naive(monkeypatch, tuning, kind, kv_lens, q_lens, s
     assert (got_lse - ref_lse).abs().max() <= (want_lse - ref_lse).abs().max() + 1e-4
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(got_lse, want_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind,bits,dtype", [("dense", 16, torch.bfloat16), ("kivi", 2, torch.bfloat16),
+                                             ("fp8", 8, torch.bfloat16)])
+def test_loop_variants_on_ranges_splits_and_continuations(monkeypatch, kind, bits, dtype):
+    """What the engine's chained passes hand the kernel: a key range that starts past key 0 (kv_start, the
+    residual window's and the block passes' ranges), a range split over programs, and a pass that continues an
+    earlier range's answer (prev); GROUP 4 as the 4B model's. Both variants on give the default loop's answers."""
+    from headroom.kernels import paged_attention as pa
+
+    kv, table = make_pool(kind, bits, 1, 64, [320], dtype)
+    plain, positions, offsets = _batch([320], [40], 4, 64, dtype)
+    # Large scores for the split and the chain (rescales taken and skipped); plain ones for the late range, whose
+    # keys then all weigh in (a key seen too early shows).
+    q = (plain.float() * 0.1 + 12.0).to(dtype)
+    one = torch.ones(1, dtype=torch.int32)
+
+    def from_key(start: int) -> torch.Tensor:
+        # A range's table starts at its first key (kv_start is that key's position).
+        return table[:, start // kv.page_tokens:].contiguous()
+
+    # The late range's queries: the first sees 105 of its keys, the last 144 (a tile it sees whole, then masked ones).
+    early = torch.arange(200, 240)
+
+    def runs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        late = paged_attention(plain, early, offsets, from_key(96), 96 * one, 224 * one, kv, 0.125, num_splits=1)
+        split = paged_attention(q[-1:], positions[-1:], torch.tensor([0, 1], dtype=torch.int32), table, 0 * one,
+                                320 * one, kv, 0.125, num_splits=3)
+        first = paged_attention(q, positions, offsets, table, 0 * one, 160 * one, kv, 0.125, num_splits=1)
+        chained = paged_attention(q, positions, offsets, from_key(160), 160 * one, 160 * one, kv, 0.125,
+                                  prev=(first[0].float(), first[1].clone()))
+        return [late, split, chained]
+
+    want = runs()
+    for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
+        for key, value in BOTH.items():
+            monkeypatch.setitem(table_, key, value)
+    got = runs()
+    for (o, lse), (want_o, want_lse) in zip(got, want, strict=True):
+        assert torch.isfinite(o).all()
+        torch.testing.assert_close(o.float(), want_o.float(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5)
+    # The late range (keys at 96..319) against naive attention over those keys alone: as close as the default loop
+    # (the interpreter's KIVI tiles are not rounded to bf16 as the reference's are).
+    ref, ref_lse = naive_paged_attention(plain, early, offsets, from_key(96), 96 * one, 224 * one, kv, 0.125)
+    assert (got[0][0].float() - ref.float()).abs().max() <= (want[0][0].float() - ref.float()).abs().max() + 1e-2
+    assert (got[0][1] - ref_lse).abs().max() <= (want[0][1] - ref_lse).abs().max() + 1e-4
+    if kind == "dense":
+        _close(got[0][0], ref, got[0][1], ref_lse)
 
 
 def test_continuing_an_earlier_range_equals_merging_the_two():
