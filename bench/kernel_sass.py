@@ -93,8 +93,10 @@ def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
             2 * block_n * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
 
 
+# The engine's prefill tiles over a bf16 pool and over an int2 pool, and its int2 decode tile.
 ATTENTION_CONFIGS = ["0,128,64,8,3,0,0,0", "0,128,64,8,3,1,1,0", "0,128,64,8,3,1,0,1", "0,128,64,8,3,0,1,1",
-                     "0,128,64,8,3,1,1,1", "2,16,64,4,2,0,0,0", "2,16,64,4,2,1,1,1"]
+                     "0,128,64,8,3,1,1,1", "2,128,64,8,2,0,0,0", "2,128,64,8,2,1,1,0", "2,128,64,8,2,1,1,1",
+                     "2,16,64,4,2,0,0,0", "2,16,64,4,2,1,1,1"]
 
 
 def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
