@@ -63,3 +63,25 @@ def test_warm_up_compiles_ahead_until_the_timed_passes_and_leaves_no_cached_pref
         assert state.loop.steps.cache.kv_allocator.num_used_tokens == 0
     finally:
         state.loop.stop()
+
+
+def test_a_bad_compile_thread_count_fails_the_warm_up_by_name(tmp_path, monkeypatch):
+    """HEADROOM_COMPILE_THREADS=four on a GPU: the warm-up fails through its report (/health names it), the server
+    is never ready, and the thread does not die with the error unreported."""
+    from headroom.engine.default_model import ensure_default_model
+    from headroom.engine.runtime.model_runner import ModelRunner
+    from headroom.engine.server.factory import ServeOptions, build_state, warm_up
+    from headroom.kernels.compile_ahead import compile_threads
+
+    monkeypatch.setattr(ModelRunner, "start_compile_ahead",
+                        lambda runner: compile_threads({"HEADROOM_COMPILE_THREADS": "four"}))
+    state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=1024,
+                                     max_total_tokens=8192, chunked_prefill_size=128, max_running_requests=4,
+                                     max_new_tokens=64))
+    try:
+        warm_up(state)
+        assert not state.ready.is_set()
+        assert state.warmup_error is not None
+        assert "HEADROOM_COMPILE_THREADS='four' must be a whole number of threads, at least 1" in state.warmup_error
+    finally:
+        state.loop.stop()
