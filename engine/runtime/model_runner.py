@@ -223,9 +223,9 @@ class ModelRunner:
     def start_compile_ahead(self) -> int:
         """From now until stop_compile_ahead, every eager pass with prefill (and each decode graph's warm pass)
         first runs dry and has its Triton kernels compiled on a thread pool (kernels/compile_ahead.py): for the
-        warm-up alone, whose passes may then compute garbage. Returns the pool's threads, 0 where it stays off: no GPU, tensor
-        parallelism (a dry pass on this rank alone would leave the others' collectives unmatched), a Triton
-        without the hooks it uses, HEADROOM_COMPILE_AHEAD=0, or one CPU."""
+        warm-up alone, whose passes may then compute garbage. Returns the pool's threads, 0 where it stays off:
+        no GPU, tensor parallelism (a dry pass on this rank alone would leave the others' collectives unmatched),
+        a Triton without the hooks it uses, HEADROOM_COMPILE_AHEAD=0, or one CPU."""
         if self.device.type != "cuda" or self.tp is not None or not triton_compiles_ahead():
             return 0
         threads = compile_threads()
