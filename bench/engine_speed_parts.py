@@ -1035,19 +1035,13 @@ def dense_path_variants(start: int = 24576, length: int = 8192) -> dict:
     real = dense_attention.dense_attention
     out: dict = {}
     for kv_dtype in ("int2", "auto"):
-        pool, _, _, items, q, chunk_kv = _chunk_beside_decode(kv_dtype, start, length)
+        case_inputs = _chunk_beside_decode(kv_dtype, start, length)
+        pool, _, _, items, q, chunk_kv = case_inputs
 
         def run(dense_min_rows: int, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
             layer.DENSE_MIN_ROWS = dense_min_rows
             layer.DENSE_ATTENTION = dense_min_rows < 10**9
             return layer.paged_attention_over_pool(q, ForwardBatch.build(items, DEV), pool, 0, d**-0.5, chunk_kv)
-
-        def lone(dense_min_rows: int, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
-            # the long span alone in its pass: no paged pass over other sequences before the dense path
-            layer.DENSE_MIN_ROWS = dense_min_rows
-            layer.DENSE_ATTENTION = dense_min_rows < 10**9
-            return layer.paged_attention_over_pool(q[:length], ForwardBatch.build(items[:1], DEV), pool, 0, d**-0.5,
-                                                   (chunk_kv[0][:length], chunk_kv[1][:length]))
 
         def copies(q_, k, v, causal, scale):
             return real(q_, k.clone(), v.clone(), causal, scale)
@@ -1066,18 +1060,44 @@ def dense_path_variants(start: int = 24576, length: int = 8192) -> dict:
                 got = run(default_rows)
                 case[name] = _diff(got[:length], want[:length])
             dense_attention.dense_attention = real
-            alone = lone(default_rows)
+            alone = _span_alone(case_inputs, length, True)
             case["lone_span"] = _diff(alone, want[:length])
-            case["lone_span_paged"] = _diff(lone(10**9), want[:length])
-            case["lone_span_twice"] = _diff(lone(default_rows), alone)
+            case["lone_span_paged"] = _diff(_span_alone(case_inputs, length, False), want[:length])
+            case["lone_span_twice"] = _diff(_span_alone(case_inputs, length, True), alone)
         finally:
             layer.DENSE_MIN_ROWS = default_rows
             layer.DENSE_ATTENTION = default_dense
             dense_attention.dense_attention = real
         out["int2" if kv_dtype == "int2" else "bf16"] = case
-        del pool
+        del pool, case_inputs
         torch.cuda.empty_cache()
     return out
+
+
+def _attention_inputs(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random bf16 q [rows, Hq, D], k and v [rows, Hkv, D] at the 4B model's heads (keys twice the scale), the
+    cuDNN checks' inputs."""
+    import gpu_kernels
+
+    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
+    v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    return q, k, v
+
+
+def _span_alone(case: tuple, length: int, dense: bool) -> torch.Tensor:
+    """The long span of _chunk_beside_decode's case alone in its pass (no paged pass over the other sequence
+    before it), through the layer with its dense path on or off."""
+    import gpu_kernels
+    from headroom.engine.layers import paged_attention as layer
+    from headroom.engine.runtime.forward_batch import ForwardBatch
+
+    pool, _, _, items, q, chunk_kv = case
+    layer.DENSE_ATTENTION = dense
+    return layer.paged_attention_over_pool(q[:length], ForwardBatch.build(items[:1], DEV), pool, 0,
+                                           gpu_kernels.D**-0.5, (chunk_kv[0][:length], chunk_kv[1][:length]))
 
 
 def _fp32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -1104,12 +1124,9 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
     inputs and against cuDNN re-run alone on the clones; each run's output against the paged passes'. A piece off
     from its own re-run: cuDNN's result inside the layer depends on more than its inputs; equal to its re-run but
     off from fp32: wrong for those inputs; every piece right and the output off: the merges."""
-    import gpu_kernels
     from headroom.engine.layers import paged_attention as layer
-    from headroom.engine.runtime.forward_batch import ForwardBatch
     from headroom.kernels import dense_attention
 
-    d = gpu_kernels.D
     real = dense_attention.dense_attention
     recorded: list[tuple] = []
 
@@ -1120,21 +1137,15 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
 
     out: dict = {}
     for kv_dtype in ("auto", "int2"):
-        pool, _, _, items, q, chunk_kv = _chunk_beside_decode(kv_dtype, start, length)
-
-        def lone(dense: bool, q=q, pool=pool, items=items, chunk_kv=chunk_kv) -> torch.Tensor:
-            layer.DENSE_ATTENTION = dense
-            return layer.paged_attention_over_pool(q[:length], ForwardBatch.build(items[:1], DEV), pool, 0, d**-0.5,
-                                                   (chunk_kv[0][:length], chunk_kv[1][:length]))
-
+        case_inputs = _chunk_beside_decode(kv_dtype, start, length)
         default_dense = layer.DENSE_ATTENTION
         case: dict = {"runs": []}
         try:
-            want = lone(False)
+            want = _span_alone(case_inputs, length, False)
             dense_attention.dense_attention = recording
             for _ in range(runs):
                 recorded.clear()
-                got = lone(True)
+                got = _span_alone(case_inputs, length, True)
                 torch.cuda.synchronize()
                 dense_attention.dense_attention = real
                 pieces = []
@@ -1150,7 +1161,7 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
             layer.DENSE_ATTENTION = default_dense
             dense_attention.dense_attention = real
         out["bf16" if kv_dtype == "auto" else kv_dtype] = case
-        del pool
+        del case_inputs
         recorded.clear()
         torch.cuda.empty_cache()
     return out
@@ -1165,13 +1176,9 @@ def cudnn_layout_check(rows: int = 8192) -> dict:
     import gpu_kernels
     from headroom.kernels import dense_attention as dense
 
-    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
-    gen = torch.Generator(device=DEV).manual_seed(11)
-    q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
-    v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-    scale = d**-0.5
-    group = hq // hkv
+    q, k, v = _attention_inputs(rows, seed=11)
+    scale = gpu_kernels.D**-0.5
+    group = gpu_kernels.HQ // gpu_kernels.HKV
     out: dict = {}
     for causal in (True, False):
         want, want_lse = _fp32_attention(q, k, v, causal, scale)
@@ -1225,12 +1232,8 @@ def cudnn_dirty_memory(rows: int = 8192, fills: int = 4) -> dict:
     import gpu_kernels
     from headroom.kernels import dense_attention as dense
 
-    hq, hkv, d = gpu_kernels.HQ, gpu_kernels.HKV, gpu_kernels.D
-    gen = torch.Generator(device=DEV).manual_seed(12)
-    q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen) * 2
-    v = torch.randn(rows, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-    scale = d**-0.5
+    q, k, v = _attention_inputs(rows, seed=12)
+    scale = gpu_kernels.D**-0.5
     out: dict = {}
     for causal in (True, False):
         want, _ = _fp32_attention(q, k, v, causal, scale)
