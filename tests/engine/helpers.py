@@ -6,6 +6,7 @@ import torch
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
 from headroom.engine.sequence import Sequence
+from headroom.kernels.compile_ahead import CompileAheadReport
 
 
 def random_prompt(vocab: int, length: int, seed: int) -> list[int]:
@@ -78,3 +79,16 @@ def perturb_hybrid(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator))
             else:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+
+
+class RunsDryPasses:
+    """Stands in for kernels/compile_ahead.py's CompileAhead off the GPU: runs each dry pass it is handed (nothing
+    compiles on a CPU) and counts them in its report."""
+
+    def __init__(self, threads: int = 4) -> None:
+        self.report = CompileAheadReport(threads)
+
+    def prepare(self, dry_pass) -> int:
+        self.report.dry_passes += 1
+        dry_pass()
+        return 0

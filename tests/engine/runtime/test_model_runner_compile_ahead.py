@@ -11,19 +11,7 @@ from headroom.engine.config import EngineConfig
 from headroom.engine.runtime.forward_batch import BatchItem
 from headroom.engine.runtime.model_runner import ModelRunner
 
-from tests.engine.helpers import new_sequence, random_prompt
-
-
-class _RunsDryPasses:
-    """Stands in for CompileAhead: runs each dry pass it is handed (there is nothing to compile on a CPU)."""
-
-    def __init__(self) -> None:
-        self.dry_passes = 0
-
-    def prepare(self, dry_pass) -> int:
-        self.dry_passes += 1
-        dry_pass()
-        return 0
+from tests.engine.helpers import RunsDryPasses, new_sequence, random_prompt
 
 
 def _runner(model_dir, graph_batch: int = 0) -> ModelRunner:
@@ -44,11 +32,11 @@ def test_a_new_sequence_computes_the_same_after_a_dry_pass(tiny_model_factory):
     plain = _runner(model_dir)
     want = plain.forward([BatchItem(new_sequence(plain, "a", prompt), prompt)], all_positions=True)
     runner = _runner(model_dir)
-    ahead = _RunsDryPasses()
+    ahead = RunsDryPasses()
     runner.compile_ahead = ahead  # type: ignore[assignment]
     seq = new_sequence(runner, "a", prompt)
     got = runner.forward([BatchItem(seq, prompt)], all_positions=True)
-    assert ahead.dry_passes == 1
+    assert ahead.report.dry_passes == 1
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert seq.num_computed_tokens == len(prompt)
 
@@ -60,14 +48,14 @@ def test_decode_steps_run_no_dry_pass(tiny_model_factory, graph_batch):
     model_dir, reference = tiny_model_factory("qwen3_5", 0)
     prompt = random_prompt(reference.config.vocab_size, 5, seed=4)
     runner = _runner(model_dir, graph_batch=graph_batch)
-    ahead = _RunsDryPasses()
+    ahead = RunsDryPasses()
     runner.compile_ahead = ahead  # type: ignore[assignment]
     seq = new_sequence(runner, "a", prompt)
     runner.forward([BatchItem(seq, prompt[:3])])
     runner.forward([BatchItem(seq, prompt[3:])])
-    assert ahead.dry_passes == 2
+    assert ahead.report.dry_passes == 2
     for token in (7, 8):
         seq.output_token_ids.append(token)
         seq.kv_slots += runner.kv_allocator.alloc(1) or []
         runner.forward([BatchItem(seq, [token])])
-    assert ahead.dry_passes == 2 and seq.num_computed_tokens == len(prompt) + 2
+    assert ahead.report.dry_passes == 2 and seq.num_computed_tokens == len(prompt) + 2

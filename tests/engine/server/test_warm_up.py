@@ -8,17 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from headroom.kernels.compile_ahead import CompileAheadReport
-
-
-class _RunsDryPasses:
-    def __init__(self) -> None:
-        self.report = CompileAheadReport(4)
-
-    def prepare(self, dry_pass) -> int:
-        self.report.dry_passes += 1
-        dry_pass()
-        return 0
+from tests.engine.helpers import RunsDryPasses
 
 
 def test_warm_up_compiles_ahead_until_the_timed_passes_and_leaves_no_cached_prefix(tmp_path, monkeypatch, caplog):
@@ -28,7 +18,7 @@ def test_warm_up_compiles_ahead_until_the_timed_passes_and_leaves_no_cached_pref
     from headroom.engine.server import factory
     from headroom.engine.server.factory import ServeOptions, build_state, warm_up
 
-    ahead = _RunsDryPasses()
+    ahead = RunsDryPasses()
 
     def start(runner: ModelRunner) -> int:
         runner.compile_ahead = ahead  # type: ignore[assignment]
