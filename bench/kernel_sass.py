@@ -77,20 +77,34 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
             block_n * block_k / (32 * warps), {"M", "num_splits"})
 
 
+def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, mask_split: bool = False,
+                            lazy: bool = False) -> tuple[dict, dict]:
+    """(pointer types, constants) of a paged attention launch at the 4B model's heads (GQA 4, head_dim 256): a bf16
+    pool (kind 0) or a KIVI pool of 32-token pages (kind 2, bits a code), without PDL or a continued range."""
+    pool = "*bf16" if kind == 0 else "*u8"
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
+    pointers.update(q="*bf16", o="*bf16" if block_m > 16 else "*fp32", lse="*fp32", k=pool, v=pool, k_scale="*fp16",
+                    k_zero="*fp16", v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "KIND": kind,
+                 "BITS": bits, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
+                 "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
+                 "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy}
+    return pointers, constants
+
+
+# Integer arguments of a paged attention launch that are not 16-divisible at the 4B shapes.
+_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "NUM_SPLITS"}
+
+
 def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     """The same for a decode launch over a KIVI pool (one query token, 16 rows a program)."""
     from headroom.kernels.paged_attention import paged_attention_fwd_kernel
 
     bits, block_n, warps, stages = map(int, spec.split(","))
-    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
-    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
-                    v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
-    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": 16, "BLOCK_N": block_n, "KIND": 2,
-                 "BITS": bits, "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32",
-                 "ROUND_TILES": True, "PAGE_TILE": True, "CONTINUE": False, "MASK_SPLIT": False, "LAZY_RESCALE": False}
+    pointers, constants = _paged_attention_launch(2, bits, 16, block_n)
     # A key and a value element for every (key, channel) of the tile.
     return (paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
-            2 * block_n * 256 / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
+            2 * block_n * 256 / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
 
 
 # The engine's prefill tiles over a bf16 pool and over an int2 pool, and its int2 decode tile.
@@ -118,16 +132,10 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
         loaded = importlib.util.spec_from_file_location("paged_attention_common_path", copy)
         module = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(module)
-    pool = "*bf16" if kind == 0 else "*u8"
-    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
-    pointers.update(q="*bf16", o="*bf16" if block_m > 16 else "*fp32", lse="*fp32", k=pool, v=pool, k_scale="*fp16",
-                    k_zero="*fp16", v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
-    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "KIND": kind,
-                 "BITS": 2 if kind == 2 else 0, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
-                 "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
-                 "PDL": False, "MASK_SPLIT": bool(mask_split), "LAZY_RESCALE": bool(lazy)}
+    pointers, constants = _paged_attention_launch(kind, 2 if kind == 2 else 0, block_m, block_n, bool(mask_split),
+                                                  bool(lazy))
     return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
-            block_m * block_n / (32 * warps), {"stride_vsh", "stride_table", "NUM_SPLITS"})
+            block_m * block_n / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
 
 
 def main_loop(sass: str) -> list[str]:
