@@ -3,7 +3,8 @@
 Why: a cold `headroom serve` compiles its Triton specialisations (51 for the 4B model) one after another, each
 inside the warm-up pass that first launches it: most of a 45-67 s start to /ready on the H200 (docs/gpu.md,
 sessions 12-13), against 16 s with the compiler caches warm. Triton compiles mostly outside the GIL: two threads
-compiled eight attention variants 1.6x faster than one on a 2-core machine (Triton 3.6 and 3.9, sm_90 target).
+compiled eight attention variants 1.8x faster than one on a 2-core machine with Triton 3.6, 2.0x with 3.9 (sm_90
+target; bench/compile_threads.py, bench/results/session14).
 A pass cannot use that as it runs, since it meets its kernels one at a time. So the warm-up runs a pass dry
 first: every launch that would compile is skipped and its specialisation recorded (Triton's JIT cache hook); all of
 them then compile at once on a thread pool (Triton's AsyncCompileMode and JITFunction.preload); the pass then runs
@@ -38,8 +39,8 @@ from typing import Any
 
 logger = logging.getLogger("headroom.kernels")
 
-# More threads than this only contend for the GIL (a compile holds it for its Python front end, about a sixth of
-# its time on the 2-core machine's measurement).
+# More threads than this only contend for the GIL (a compile holds it for its Python front end: a fifth of its time
+# with Triton 3.6, a twelfth with 3.9, bench/compile_threads.py on a 2-core machine).
 MAX_THREADS = 16
 
 
