@@ -44,7 +44,7 @@ __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
-    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear",
+    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear", "TailIndex",
 ]
 
 # The fused kernels (norms, rotary, gates, the decode GEMV, the GDN decode step and tail, the prefill conv) on
@@ -188,25 +188,38 @@ def decodes_with_raw_gates(x: torch.Tensor) -> bool:
 TAIL_SNAPSHOT_WIDTH = 8
 
 
-def gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo: list[int], row_hi: list[int],
-                     snapshots: list[list[tuple[int, int]]], qk_normed: bool = False) -> None:
+class TailIndex:
+    """gated_delta_tail's pieces: sequence b owns rows row_lo[b]..row_hi[b]-1 and takes snapshots[b] ((rows done,
+    pool slot), ascending). A pass builds one for all its layers: on the fused path the kernel's int32 tables are
+    uploaded once, on first use, instead of four host-to-device copies in every layer."""
+
+    def __init__(self, row_lo: list[int], row_hi: list[int], snapshots: list[list[tuple[int, int]]]):
+        self.row_lo, self.row_hi, self.snapshots = row_lo, row_hi, snapshots
+        self._tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(row_lo, row_hi, snap_at, snap_slot) int32 on device, the snapshot tables padded with 0s to a fixed
+        width (TAIL_SNAPSHOT_WIDTH, or the next power of 2), so that no snapshot count compiles a variant while
+        serving; a request takes at most 6 stops (engine/cache/checkpoint_policy.py)."""
+        if device not in self._tables:
+            width = max(TAIL_SNAPSHOT_WIDTH, 1 << (max(len(s) for s in self.snapshots) - 1).bit_length())
+            at = [[n for n, _ in s] + [0] * (width - len(s)) for s in self.snapshots]
+            slots = [[slot for _, slot in s] + [0] * (width - len(s)) for s in self.snapshots]
+            self._tables[device] = tuple(to_device(values, torch.int32, device)
+                                         for values in (self.row_lo, self.row_hi, at, slots))
+        return self._tables[device]
+
+
+def gated_delta_tail(q, k, v, g, beta, states, out, pool, index: TailIndex, qk_normed: bool = False) -> None:
     """The last rows of B prefill pieces token by token, with state snapshots into pool slots (kernels/
-    gated_delta.py's naive_gated_delta_tail): one Triton launch on CUDA, the reference elsewhere. qk_normed: q
-    and k already L2-normed."""
+    gated_delta.py's naive_gated_delta_tail; index: the pieces): one Triton launch on CUDA, the reference
+    elsewhere. qk_normed: q and k already L2-normed."""
     if _fused(q, "gated_delta_tail"):
         from headroom.kernels.gdn_decode import gated_delta_tail as run
 
-        # A fixed table width (the kernel's MAX_SNAPS), so that no snapshot count compiles a variant while
-        # serving; a request takes at most 6 stops (engine/cache/checkpoint_policy.py).
-        width = max(TAIL_SNAPSHOT_WIDTH, 1 << (max(len(s) for s in snapshots) - 1).bit_length())
-        at = [[n for n, _ in s] + [0] * (width - len(s)) for s in snapshots]
-        slots = [[slot for _, slot in s] + [0] * (width - len(s)) for s in snapshots]
-        device = q.device
-        run(q, k, v, g, beta, states, out, pool, to_device(row_lo, torch.int32, device),
-            to_device(row_hi, torch.int32, device), to_device(at, torch.int32, device),
-            to_device(slots, torch.int32, device), qk_normed=qk_normed)
+        run(q, k, v, g, beta, states, out, pool, *index.tables(q.device), qk_normed=qk_normed)
         return
-    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, row_lo, row_hi, snapshots, qk_normed)
+    naive_gated_delta_tail(q, k, v, g, beta, states, out, pool, index.row_lo, index.row_hi, index.snapshots, qk_normed)
 
 
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in

@@ -3,11 +3,13 @@ gated RMSNorm, out-projection. Per-sequence conv and recurrent state live in the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from headroom.engine.layers.gdn_projection import gdn_projection
 from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.models.config import ModelConfig
-from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SLOTS, ForwardBatch
+from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SEGMENTS, GDN_SLOTS, ForwardBatch
 from headroom.engine.runtime.ssm_pool import SSMPool
 from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
@@ -113,24 +115,47 @@ def _capture_conv_states(mixed: torch.Tensor, conv_states: torch.Tensor, batch: 
 
 # A span's captures within this many rows of its end run in one token-by-token launch (ops.gated_delta_tail)
 # rather than a varlen round each: a round is a fla call per layer at a fixed host cost (H200, 4B model: a lone
-# 256-token prompt's pass with its 3 stops took 140 ms as rounds, 47 ms without the stops).
+# 256-token prompt's pass with its 3 stops took 140 ms as rounds, 47 ms without the stops). A span this short
+# altogether runs all in the tail, as it would token by token without captures (RECURRENT_ROWS): its first
+# round, up to its first capture, was a fla call per layer too (session 12: the 256-token prompt 58.4 ms with its
+# stops against 20.0 without).
 TAIL_ROWS = 256
 
 
-def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
-    """The delta rule with in-pass checkpoints: each span cut at its captures, round r running every span's
-    r-th piece in one varlen call from the state round r-1 left; a piece that ends at a capture leaves its
-    state in the capture's slot. The captures near a span's end (the tail and exact-repeat stops every prompt
-    takes) are snapshots of one tail launch instead. A prefill chunk so runs as one pass instead of one pass
-    per stop (three to four extra passes of 30-50 ms each a prompt on the H200). qk_normed: q and k come L2-normed
-    from the conv, for the rounds and the tail alike."""
-    spans, device = batch.spans, q.device
+@dataclass(frozen=True)
+class _Round:
+    """One varlen call of a pass with captures: the rows of every active span's piece (a slice where they are
+    contiguous), those spans' indices into the pass's states, the pieces' bounds (on the device and on the host,
+    as fla takes them), and (piece, capture slot) for each piece that ends at a capture."""
+
+    rows: slice | torch.Tensor
+    which: torch.Tensor
+    bounds: torch.Tensor
+    host_bounds: torch.Tensor
+    saves: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """How a pass with captures runs its delta rule, the same in every layer (built once, ForwardBatch-cached, so
+    that a layer uploads no index of its own): varlen rounds, then the spans' tails in one token-by-token launch
+    (tail_which: those spans' indices into the pass's states; tail: the launch's rows and snapshots)."""
+
+    rounds: list[_Round]
+    tail_which: torch.Tensor | None
+    tail: ops.TailIndex | None
+
+
+def _segments(batch: ForwardBatch, device: torch.device) -> _Segments:
+    """Each span cut at its captures: round r runs every span's r-th piece; a span's pieces from the first cut
+    within TAIL_ROWS of its end (its start, for a span that short) run in the tail launch instead, its captures
+    there taken as snapshots."""
+    spans = batch.spans
     cuts = [[0] + [at for at, _ in span.captures] + [span.length] for span in spans]
-    # Where each span's tail starts (an index into its cuts: the first capture within TAIL_ROWS of its end).
-    tails = [next((j for j in range(1, len(c) - 1) if c[-1] - c[j] <= TAIL_ROWS), None) for c in cuts]
+    # Where each span's tail starts: an index into its cuts, None for no tail.
+    tails = [next((j for j in range(len(c) - 1) if c[-1] - c[j] <= TAIL_ROWS), None) for c in cuts]
     round_cuts = [c if j is None else c[: j + 1] for c, j in zip(cuts, tails, strict=True)]
-    state = recurrent[slots].float()
-    core = torch.empty_like(v)
+    rounds = []
     for r in range(max(len(c) for c in round_cuts) - 1):
         active = [b for b, c in enumerate(round_cuts) if r < len(c) - 1]
         pieces = [(spans[b].offset + round_cuts[b][r], spans[b].offset + round_cuts[b][r + 1]) for b in active]
@@ -140,26 +165,43 @@ def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_norme
         bounds = [0]
         for lo, hi in pieces:
             bounds.append(bounds[-1] + hi - lo)
-        which = to_device(active, torch.long, device)
-        out, final = ops.gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], state[which],
-                                                 to_device(bounds, torch.long, device), torch.tensor(bounds),
-                                                 qk_normed=qk_normed)
-        core[rows] = out
-        state[which] = final
-        for i, b in enumerate(active):
-            if r < len(spans[b].captures):  # this piece ends at capture r
-                recurrent[spans[b].captures[r][1]] = final[i].to(recurrent.dtype)
+        # A piece before the tail ends at capture r.
+        saves = tuple((i, spans[b].captures[r][1]) for i, b in enumerate(active) if r < len(spans[b].captures))
+        rounds.append(_Round(rows, to_device(active, torch.long, device), to_device(bounds, torch.long, device),
+                             torch.tensor(bounds), saves))
     with_tail = [b for b, j in enumerate(tails) if j is not None]
-    if with_tail:
-        which = to_device(with_tail, torch.long, device)
-        tail_states = state[which]
-        starts = [cuts[b][tails[b]] for b in with_tail]  # type: ignore[index]
-        snapshots = [[(at - start, slot) for at, slot in spans[b].captures if at > start]
-                     for b, start in zip(with_tail, starts, strict=True)]
-        ops.gated_delta_tail(q, k, v, g, beta, tail_states, core, recurrent,
-                             [spans[b].offset + start for b, start in zip(with_tail, starts, strict=True)],
-                             [spans[b].offset + spans[b].length for b in with_tail], snapshots, qk_normed)
-        state[which] = tail_states
+    if not with_tail:
+        return _Segments(rounds, None, None)
+    starts = [cuts[b][tails[b]] for b in with_tail]  # type: ignore[index]
+    tail = ops.TailIndex([spans[b].offset + start for b, start in zip(with_tail, starts, strict=True)],
+                         [spans[b].offset + spans[b].length for b in with_tail],
+                         [[(at - start, slot) for at, slot in spans[b].captures if at > start]
+                          for b, start in zip(with_tail, starts, strict=True)])
+    return _Segments(rounds, to_device(with_tail, torch.long, device), tail)
+
+
+def _segmented(q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
+    """The delta rule with in-pass checkpoints (_segments): round r runs every span's r-th piece in one varlen
+    call from the state round r-1 left, a piece that ends at a capture leaving its state in the capture's slot;
+    then the tails (the stops near a span's end every prompt takes: tail and exact repeat) in one launch that
+    snapshots the captures in them. A prefill chunk so runs as one pass instead of one pass per stop (three to
+    four extra passes of 30-50 ms each a prompt on the H200). qk_normed: q and k come L2-normed from the conv, for
+    the rounds and the tail alike."""
+    plan = batch.cached(GDN_SEGMENTS, lambda: _segments(batch, q.device))
+    state = recurrent[slots].float()
+    core = torch.empty_like(v)
+    for round_ in plan.rounds:
+        rows = round_.rows
+        out, final = ops.gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], state[round_.which],
+                                                 round_.bounds, round_.host_bounds, qk_normed=qk_normed)
+        core[rows] = out
+        state[round_.which] = final
+        for i, slot in round_.saves:
+            recurrent[slot] = final[i].to(recurrent.dtype)
+    if plan.tail is not None:
+        tail_states = state[plan.tail_which]
+        ops.gated_delta_tail(q, k, v, g, beta, tail_states, core, recurrent, plan.tail, qk_normed)
+        state[plan.tail_which] = tail_states
     recurrent[slots] = state.to(recurrent.dtype)
     return core
 

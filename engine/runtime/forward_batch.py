@@ -53,6 +53,9 @@ POOL_BLOCKS = "paged_attention.blocks"
 KIVI_WRITE = "kivi_write"
 GDN_SLOTS = "gdn.slots"
 GDN_BOUNDS = "gdn.bounds"
+# A pass with captures: its delta rule's varlen rounds and tail launch (engine/layers/linear_attention.py); eager
+# passes only.
+GDN_SEGMENTS = "gdn.segments"
 LAST_ROWS = "last_rows"
 
 

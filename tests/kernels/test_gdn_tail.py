@@ -90,17 +90,37 @@ def test_op_launches_the_kernel_as_the_reference_runs(monkeypatch, qk_normed):
     q, k, v, g, beta, states, pool = _inputs(qk_normed=qk_normed)
     lo, hi, snapshots = [0, 9, 14], [9, 10, 40], [[(1, 5), (8, 1)], [], [(13, 4), (25, 2)]]
     want_states, want_pool, want_out = states.clone(), pool.clone(), torch.zeros_like(v)
-    ops.gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, lo, hi, snapshots, qk_normed)
+    ops.gated_delta_tail(q, k, v, g, beta, want_states, want_out, want_pool, ops.TailIndex(lo, hi, snapshots), qk_normed)
     launched = []
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gdn_decode, "gated_delta_tail",
                         lambda *a, _run=gdn_decode.gated_delta_tail, **kw: launched.append(kw) or _run(*a, **kw))
     out = torch.zeros_like(v)
-    ops.gated_delta_tail(q, k, v, g, beta, states, out, pool, lo, hi, snapshots, qk_normed)
+    ops.gated_delta_tail(q, k, v, g, beta, states, out, pool, ops.TailIndex(lo, hi, snapshots), qk_normed)
     assert launched == [{"qk_normed": qk_normed}]
     torch.testing.assert_close(out, want_out, **TOL)
     torch.testing.assert_close(states, want_states, **TOL)
     torch.testing.assert_close(pool, want_pool, **TOL)
+
+
+def test_an_index_uploads_its_tables_once_for_every_layer(monkeypatch):
+    """A pass's TailIndex serves all its layers: the fused path's four tables go to the device at the first launch
+    only (they were four host-to-device copies in every layer), padded to the fixed snapshot width."""
+    from headroom.kernels import gdn_decode
+
+    q, k, v, g, beta, states, pool = _inputs()
+    index = ops.TailIndex([0, 9, 14], [9, 10, 40], [[(1, 5), (8, 1)], [], [(13, 4)]])
+    uploads, launched = [], []
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(ops, "to_device", lambda values, *a, _run=ops.to_device: uploads.append(values) or _run(values, *a))
+    monkeypatch.setattr(gdn_decode, "gated_delta_tail",
+                        lambda *a, _run=gdn_decode.gated_delta_tail, **kw: launched.append(a[8:12]) or _run(*a, **kw))
+    for _layer in range(3):
+        ops.gated_delta_tail(q, k, v, g, beta, states.clone(), torch.zeros_like(v), pool.clone(), index)
+    assert len(launched) == 3 and len(uploads) == 4
+    assert all(got is first for tables in launched for got, first in zip(tables, launched[0], strict=True))
+    assert uploads[2] == [[1, 8] + [0] * 6, [0] * 8, [13] + [0] * 7]
+    assert uploads[3] == [[5, 1] + [0] * 6, [0] * 8, [4] + [0] * 7]
 
 
 def test_bad_shapes_are_named():
