@@ -607,7 +607,17 @@ DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, 
                        {"num_stages": 3}, {"block_n": 128}, {"splits_x": 2}, {"splits_x": 4}, {"splits_x": 2, "num_warps": 4},
                        {"num_stages": 1}, {"num_stages": 4}, {"block_n": 32, "splits_x": 2}, {"block_n": 128, "num_stages": 1},
                        {"splits_x": 2, "num_stages": 3}, {"splits_x": 4, "num_warps": 4}, {"block_n": 16},
-                       {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1}]
+                       {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1},
+                       # KIVI (bf16 ignores them): the head in chunks (kernels/kivi_decode.py: 168 registers against
+                       # 246, three programs a multiprocessor instead of two, hence also more splits), and the
+                       # magic exponent in a register (one LOP3 an element fewer).
+                       {"d_chunks": 2}, {"d_chunks": 2, "splits_x": 2}, {"d_chunks": 4, "max_registers": 168},
+                       {"d_chunks": 4, "max_registers": 168, "splits_x": 2}, {"magic_register": 1},
+                       {"d_chunks": 2, "magic_register": 1}, {"d_chunks": 2, "magic_register": 1, "splits_x": 2}]
+
+
+# Decode settings a bf16 pool has no use for (its sweep skips the configs that hold them).
+KIVI_ONLY = {"page_tile", "d_chunks", "magic_register", "max_registers"}
 
 
 def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1)) -> dict:
@@ -626,6 +636,8 @@ def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[
             splits = pa.default_num_splits(batch, 1, gpu_kernels.HQ // gpu_kernels.HKV, gpu_kernels.HKV, kind != "bf16")
             reference = None
             for config in decode_configs:
+                if kind == "bf16" and KIVI_ONLY.intersection(config):
+                    continue
                 key = f"{kind}_decode_b{batch}_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
                 pa.DECODE_TUNING.clear()
                 pa.DECODE_TUNING.update({k: v for k, v in config.items() if k != "splits_x"})

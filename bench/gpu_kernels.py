@@ -121,6 +121,32 @@ def check_attention() -> dict:
         seq_lens = [131071]
         args = attention_args(*filled_pool(name, seq_lens), seq_lens, [64])
         res[f"{name}_extend_131071"] = max_error(*paged_attention(*args), *naive_paged_attention(*args))
+    res.update(check_kivi_chunks())
+    return res
+
+
+# The decode sweep's variants of the KIVI decode that are off by default (kernels/kivi_decode.py, the magic exponent
+# in a register): each against naive_paged_attention at real sizes before its timings count.
+KIVI_DECODE_VARIANTS = ({"d_chunks": 2}, {"d_chunks": 4, "max_registers": 168}, {"d_chunks": 2, "magic_register": 1},
+                        {"magic_register": 1})
+
+
+def check_kivi_chunks() -> dict:
+    from headroom.kernels import paged_attention as pa
+
+    res: dict = {}
+    for name in ("int2", "int4"):
+        seq_lens = [8191, 32771, 1001]
+        args = attention_args(*filled_pool(name, seq_lens), seq_lens, [1, 1, 1])
+        want = naive_paged_attention(*args)
+        for variant in KIVI_DECODE_VARIANTS:
+            pa.DECODE_TUNING.clear()
+            pa.DECODE_TUNING.update(variant)
+            try:
+                key = "_".join(f"{k}{v}" for k, v in variant.items())
+                res[f"{name}_decode_b3_{key}"] = max_error(*paged_attention(*args), *want)
+            finally:
+                pa.DECODE_TUNING.clear()
     return res
 
 

@@ -5,6 +5,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
   bound by the instructions it issues per code before it is bound by memory (that module's docstring).
@@ -16,6 +17,9 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
   score element (a query row's key). COMMON 1 compiles a copy of the kernel whose variant branches (a tile that needs
   its masks, a maximum that grew past RESCALE_LOG2) never run: the path nearly every tile of a long prefix takes,
   where the plain count holds both sides of each branch.
+- kivi_chunks: the same decode over an int2 pool through kernels/kivi_decode.py, the head in CHUNKS chunks (0: the
+  general kernel), MAXREG a register cap for ptxas (0: none), MAGIC 1 the magic exponent in a register; what
+  counts here is the registers a thread (programs a multiprocessor) beside the instructions an element.
 - gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
   4B decode shape), compiled without a split over K (a split changes only the epilogue, whose loop over the
   splits' partials can outgrow a short main loop and be counted instead). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
@@ -93,7 +97,7 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
 
 
 # Integer arguments of a paged attention launch that are not 16-divisible at the 4B shapes.
-_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "NUM_SPLITS"}
+_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "NUM_SPLITS", "magic_exponent"}
 
 
 def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
@@ -105,6 +109,29 @@ def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     # A key and a value element for every (key, channel) of the tile.
     return (paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             2 * block_n * 256 / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
+
+
+KIVI_CHUNK_CONFIGS = ["0,4,2,0,0", "0,4,2,0,1", "1,4,2,0,0", "2,4,2,0,0", "2,4,2,0,1", "4,4,2,0,0", "4,4,2,168,0",
+                      "4,4,2,168,1", "2,4,2,128,0", "2,8,2,0,0"]
+
+
+def _kivi_chunks(spec: str) -> tuple[object, dict, dict, dict, float, set]:
+    """The int2 decode launch (16 rows, 64-key tiles) of kernels/kivi_decode.py, or of the general kernel (CHUNKS 0)."""
+    from headroom.kernels.kivi_decode import kivi_decode_fwd_kernel
+    from headroom.kernels.paged_attention import paged_attention_fwd_kernel
+
+    chunks, warps, stages, maxreg, magic = map(int, spec.split(","))
+    pointers, constants = _paged_attention_launch(2, 2, 16, 64)
+    constants["MAGIC_IN_REGISTER"] = bool(magic)
+    kernel = paged_attention_fwd_kernel
+    if chunks:
+        kernel = kivi_decode_fwd_kernel
+        pointers = {k: t for k, t in pointers.items() if k not in ("prev_o", "prev_lse")}
+        kept = ("GROUP", "HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "BITS", "PAGE", "GROUP_D", "DOT_FP32",
+                "DOT_PRECISION", "PDL", "MAGIC_IN_REGISTER")
+        constants = {k: v for k, v in constants.items() if k in kept} | {"CHUNKS": chunks}
+    options = {"num_warps": warps, "num_stages": stages} | ({"maxnreg": maxreg} if maxreg else {})
+    return kernel, pointers, constants, options, 2 * 64 * 256 / (32 * warps), _ATTENTION_NOT_DIVISIBLE
 
 
 # The engine's prefill tiles over a bf16 pool and over an int2 pool, and its int2 decode tile.
@@ -176,7 +203,7 @@ def count(kernel, pointers: dict, constants: dict, options: dict, elements: floa
 def main() -> None:
     out = Path(sys.argv[1])
     subjects = {"stream": (_stream, STREAM_CONFIGS), "kivi": (_kivi, KIVI_CONFIGS), "gemv": (_gemv, GEMV_CONFIGS),
-                "attention": (_attention, ATTENTION_CONFIGS)}
+                "attention": (_attention, ATTENTION_CONFIGS), "kivi_chunks": (_kivi_chunks, KIVI_CHUNK_CONFIGS)}
     subject = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in subjects else "stream"
     build, defaults = subjects[subject]
     specs = [a for a in sys.argv[2:] if a != subject] or defaults
@@ -188,7 +215,8 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON"}[subject]
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON",
+              "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
                                "config_fields": fields, "rows": results}, indent=2) + "\n")

@@ -42,9 +42,13 @@ _MAX_SPLITS_KIVI = 64
 # tile's p is then at most 2^8, far inside fp32's range and exact to bf16's relative precision (FlashAttention-4's
 # conditional rescaling).
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
+# The exponent field of the float 2^23 (127 + 23): _load_kivi_pages turns codes into floats through it.
+MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
-# block_m for extend), and the loop variants mask_split (no causal or range mask on tiles every row sees whole)
-# and lazy_rescale (RESCALE_LOG2): set only by bench/engine_speed.py's tile sweeps; empty means the defaults below.
+# block_m for extend), the loop variants mask_split (no causal or range mask on tiles every row sees whole)
+# and lazy_rescale (RESCALE_LOG2), magic_register (KIVI: MAGIC_IN_REGISTER), and for decode d_chunks and
+# max_registers (kernels/kivi_decode.py): set only by bench/engine_speed.py's tile sweeps; empty means the defaults
+# below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 
@@ -86,9 +90,11 @@ def _load_kivi_pages(
     base, scale_ptr, zero_ptr, pages, m_pages, o_d, m_d,
     stride_p, stride_r, stride_sp,
     BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
-    NUM_PAGES: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_PAGES: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, D0: tl.constexpr, magic_exponent,
 ):
-    """A [NUM_PAGES * PAGE, BLOCK_D] fp32 tile of KIVI keys (PER_CHANNEL) or values: NUM_PAGES whole pages.
+    """A [NUM_PAGES * PAGE, BLOCK_D] fp32 tile of KIVI keys (PER_CHANNEL) or values: NUM_PAGES whole pages, channels
+    o_d = D0 .. D0 + BLOCK_D - 1 (D0 a multiple of GROUP_D: a slice of the head for kivi_decode's chunks, else 0).
+    magic_exponent: MAGIC_EXPONENT, as the literal (folded into immediates) or a kernel argument (in a register).
 
     base, scale_ptr, zero_ptr already point at this KV head; pages [NUM_PAGES] (m_pages: those inside the key
     range; the others load as zeros, never another page's memory). Each packed byte is loaded once and unpacked
@@ -105,9 +111,11 @@ def _load_kivi_pages(
     # Token i of a page sits in byte i // per_byte at bit p = (i % per_byte) * BITS (kv_quant.pack_codes). The code
     # is masked in place, not shifted down: OR-ed into the mantissa of the float 2^(23 - p) (exponent 150 - p), in
     # which bit p weighs 1, the float minus 2^(23 - p) is the code, exactly (kernels/int_float.py's trick with
-    # the magic per position; 10.2 -> 9.6 sm_90 instructions an element at int2, bench/kernel_sass.py kivi).
+    # the magic per position; 10.2 -> 9.6 sm_90 instructions an element at int2, bench/kernel_sass.py kivi). With
+    # the exponent a kernel argument (MAGIC_IN_REGISTER) the mask and the OR are one LOP3 (a LOP3 takes one
+    # immediate): 10.57 -> 9.55 an element with Triton 3.6, the same registers.
     shifts = tl.arange(0, per_byte) * BITS
-    magic_bits = (150 - shifts) << 23
+    magic_bits = (magic_exponent - shifts) << 23
     codes = (packed[:, :, None, :] & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
     codes = codes.to(tl.float32, bitcast=True) - magic_bits.to(tl.float32, bitcast=True)[None, None, :, None]
     codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
@@ -121,7 +129,7 @@ def _load_kivi_pages(
         b_z = tl.reshape(tl.broadcast_to(b_z[:, None, :], shape), (BLOCK_N, BLOCK_D))
     else:
         BLOCK_G: tl.constexpr = BLOCK_D // GROUP_D
-        o_g = tl.arange(0, BLOCK_G)
+        o_g = D0 // GROUP_D + tl.arange(0, BLOCK_G)
         o_t = tl.arange(0, PAGE)
         # Value scales are per slot (page * PAGE + row), [slots, H, G].
         p_s = (pages[:, None, None] * PAGE + o_t[None, :, None]) * stride_sp + o_g[None, None, :]
@@ -142,14 +150,19 @@ def paged_attention_fwd_kernel(
     k, v, k_scale, k_zero, v_scale, v_zero, sm_scale, prev_o, prev_lse,
     stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,
     stride_pt, stride_ph, stride_plt,
-    stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh,
+    stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, magic_exponent,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
     CONTINUE: tl.constexpr, PDL: tl.constexpr, MASK_SPLIT: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
+    MAGIC_IN_REGISTER: tl.constexpr = False,
 ):
     pdl_enter(PDL)
+    # KIVI's int-to-float magic (_load_kivi_pages): folded into immediates, or magic_exponent's register.
+    magic = MAGIC_EXPONENT
+    if MAGIC_IN_REGISTER:
+        magic = magic_exponent
     i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
     q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
@@ -203,7 +216,7 @@ def paged_attention_fwd_kernel(
             pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_pg, mask=m_pg, other=0).to(tl.int64)
             b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM)
+                                   BLOCK_D, HEAD_DIM, 0, magic)
         else:
             page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
             row = o_j % PAGE
@@ -241,7 +254,7 @@ def paged_attention_fwd_kernel(
         if PAGE_TILE:
             b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM)
+                                   BLOCK_D, HEAD_DIM, 0, magic)
         else:
             b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                              stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
@@ -315,21 +328,31 @@ def paged_attention_fwd(
     dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
     num_seqs = kv_table.shape[0]
     grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)
-    paged_attention_fwd_kernel[grid](
-        q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens,
-        kv.k.view(torch.uint8) if kv.kind == "fp8" else kv.k, kv.v.view(torch.uint8) if kv.kind == "fp8" else kv.v,
-        k_scale, k_zero, v_scale, v_zero, scale, prev_o, prev_lse,
-        q.stride(0), q.stride(1), splits_out.stride(0), splits_out.stride(1), splits_out.stride(2),
-        lse.stride(0), lse.stride(1), kv_table.stride(0), prev_o.stride(0), prev_o.stride(1), prev_lse.stride(0),
-        kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
-        k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
-        GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
-        ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
-        MASK_SPLIT=bool(tuning.get("mask_split", 0)), LAZY_RESCALE=bool(tuning.get("lazy_rescale", 0)),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device),
-    )
+    # A decode sweep's d_chunks: the head in chunks (kernels/kivi_decode.py; whole-page KIVI tiles, no prev).
+    chunks = 0 if extend else tuning.get("d_chunks", 0)
+    if chunks and page_tile and prev is None:
+        from headroom.kernels.kivi_decode import kivi_decode
+
+        kivi_decode(q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, grid,
+                    block_m, block_n, chunks, num_warps, num_stages, bool(tuning.get("magic_register", 0)),
+                    tuning.get("max_registers"))
+    else:
+        paged_attention_fwd_kernel[grid](
+            q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens,
+            kv.k.view(torch.uint8) if kv.kind == "fp8" else kv.k, kv.v.view(torch.uint8) if kv.kind == "fp8" else kv.v,
+            k_scale, k_zero, v_scale, v_zero, scale, prev_o, prev_lse,
+            q.stride(0), q.stride(1), splits_out.stride(0), splits_out.stride(1), splits_out.stride(2),
+            lse.stride(0), lse.stride(1), kv_table.stride(0), prev_o.stride(0), prev_o.stride(1), prev_lse.stride(0),
+            kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
+            k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1), MAGIC_EXPONENT.value,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
+            NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
+            GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
+            ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
+            MASK_SPLIT=bool(tuning.get("mask_split", 0)), LAZY_RESCALE=bool(tuning.get("lazy_rescale", 0)),
+            MAGIC_IN_REGISTER=bool(tuning.get("magic_register", 0)), num_warps=num_warps, num_stages=num_stages,
+            **pdl_launch(q.device),
+        )
     if num_splits == 1:
         return out, out_lse
     merge_splits_into(splits_out, lse, out, out_lse)
@@ -423,9 +446,9 @@ def kivi_dequantize_block_kernel(
     pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + first_page + i_pg + tl.arange(0, 1)).to(tl.int64)
     m_pages = tl.full([1], 1, tl.int1)
     b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages, m_pages,
-                           o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, 1, BLOCK_D, HEAD_DIM)
+                           o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, 1, BLOCK_D, HEAD_DIM, 0, MAGIC_EXPONENT)
     b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages, m_pages,
-                           o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, 1, BLOCK_D, HEAD_DIM)
+                           o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, 1, BLOCK_D, HEAD_DIM, 0, MAGIC_EXPONENT)
     dst = tl.load(ws_rows + i_b).to(tl.int64) * block_tokens + i_pg * PAGE + tl.arange(0, PAGE)
     p_w = dst[:, None] * stride_wt + i_h * stride_wh + o_d[None, :]
     tl.store(k_ws + p_w, b_k.to(k_ws.dtype.element_ty), mask=m_d[None, :])
