@@ -18,7 +18,10 @@ the paged passes and fp32), attention_check (paged attention of every pool kind 
 (the logit check on the 4B-shaped model too: fla's first fp32 calls compile for minutes), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
-captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), gemv (kernels/gemv.py's
+captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), llm_bf16_loops / llm_int2_loops (the
+LLM API rows with the attention loop's variants on, beside the rows), llm_int2_tuned (the int2 LLM API rows with the
+paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
+'{"d_chunks": 2}', beside the rows), gemv (kernels/gemv.py's
 configurations against cuBLAS at the decode shapes), short_passes (lone short prefill passes with the delta rule
 token by token against fla: engine/layers/linear_attention.py's RECURRENT_ROWS), fla_configs (after the parts
 that serve: the configs fla's autotuners picked, written to OUTDIR/fla_tuned_configs.json, which
@@ -320,17 +323,27 @@ def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
 LOOP_VARIANT = {"mask_split": 1, "lazy_rescale": 1}
 
 
-def part_llm_loops(state: dict, kv: str) -> dict:
-    """part_llm with the attention loop's variants on in every launch (prefill and decode), beside the rows."""
+def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
+    """part_llm with these paged-attention tunings in every launch (EXTEND_TUNING, DECODE_TUNING; decode graphs
+    are captured with them), beside the rows."""
     from headroom.kernels import paged_attention as pa
 
-    pa.EXTEND_TUNING.update(LOOP_VARIANT)
-    pa.DECODE_TUNING.update(LOOP_VARIANT)
+    pa.EXTEND_TUNING.update(extend)
+    pa.DECODE_TUNING.update(decode)
     try:
-        return {"tuning": dict(LOOP_VARIANT), **part_llm(state, kv, into_rows=False)}
+        return {"extend_tuning": dict(extend), "decode_tuning": dict(decode), **part_llm(state, kv, into_rows=False)}
     finally:
         pa.EXTEND_TUNING.clear()
         pa.DECODE_TUNING.clear()
+
+
+def env_tuning(name: str) -> dict:
+    """A tuning dict from the environment variable `name` (JSON), {} when unset; a bad value fails the part."""
+    text = os.environ.get(name, "")
+    value = json.loads(text) if text else {}
+    if not isinstance(value, dict) or not all(isinstance(v, int) for v in value.values()):
+        raise ValueError(f"{name} must be a JSON object of integers, got {text!r}")
+    return value
 
 
 def part_hf(state: dict, decode: bool = True) -> dict:
@@ -410,7 +423,11 @@ def main() -> None:
     todo = {"serve": part_serve, "llm_bf16": lambda s: part_llm(s, "bf16"), "hf": part_hf,
             "hf_prefill": lambda s: part_hf(s, decode=False),
             "llm_int2": lambda s: part_llm(s, "int2"),
-            "llm_bf16_loops": lambda s: part_llm_loops(s, "bf16"), "llm_int2_loops": lambda s: part_llm_loops(s, "int2"), "kernels": lambda s: parts.kernel_checks(),
+            "llm_bf16_loops": lambda s: part_llm_tuned(s, "bf16", LOOP_VARIANT, LOOP_VARIANT),
+            "llm_int2_loops": lambda s: part_llm_tuned(s, "int2", LOOP_VARIANT, LOOP_VARIANT),
+            "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
+                                                       env_tuning("ENGINE_SPEED_DECODE_TUNING")),
+            "kernels": lambda s: parts.kernel_checks(),
             "logits": lambda s: parts.logit_check(("tiny",)),
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "profile_passes": lambda s: parts.profile_passes(MODEL),
