@@ -19,7 +19,8 @@ the paged passes and fp32), attention_check (paged attention of every pool kind 
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
 captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), llm_bf16_loops / llm_int2_loops (the
-LLM API rows with the attention loop's variants on, beside the rows), llm_int2_tuned (the int2 LLM API rows with the
+LLM API rows with the attention loop's variants on, beside the rows), profile_decode_batches (a graphed decode step's GPU time by kernel at batch 1, 8 and 16, PDL off),
+llm_int2_tuned (the int2 LLM API rows with the
 paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
 '{"d_chunks": 2}', beside the rows), gemv (kernels/gemv.py's
 configurations against cuBLAS at the decode shapes), short_passes (lone short prefill passes with the delta rule
@@ -432,6 +433,7 @@ def main() -> None:
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "profile_passes": lambda s: parts.profile_passes(MODEL),
             "profile_small": lambda s: parts.profile_small_passes(MODEL),
+            "profile_decode_batches": lambda s: parts.profile_decode_batches(MODEL),
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),

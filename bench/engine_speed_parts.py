@@ -744,6 +744,53 @@ def profile_passes(model: Path) -> dict:
     return out
 
 
+def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 32,
+                           device: str = "cuda") -> dict:
+    """Where a graphed decode step's time goes at batch 1, 8 and 16 (issue 18: batch 8 and 16 reach a smaller share of
+    their bandwidth limits than batch 1; the graph replay grows ~58 us a sequence against ~26 us of extra bytes,
+    session 13). PDL off (HEADROOM_PDL=0, for this part's engine only): with it a kernel's measured time includes its
+    wait for the one before, and the split by kernel means nothing. Per batch: GPU time a step by kernel name, the
+    prompts' prefill (max_new_tokens=1, profiled alike) subtracted from the same prompts' 1 + steps tokens."""
+    from gpu_engine import kernels_by_name
+    from headroom.engine.llm import LLM
+    from headroom.kernels import pdl
+    from torch.profiler import ProfilerActivity, profile
+
+    previous = os.environ.get("HEADROOM_PDL")
+    os.environ["HEADROOM_PDL"] = "0"
+    pdl._supported.cache_clear()
+    try:
+        llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype="bf16", max_total_tokens=16384, ssm_slots=40,
+                  chunked_prefill_size=8192, context_length=4096, max_running_requests=16, enable_prefix_cache=False)
+        rng = random.Random(9)
+        vocab = llm.runner.model_config.vocab_size
+        out: dict = {"pdl": pdl.use_pdl(torch.device(device))}
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        for batch in batches:
+            prompts = [[rng.randrange(vocab) for _ in range(256)] for _ in range(batch)]
+            llm.generate(prompts, max_new_tokens=steps + 1, ignore_eos=True)  # warm: this batch's graph and shapes
+            by_run = {}
+            for new in (1, steps + 1):
+                sync()
+                # (CPU activity off the GPU, where there is no kernel to count: a dry run of the part.)
+                with profile(activities=[ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU]) as prof:
+                    llm.generate(prompts, max_new_tokens=new, ignore_eos=True)
+                    sync()
+                by_run[new] = {row["name"]: row for row in kernels_by_name(prof, top=400)["top"]}
+            full, prefill = by_run[steps + 1], by_run[1]
+            per_step = {name: (row["ms"] - prefill.get(name, {"ms": 0.0})["ms"]) / steps for name, row in full.items()}
+            ranked = sorted(per_step.items(), key=lambda kv: -kv[1])
+            out[f"bs{batch}"] = {"step_kernel_ms": sum(per_step.values()),
+                                 "top": [{"name": name[:100], "ms_a_step": ms} for name, ms in ranked[:20]]}
+        return out
+    finally:
+        if previous is None:
+            os.environ.pop("HEADROOM_PDL", None)
+        else:
+            os.environ["HEADROOM_PDL"] = previous
+        pdl._supported.cache_clear()
+
+
 def save_fla_configs(outdir: Path) -> dict:
     """The configs fla's autotuners picked in this process -> OUTDIR/fla_tuned_configs.json (merged into what
     kernels/fla_tuned_configs.json holds for other GPUs)."""
