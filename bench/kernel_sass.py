@@ -92,7 +92,7 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
     constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "KIND": kind,
                  "BITS": bits, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
                  "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
-                 "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy}
+                 "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy, "MAGIC_IN_REGISTER": False}
     return pointers, constants
 
 

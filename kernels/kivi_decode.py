@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.paged_attention import MAGIC_EXPONENT, _load_kivi_pages
+from headroom.kernels.paged_attention import MAGIC_EXPONENT, _load_kivi_pages, _program, _rows_and_keys
 from headroom.kernels.paged_kv import PagedKV
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
@@ -89,23 +89,13 @@ def kivi_decode_fwd_kernel(
     magic = MAGIC_EXPONENT
     if MAGIC_IN_REGISTER:
         magic = magic_exponent
-    i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
-    q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
+    i_b, i_m, i_h, i_s, q_lo, q_hi = _program(q_offsets, NUM_SPLITS)
     if i_m * BLOCK_M >= (q_hi - q_lo) * GROUP:
         return
-    # Row r of this tile is token q_lo + r // GROUP, query head i_h * GROUP + r % GROUP.
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_t = q_lo + o_m // GROUP
-    o_hq = i_h * GROUP + o_m % GROUP
-    m_m = o_t < q_hi
+    o_t, o_hq, m_m, b_pos, kv_lo, lo, hi = _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi,
+                                                         NUM_SPLITS, GROUP, BLOCK_M, BLOCK_N)
     DC: tl.constexpr = BLOCK_D // CHUNKS
     NUM_PAGES: tl.constexpr = BLOCK_N // PAGE
-    b_pos = tl.load(q_pos + o_t, mask=m_m, other=0).to(tl.int32)
-    kv_lo, n_keys = tl.load(kv_start + i_b), tl.load(kv_lens + i_b)
-    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = i_s * per_split
-    hi = tl.minimum(tl.minimum(n_keys, lo + per_split), tl.max(b_pos) - kv_lo + 1)
     # Unused chunks (CHUNKS < 4) keep a placeholder the compiler drops.
     q0 = _q_chunk(q, o_t, o_hq, m_m, stride_qt, stride_qh, 0, DC, HEAD_DIM, DOT_FP32)
     q1, q2, q3 = q0, q0, q0

@@ -142,6 +142,32 @@ def _load_kivi_pages(
     return codes * b_s + b_z
 
 
+@triton.jit
+def _program(q_offsets, NUM_SPLITS):
+    """A paged attention program's (sequence, query tile, KV head, split) and its sequence's query rows
+    q_offsets[b] .. q_offsets[b + 1] - 1: (i_b, i_m, i_h, i_s, q_lo, q_hi)."""
+    i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
+    return i_b, i_m, i_hs // NUM_SPLITS, i_hs % NUM_SPLITS, q_lo, q_hi
+
+
+@triton.jit
+def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM_SPLITS, GROUP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile's rows, row r being token q_lo + r // GROUP and query head i_h * GROUP + r % GROUP, and this split's
+    key range, cut at the last key any row may see: (o_t, o_hq, m_m, positions, kv_lo, lo, hi)."""
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_t = q_lo + o_m // GROUP
+    o_hq = i_h * GROUP + o_m % GROUP
+    m_m = o_t < q_hi
+    b_pos = tl.load(q_pos + o_t, mask=m_m, other=0).to(tl.int32)
+    kv_lo, n_keys = tl.load(kv_start + i_b), tl.load(kv_lens + i_b)
+    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = i_s * per_split
+    hi = tl.minimum(tl.minimum(n_keys, lo + per_split), tl.max(b_pos) - kv_lo + 1)
+    return o_t, o_hq, m_m, b_pos, kv_lo, lo, hi
+
+
 # NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
 # rest, and the split count follows the batch's shape (a 30-token prompt alone compiled one while serving).
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
@@ -163,28 +189,17 @@ def paged_attention_fwd_kernel(
     magic = MAGIC_EXPONENT
     if MAGIC_IN_REGISTER:
         magic = magic_exponent
-    i_b, i_m, i_hs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h, i_s = i_hs // NUM_SPLITS, i_hs % NUM_SPLITS
-    q_lo, q_hi = tl.load(q_offsets + i_b), tl.load(q_offsets + i_b + 1)
+    i_b, i_m, i_h, i_s, q_lo, q_hi = _program(q_offsets, NUM_SPLITS)
     if i_m * BLOCK_M >= (q_hi - q_lo) * GROUP:
         return
-    # Row r of this tile is token q_lo + r // GROUP, query head i_h * GROUP + r % GROUP.
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_t = q_lo + o_m // GROUP
-    o_hq = i_h * GROUP + o_m % GROUP
-    m_m = o_t < q_hi
+    o_t, o_hq, m_m, b_pos, kv_lo, lo, hi = _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi,
+                                                         NUM_SPLITS, GROUP, BLOCK_M, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
     p_q = q + o_t[:, None].to(tl.int64) * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0)
     if DOT_FP32:
         b_q = b_q.to(tl.float32)
-    b_pos = tl.load(q_pos + o_t, mask=m_m, other=0).to(tl.int32)
-    kv_lo, n_keys = tl.load(kv_start + i_b), tl.load(kv_lens + i_b)
-    # This split's key range, cut at the last key any row of the tile may see.
-    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = i_s * per_split
-    hi = tl.minimum(tl.minimum(n_keys, lo + per_split), tl.max(b_pos) - kv_lo + 1)
     if CONTINUE:
         # Resume the online softmax of an earlier key range (its normalised output and lse): m = lse in log2
         # units and l = 1 reproduce its state exactly, so no merge pass is needed. prev may be o itself: each
