@@ -47,8 +47,8 @@ MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend), the loop variants mask_split (no causal or range mask on tiles every row sees whole)
 # and lazy_rescale (RESCALE_LOG2), magic_register (KIVI: MAGIC_IN_REGISTER), and for decode d_chunks and
-# max_registers (kernels/kivi_decode.py): set only by bench/engine_speed.py's tile sweeps; empty means the defaults
-# below.
+# max_registers (kernels/kivi_decode.py) and splits_x (that many times default_num_splits' key splits): set only by
+# bench/engine_speed.py's tile sweeps and tuned rows; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 
@@ -438,8 +438,12 @@ def paged_attention(
             return out.copy_(prev[0]), out_lse.copy_(prev[1])
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
+        group = q.shape[1] // kv.num_kv_heads
         num_splits = 1 if prev is not None else default_num_splits(
-            kv_table.shape[0], max_q_len, q.shape[1] // kv.num_kv_heads, kv.num_kv_heads, kv.kind == "kivi")
+            kv_table.shape[0], max_q_len, group, kv.num_kv_heads, kv.kind == "kivi")
+        if prev is None and _block_m(max_q_len * group) <= 16:
+            # A decode sweep's splits_x: more programs, for a variant that fits more of them a multiprocessor.
+            num_splits *= DECODE_TUNING.get("splits_x", 1)
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev
     )

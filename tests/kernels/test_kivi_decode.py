@@ -102,3 +102,20 @@ def test_heads_the_chunks_cannot_cut_are_refused_by_name(monkeypatch, chunks, he
     monkeypatch.setattr(pa, "DECODE_TUNING", {"d_chunks": chunks})
     with pytest.raises(ValueError, match=rf"d_chunks={chunks} .* {head_dim} channels .* value groups of {VALUE_GROUP}"):
         paged_attention(*_args(2, 1, 4, head_dim, [40], [1]))
+
+
+def test_a_decode_split_multiplier_reaches_the_launch(monkeypatch):
+    """DECODE_TUNING's splits_x (a tuned row's more programs for the chunked kernel): that many times the default
+    split count in a decode launch, the same answer; an extend launch keeps its own."""
+    decode = _args(2, 2, 4, 64, [45, 70], [1, 1])
+    want, want_lse = naive_paged_attention(*decode)
+    extend = _args(2, 2, 4, 64, [70], [20])
+    launched: list = []
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", _Recording(pa.paged_attention_fwd_kernel, launched, "NUM_SPLITS"))
+    paged_attention(*decode)
+    paged_attention(*extend)
+    monkeypatch.setattr(pa, "DECODE_TUNING", {"splits_x": 2})
+    got, got_lse = paged_attention(*decode)
+    paged_attention(*extend)
+    assert launched[2] == 2 * launched[0] and launched[3] == launched[1]
+    _close(got, want, got_lse, want_lse)
