@@ -97,7 +97,7 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
 
 
 # Integer arguments of a paged attention launch that are not 16-divisible at the 4B shapes.
-_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "NUM_SPLITS", "magic_exponent"}
+_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "stride_ls", "NUM_SPLITS", "magic_exponent"}
 
 
 def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:

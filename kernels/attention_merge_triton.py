@@ -10,8 +10,9 @@ import triton.language as tl
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
-# num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants.
-@triton.jit(do_not_specialize=["num_splits"])
+# num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants. The
+# lses' split stride is the pass's tokens times the heads: a multiple of 16 or not by the batch.
+@triton.jit(do_not_specialize=["num_splits", "stride_ls"])
 def merge_splits_fwd_kernel(
     parts, lses, out, out_lse, num_splits, num_heads, head_dim,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,

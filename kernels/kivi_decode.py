@@ -20,7 +20,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.paged_attention import MAGIC_EXPONENT, _load_kivi_pages, _program, _rows_and_keys
+from headroom.kernels.paged_attention import (
+    MAGIC_EXPONENT,
+    UNSPECIALISED,
+    _load_kivi_pages,
+    _program,
+    _rows_and_keys,
+)
 from headroom.kernels.paged_kv import PagedKV
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
@@ -73,8 +79,8 @@ def _store_chunk(o, i_s, o_t, o_hq, m_m, acc, seen, den, stride_os, stride_ot, s
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None] & (o_c < HEAD_DIM)[None, :])
 
 
-# NUM_SPLITS is no specialisation key, as for paged_attention_fwd_kernel.
-@triton.jit(do_not_specialize=["NUM_SPLITS"])
+# The same arguments as paged_attention_fwd_kernel's are no specialisation keys.
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def kivi_decode_fwd_kernel(
     q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens, k, v, k_scale, k_zero, v_scale, v_zero, sm_scale,
     stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,

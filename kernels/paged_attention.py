@@ -168,9 +168,14 @@ def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM
     return o_t, o_hq, m_m, b_pos, kv_lo, lo, hi
 
 
-# NUM_SPLITS is no specialisation key: Triton would compile a variant for 1, for multiples of 16 and for the
-# rest, and the split count follows the batch's shape (a 30-token prompt alone compiled one while serving).
-@triton.jit(do_not_specialize=["NUM_SPLITS"])
+# Integer arguments that follow the pass's shape are no specialisation keys: Triton would compile a variant for 1,
+# for multiples of 16 and for the rest of each, and serving would meet the ones the warm-up did not (a 30-token
+# prompt alone compiled one while serving). NUM_SPLITS follows the batch; stride_table is the widest sequence's
+# page (or slot) count; stride_ls is the pass's tokens times the query heads.
+UNSPECIALISED = ["NUM_SPLITS", "stride_table", "stride_ls"]
+
+
+@triton.jit(do_not_specialize=UNSPECIALISED)
 def paged_attention_fwd_kernel(
     q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens,
     k, v, k_scale, k_zero, v_scale, v_zero, sm_scale, prev_o, prev_lse,
@@ -449,8 +454,9 @@ def paged_attention(
     )
 
 
-# Block offsets and sizes follow the batch (the workspace is shared by its long chunks): no specialisation keys.
-@triton.jit(do_not_specialize=["first_page", "block_tokens"])
+# Block offsets and sizes follow the batch (the workspace is shared by its long chunks), the table's width the
+# longest sequence: no specialisation keys.
+@triton.jit(do_not_specialize=["first_page", "block_tokens", "stride_table"])
 def kivi_dequantize_block_kernel(
     k, v, k_scale, k_zero, v_scale, v_zero, kv_table, block_lens, ws_rows, k_ws, v_ws, first_page, block_tokens,
     stride_table, stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, stride_wt, stride_wh,

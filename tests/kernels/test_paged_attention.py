@@ -275,3 +275,92 @@ def test_dequantize_block_matches_naive(bits, head_dim):
     assert torch.isfinite(got_k[96:160]).all() and torch.isfinite(got_k[:32]).all() and torch.isnan(got_k[32:96]).all()
     with pytest.raises(ValueError, match="multiples of the page"):
         dequantize_block(kv, table, lens, rows, 16, 96, got_k, got_v)
+
+
+_SPECIALISATION_CHILD = r'''
+import json
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+
+class H200:
+    """What the JIT asks a driver for before it compiles: a device, a stream, the target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+driver.set_active(H200())
+import importlib.util  # noqa: E402
+
+from headroom.kernels import paged_attention as pa  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("paged_pool", PAGED_POOL)
+paged_pool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paged_pool)
+make_pool = paged_pool.make_pool
+
+keys = {}
+
+
+def skip(**kw):
+    # Every launch that would compile: its kernel and specialisation key; neither compiled nor launched.
+    keys.setdefault(kw["fn"].name, set()).add(str(kw["key"]))
+    return True
+
+
+triton.knobs.runtime.jit_cache_hook = skip
+# 12 query heads over 4 KV heads: a decode tile's rows are 3 a token, and a pass's tokens times heads (the lses' split
+# stride) is a multiple of 16 at 4 tokens, not at 1 or 3; table widths of 1, 16, 37 and 48 pages or slots.
+for kind, bits in (("dense", 16), ("kivi", 2)):
+    for width, tokens in ((1, 1), (16, 1), (37, 1), (37, 4), (48, 3)):
+        page = 32 if kind == "kivi" else 1
+        kv, table = make_pool(kind, bits, 4, 64, [width * page], torch.bfloat16)
+        q = torch.zeros(tokens, 12, 64, dtype=torch.bfloat16)
+        positions = torch.arange(width * page - tokens, width * page)
+        offsets = torch.tensor([0, tokens], dtype=torch.int32)
+        args = (q, positions, offsets, table, torch.zeros(1, dtype=torch.int32),
+                torch.tensor([width * page], dtype=torch.int32), kv, 0.125)
+        pa.paged_attention(*args, max_q_len=tokens, num_splits=4)
+        if kind == "kivi":
+            pa.DECODE_TUNING.update(d_chunks=2)
+            pa.paged_attention(*args, max_q_len=tokens, num_splits=4)
+            pa.DECODE_TUNING.clear()
+            workspace = torch.zeros(width * page, 4, 64, dtype=torch.bfloat16)
+            pa.dequantize_block(kv, table, torch.tensor([width * page], dtype=torch.int32),
+                                torch.zeros(1, dtype=torch.int32), 0, width * page, workspace, workspace.clone())
+print(json.dumps({name: len(found) for name, found in keys.items()}))
+'''
+
+
+def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
+    """The table's width (the widest sequence's pages or slots) and the lses' split stride (the pass's tokens times
+    the query heads) follow the batch: as specialisation keys they made up to three variants of each kernel (1, a
+    multiple of 16, the rest), and serving met the ones the warm-up had not. Decode launches of every class, through
+    Triton's real JIT (compiled for sm_90, nothing launched) in a child process: one key per kernel and pool kind."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = tmp_path / "child.py"
+    # (The pool helper by its path: the repository root on the path would shadow the standard library's operator.)
+    child.write_text(f"PAGED_POOL = {str(Path(__file__).with_name('paged_pool.py'))!r}\n" + _SPECIALISATION_CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI).
+    assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 1, "kivi_decode_fwd_kernel": 1,
+                   "kivi_dequantize_block_kernel": 1}, got
