@@ -8,8 +8,9 @@ kivi), so a multiprocessor holds two programs, eight warps; at batch 8 over 32K 
 (bench/results/session12/call2) where its instructions alone would issue in ~0.17 ms: warps stalled on latencies
 with too few others to switch to. Here a tile is read a chunk of channels at a time (CHUNKS of them): the scores
 are the sum of the chunks' q.k dots, and each chunk of the output keeps its own accumulator, so a dequantized
-chunk is dead after its dot and a thread holds a quarter of a tile at a time. Same loads, same arithmetic per
-element; the difference is registers, hence programs a multiprocessor.
+chunk is dead after its dot and a thread holds one chunk of a tile at a time (168 registers at 2 chunks, Triton
+3.6: bench/results/session15). Same loads, same arithmetic per element; the difference is registers, hence
+programs a multiprocessor.
 
 The result equals paged_attention_fwd_kernel's up to the order of the q.k sums (a chunk's dot, then the chunks
 added). Reference: paged_kv.naive_paged_attention.
@@ -29,9 +30,6 @@ from headroom.kernels.paged_attention import (
 )
 from headroom.kernels.paged_kv import PagedKV
 from headroom.kernels.pdl import pdl_enter, pdl_launch
-
-# Chunks of the head this kernel can keep (one q slice and one accumulator each, named below).
-MAX_CHUNKS = 4
 
 
 @triton.jit
@@ -171,8 +169,9 @@ def kivi_decode_fwd_kernel(
 
 
 def chunks_supported(chunks: int, head_dim: int, value_group: int) -> bool:
-    """Whether kivi_decode_fwd_kernel runs a head of head_dim channels (a power of 2) in `chunks` chunks: 1, 2 or 4,
-    each at least 16 channels (a dot's smallest side) and a whole number of value groups (the scales' broadcast)."""
+    """Whether kivi_decode_fwd_kernel runs a head of head_dim channels (a power of 2) in `chunks` chunks: 1, 2 or 4
+    (one q slice and one accumulator each, named in the kernel), each at least 16 channels (a dot's smallest side)
+    and a whole number of value groups (the scales' broadcast)."""
     if chunks not in (1, 2, 4) or head_dim != triton.next_power_of_2(head_dim) or head_dim % chunks:
         return False
     width = head_dim // chunks
