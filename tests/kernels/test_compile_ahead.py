@@ -7,11 +7,6 @@ answers for an H200, so no GPU is needed."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from headroom.kernels.compile_ahead import (
     MAX_THREADS,
@@ -21,27 +16,11 @@ from headroom.kernels.compile_ahead import (
     compile_threads,
 )
 
+from tests.kernels.sm90_child import run_on_sm90
+
 _CHILD = r'''
-import json
-import torch
-import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
 from headroom.kernels.compile_ahead import CompileAhead
-
-
-class H200:
-    """What the JIT asks a driver for before it compiles: a device, a stream, the target."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
 
 
 @triton.jit
@@ -65,7 +44,6 @@ def tuned_kernel(x, y, n, BLOCK: tl.constexpr):
     tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
 
 
-driver.set_active(H200())
 x, y = torch.zeros(4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
 misses = []
 own_hook = lambda **kw: misses.append(kw["fn"].name) and False
@@ -96,14 +74,7 @@ print(json.dumps(out))
 
 
 def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_path):
-    child = tmp_path / "child.py"
-    child.write_text(_CHILD)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
-    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = run_on_sm90(_CHILD, tmp_path)
     # Three scale specialisations, the failing one and the autotuner's two configs were met and skipped.
     assert got["prepared"] == 6
     assert got["report"]["compiled"] == 5 and got["report"]["failed"] == 1 and got["report"]["dry_passes"] == 1

@@ -278,30 +278,9 @@ def test_dequantize_block_matches_naive(bits, head_dim):
 
 
 _SPECIALISATION_CHILD = r'''
-import json
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
+import importlib.util
 
-
-class H200:
-    """What the JIT asks a driver for before it compiles: a device, a stream, the target."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
-driver.set_active(H200())
-import importlib.util  # noqa: E402
-
-from headroom.kernels import paged_attention as pa  # noqa: E402
+from headroom.kernels import paged_attention as pa
 
 spec = importlib.util.spec_from_file_location("paged_pool", PAGED_POOL)
 paged_pool = importlib.util.module_from_spec(spec)
@@ -346,21 +325,12 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     the query heads) follow the batch: as specialisation keys they made up to three variants of each kernel (1, a
     multiple of 16, the rest), and serving met the ones the warm-up had not. Decode launches of every class, through
     Triton's real JIT (compiled for sm_90, nothing launched) in a child process: one key per kernel and pool kind."""
-    import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    child = tmp_path / "child.py"
+    from tests.kernels.sm90_child import run_on_sm90
+
     # (The pool helper by its path: the repository root on the path would shadow the standard library's operator.)
-    child.write_text(f"PAGED_POOL = {str(Path(__file__).with_name('paged_pool.py'))!r}\n" + _SPECIALISATION_CHILD)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
-    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = run_on_sm90(_SPECIALISATION_CHILD, tmp_path, PAGED_POOL=str(Path(__file__).with_name("paged_pool.py")))
     # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI).
     assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 1, "kivi_decode_fwd_kernel": 1,
                    "kivi_dequantize_block_kernel": 1}, got
