@@ -9,32 +9,47 @@ import triton
 import triton.language as tl
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
+# The splits are read SPLIT_CHUNK at a time whatever their number: one compiled variant for any split count (a tile
+# of next_power_of_2(splits) made one for each power of two, and serving met counts the warm-up had not: 64, 32 and
+# 16 splits of an int2 pool's short prompts, session 15's review). num_splits, and the lses' split stride (the pass's
+# tokens times the heads), are no specialisation keys for the same reason.
+SPLIT_CHUNK = 16
 
-# num_splits is bounded by BLOCK_S; specialising on its value too would only multiply the compiled variants. The
-# lses' split stride is the pass's tokens times the heads: a multiple of 16 or not by the batch.
+
 @triton.jit(do_not_specialize=["num_splits", "stride_ls"])
 def merge_splits_fwd_kernel(
     parts, lses, out, out_lse, num_splits, num_heads, head_dim,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    """One (token, head) row: the largest lse over the splits, then each split's part weighted by exp(lse - it),
+    BLOCK_S splits at a time."""
     pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
     o_s = tl.arange(0, BLOCK_S)
     o_d = tl.arange(0, BLOCK_D)
-    m_s, m_d = o_s < num_splits, o_d < head_dim
-    b_lse = tl.load(lses + o_s * stride_ls + i_t * stride_lt + i_h, mask=m_s, other=float("-inf"))
-    top = tl.max(b_lse, 0)
+    m_d = o_d < head_dim
+    p_lse = lses + i_t * stride_lt + i_h
+    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        top = tl.maximum(top, tl.load(p_lse + (s0 + o_s) * stride_ls, mask=s0 + o_s < num_splits, other=float("-inf")))
+    top_all = tl.max(top, 0)
     # A row with no key in any split: shift by 0 so that every weight is exp(-inf) = 0, not NaN.
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    b_w = tl.exp(b_lse - shift)
-    total = tl.sum(b_w, 0)
-    p_parts = parts + o_s[:, None] * stride_ps + i_t * stride_pt + i_h * stride_ph + o_d[None, :]
-    b_parts = tl.load(p_parts, mask=m_s[:, None] & m_d[None, :], other=0)
-    merged = tl.sum(b_parts * b_w[:, None], 0) / tl.maximum(total, 1e-30)
+    shift = tl.where(top_all == float("-inf"), 0.0, top_all)
+    total = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        m_s = s0 + o_s < num_splits
+        b_w = tl.exp(tl.load(p_lse + (s0 + o_s) * stride_ls, mask=m_s, other=float("-inf")) - shift)
+        p_parts = parts + (s0 + o_s)[:, None] * stride_ps + i_t * stride_pt + i_h * stride_ph + o_d[None, :]
+        acc += tl.load(p_parts, mask=m_s[:, None] & m_d[None, :], other=0) * b_w[:, None]
+        total += b_w
+    sum_w = tl.sum(total, 0)
+    merged = tl.sum(acc, 0) / tl.maximum(sum_w, 1e-30)
     tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, merged.to(out.dtype.element_ty), mask=m_d)
-    tl.store(out_lse + i_t * stride_olt + i_h, tl.where(total > 0, shift + tl.log(tl.maximum(total, 1e-30)), float("-inf")))
+    tl.store(out_lse + i_t * stride_olt + i_h,
+             tl.where(sum_w > 0, shift + tl.log(tl.maximum(sum_w, 1e-30)), float("-inf")))
 
 
 def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor) -> None:
@@ -52,7 +67,7 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         parts, lses, out, out_lse, num_splits, heads, dim,
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0),
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim),
         **pdl_launch(parts.device),
     )
 

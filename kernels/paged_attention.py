@@ -344,7 +344,9 @@ def paged_attention_fwd(
     v_scale = kv.v_scale if kv.v_scale is not None else kv.v
     k_zero = kv.k_zero if kv.k_zero is not None else k_scale
     v_zero = kv.v_zero if kv.v_zero is not None else v_scale
-    prev_o, prev_lse = prev if prev is not None else (out, out_lse)
+    # Without a range to continue the kernel never reads prev: hand it out_lse (fp32 whatever out is), so that the
+    # pointer's type, part of the specialisation key, does not follow out's dtype into another variant.
+    prev_o, prev_lse = prev if prev is not None else (out_lse, out_lse)
     dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
     num_seqs = kv_table.shape[0]
     grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)

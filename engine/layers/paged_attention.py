@@ -164,7 +164,10 @@ def paged_attention_over_pool(
             passes.append(lambda prev, out, lse: ops.paged_attention(
                 q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
                 prev=prev, out=out, out_lse=lse))
-        return _chain(passes, q)
+        # The pool's passes write fp32 with a window pass after them or without: a pass with no open page (every
+        # chunk ending on a page) wrote the model's dtype, a kernel variant (paged or split merge) the warm-up's
+        # passes, which all end mid-page, never compiled (session 15's review: short int2 prompts of 32-128 tokens).
+        return _chain(passes, q, last_in_fp32=index is None)
 
     # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are
     # written below.)
@@ -415,14 +418,17 @@ def _block_passes(q, positions, offsets, table, kv: PagedKV, scale: float, max_q
     return [run(i) for i in range(len(blocks.lens))]
 
 
-def _chain(passes: list[_Pass], q: torch.Tensor) -> torch.Tensor:
+def _chain(passes: list[_Pass], q: torch.Tensor, last_in_fp32: bool = False) -> torch.Tensor:
     """Run the passes in order, each continuing the one before; all but the last write an fp32 accumulator (so
-    the chain rounds once), the last writes the output in q's dtype."""
+    the chain rounds once), the last writes the output in q's dtype, or (last_in_fp32) the accumulator too, copied
+    to the output after it: the same rounding, and the last pass's kernels then write fp32 whatever the chain."""
     out = torch.empty_like(q)
     lse = q.new_empty(q.shape[:2], dtype=torch.float32)
-    acc = q.new_empty(q.shape, dtype=torch.float32) if len(passes) > 1 else out
+    acc = q.new_empty(q.shape, dtype=torch.float32) if len(passes) > 1 or last_in_fp32 else out
     prev = None
     for i, run in enumerate(passes):
-        last = i == len(passes) - 1
+        last = i == len(passes) - 1 and not last_in_fp32
         prev = run(prev, out if last else acc, lse)
+    if last_in_fp32:
+        out.copy_(acc)
     return out

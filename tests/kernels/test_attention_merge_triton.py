@@ -9,7 +9,7 @@ from headroom.kernels.attention_merge import merge_attention_states, merge_two
 from headroom.kernels.attention_merge_triton import merge_pair_into, merge_splits_into
 
 
-@pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40)])
+@pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16)])
 def test_merge_matches_reference(splits, tokens, heads, dim):
     gen = torch.Generator().manual_seed(splits * 7 + dim)
     parts = torch.randn(splits, tokens, heads, dim, generator=gen)

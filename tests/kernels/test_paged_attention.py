@@ -298,9 +298,12 @@ def skip(**kw):
 
 triton.knobs.runtime.jit_cache_hook = skip
 # 12 query heads over 4 KV heads: a decode tile's rows are 3 a token, and a pass's tokens times heads (the lses' split
-# stride) is a multiple of 16 at 4 tokens, not at 1 or 3; table widths of 1, 16, 37 and 48 pages or slots.
-for kind, bits in (("dense", 16), ("kivi", 2)):
-    for width, tokens in ((1, 1), (16, 1), (37, 1), (37, 4), (48, 3)):
+# stride) is a multiple of 16 at 4 tokens, not at 1 or 3; table widths of 1, 16, 37 and 48 pages or slots; split
+# counts of 3 to 64 (over a KIVI pool, enough for more programs than half the target, which the engine's split counts
+# always give: fewer take 8 warps instead of 4, a designed second variant); the output in the model's dtype and in
+# fp32 (an accumulator a pass continues).
+for kind, bits, split_counts in (("dense", 16, (3, 4, 64, 16, 4)), ("kivi", 2, (35, 64, 48, 40, 36))):
+    for (width, tokens), splits in zip(((1, 1), (16, 1), (37, 1), (37, 4), (48, 3)), split_counts, strict=True):
         page = 32 if kind == "kivi" else 1
         kv, table = make_pool(kind, bits, 4, 64, [width * page], torch.bfloat16)
         q = torch.zeros(tokens, 12, 64, dtype=torch.bfloat16)
@@ -308,10 +311,11 @@ for kind, bits in (("dense", 16), ("kivi", 2)):
         offsets = torch.tensor([0, tokens], dtype=torch.int32)
         args = (q, positions, offsets, table, torch.zeros(1, dtype=torch.int32),
                 torch.tensor([width * page], dtype=torch.int32), kv, 0.125)
-        pa.paged_attention(*args, max_q_len=tokens, num_splits=4)
+        pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
+        pa.paged_attention(*args, max_q_len=tokens, num_splits=splits, out=q.float())
         if kind == "kivi":
             pa.DECODE_TUNING.update(d_chunks=2)
-            pa.paged_attention(*args, max_q_len=tokens, num_splits=4)
+            pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
             pa.DECODE_TUNING.clear()
             workspace = torch.zeros(width * page, 4, 64, dtype=torch.bfloat16)
             pa.dequantize_block(kv, table, torch.tensor([width * page], dtype=torch.int32),
@@ -321,16 +325,19 @@ print(json.dumps({name: len(found) for name, found in keys.items()}))
 
 
 def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
-    """The table's width (the widest sequence's pages or slots) and the lses' split stride (the pass's tokens times
-    the query heads) follow the batch: as specialisation keys they made up to three variants of each kernel (1, a
-    multiple of 16, the rest), and serving met the ones the warm-up had not. Decode launches of every class, through
-    Triton's real JIT (compiled for sm_90, nothing launched) in a child process: one key per kernel and pool kind."""
+    """The table's width (the widest sequence's pages or slots), the lses' split stride (the pass's tokens times
+    the query heads) and the split count follow the batch: as specialisation keys (or the merge's tile of the splits)
+    they made up to three variants of each kernel (1, a multiple of 16, the rest; a power of two of the splits), and
+    serving met the ones the warm-up had not. Decode launches of every class, through Triton's real JIT (compiled for
+    sm_90, nothing launched) in a child process: one key per kernel and pool kind, and per output dtype of the
+    merge."""
     from pathlib import Path
 
     from tests.kernels.sm90_child import run_on_sm90
 
     # (The pool helper by its path: the repository root on the path would shadow the standard library's operator.)
     got = run_on_sm90(_SPECIALISATION_CHILD, tmp_path, PAGED_POOL=str(Path(__file__).with_name("paged_pool.py")))
-    # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI).
-    assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 1, "kivi_decode_fwd_kernel": 1,
+    # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI), per output
+    # dtype where the output is a pointer's type (the merge: bf16 and fp32).
+    assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
                    "kivi_dequantize_block_kernel": 1}, got

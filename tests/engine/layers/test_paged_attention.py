@@ -233,3 +233,57 @@ def test_the_dense_path_is_off_by_default(monkeypatch, kv_dtype):
     got = layer.paged_attention_over_pool(q, batch, pool, 0, DIM**-0.5, chunk_kv)
     assert calls == []
     torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
+
+
+_VARIANTS_CHILD = r'''
+from headroom.engine.layers import paged_attention as layer
+from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
+from headroom.engine.runtime.kv_pool import KVPool
+from headroom.engine.sequence import Sequence
+from headroom.kernels import ops
+from headroom.kernels import paged_attention as pa
+
+# The layer's kernels as a GPU runs them (the CPU's ops take the naive path), every launch recorded and skipped.
+ops.paged_attention = lambda q, p, o, t, s, n, kv, sc, max_q_len=None, prev=None, out=None, out_lse=None: \
+    pa.paged_attention(q, p, o, t, s, n, kv, sc, max_q_len, out=out, out_lse=out_lse, prev=prev)
+ops.dequantize_block = pa.dequantize_block
+keys = {}
+current = [None]
+
+
+def skip(**kw):
+    keys.setdefault(current[0], set()).add((kw["fn"].name, str(kw["key"])))
+    return True
+
+
+triton.knobs.runtime.jit_cache_hook = skip
+HQ, HKV, D, PAGE = 16, 4, 256, 32
+pool = KVPool(PAGE * 64, 1, HKV, D, "int2", torch.bfloat16, torch.device("cpu"), residual_rows=4)
+for group, lengths in LENGTHS.items():
+    current[0] = group
+    for n in lengths:
+        seq = Sequence(f"p{n}", list(range(n)))
+        seq.kv_slots = list(range(-(-n // PAGE) * PAGE))
+        pool.store(0, seq, 0, torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(n, HKV, D, dtype=torch.bfloat16))
+        batch = ForwardBatch.build([BatchItem(seq, list(range(n)))], torch.device("cpu"))
+        layer.paged_attention_over_pool(torch.zeros(n, HQ, D, dtype=torch.bfloat16), batch, pool, 0, D**-0.5)
+        pool.release(seq)
+print(json.dumps(sorted(f"{name} {key}" for name, key in keys["aligned"] - keys["mid_page"])))
+'''
+
+
+def test_a_prompt_ending_on_a_page_meets_no_kernel_variant_a_mid_page_one_did_not():
+    """An int2 pool at the 4B model's heads, through Triton's real JIT for sm_90 in a child (nothing launched): lone
+    prompts ending on a page boundary (32, 64, 96, 128, 544 tokens) have no residual window, so their pool passes are
+    the chain's last; they wrote the model's dtype where every warm-up prompt, ending mid-page, wrote fp32 (and the
+    split merge compiled a tile for each power of two of the splits), and an int2 server compiled those variants
+    inside such requests (session 15's review). Every variant they launch is one that mid-page prompts of the same
+    sizes launch."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.kernels.sm90_child import run_on_sm90
+
+    lengths = {"mid_page": [33, 65, 100, 129, 560], "aligned": [32, 64, 96, 128, 544]}
+    with tempfile.TemporaryDirectory() as tmp:
+        assert run_on_sm90(_VARIANTS_CHILD, Path(tmp), LENGTHS=lengths) == []
