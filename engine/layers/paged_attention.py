@@ -164,10 +164,12 @@ def paged_attention_over_pool(
             passes.append(lambda prev, out, lse: ops.paged_attention(
                 q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
                 prev=prev, out=out, out_lse=lse))
-        # The pool's passes write fp32 with a window pass after them or without: a pass with no open page (every
-        # chunk ending on a page) wrote the model's dtype, a kernel variant (paged or split merge) the warm-up's
-        # passes, which all end mid-page, never compiled (session 15's review: short int2 prompts of 32-128 tokens).
-        return _chain(passes, q, last_in_fp32=index is None)
+        # An eager pass's launches all write fp32, the last one too (copied out after it): which pass came last (the
+        # window's, or the pool's when no chunk ends mid-page) and what came before it (a direct pass, in mixed
+        # batches) chose the output's dtype, a specialisation key, and serving met combinations the warm-up's passes
+        # never compiled (session 15's review: int2 prompts of 32-128 tokens, and mixed batches). A graphed step keeps
+        # its window pass writing the output: its variants are compiled at capture, and a copy would cost every step.
+        return _chain(passes, q, last_in_fp32=not batch.is_static)
 
     # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are
     # written below.)

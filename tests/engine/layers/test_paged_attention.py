@@ -259,31 +259,43 @@ def skip(**kw):
 triton.knobs.runtime.jit_cache_hook = skip
 HQ, HKV, D, PAGE = 16, 4, 256, 32
 pool = KVPool(PAGE * 64, 1, HKV, D, "int2", torch.bfloat16, torch.device("cpu"), residual_rows=4)
-for group, lengths in LENGTHS.items():
+for group, batches in LENGTHS.items():
     current[0] = group
-    for n in lengths:
-        seq = Sequence(f"p{n}", list(range(n)))
-        seq.kv_slots = list(range(-(-n // PAGE) * PAGE))
-        pool.store(0, seq, 0, torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(n, HKV, D, dtype=torch.bfloat16))
-        batch = ForwardBatch.build([BatchItem(seq, list(range(n)))], torch.device("cpu"))
-        layer.paged_attention_over_pool(torch.zeros(n, HQ, D, dtype=torch.bfloat16), batch, pool, 0, D**-0.5)
-        pool.release(seq)
-print(json.dumps(sorted(f"{name} {key}" for name, key in keys["aligned"] - keys["mid_page"])))
+    for lengths in batches:
+        seqs, first = [], 0
+        for i, n in enumerate(lengths):
+            seq = Sequence(f"p{i}", list(range(n)))
+            pages = -(-n // PAGE)
+            seq.kv_slots = list(range(first, first + pages * PAGE))
+            first += pages * PAGE
+            pool.store(0, seq, 0, torch.zeros(n, HKV, D, dtype=torch.bfloat16),
+                       torch.zeros(n, HKV, D, dtype=torch.bfloat16))
+            seqs.append(seq)
+        batch = ForwardBatch.build([BatchItem(seq, list(range(n))) for seq, n in zip(seqs, lengths)],
+                                   torch.device("cpu"))
+        layer.paged_attention_over_pool(torch.zeros(sum(lengths), HQ, D, dtype=torch.bfloat16), batch, pool, 0,
+                                        D**-0.5)
+        for seq in seqs:
+            pool.release(seq)
+print(json.dumps({group: sorted(f"{name} {key}" for name, key in found - keys["mid_page"])
+                  for group, found in keys.items() if group != "mid_page"}))
 '''
 
 
-def test_a_prompt_ending_on_a_page_meets_no_kernel_variant_a_mid_page_one_did_not():
-    """An int2 pool at the 4B model's heads, through Triton's real JIT for sm_90 in a child (nothing launched): lone
-    prompts ending on a page boundary (32, 64, 96, 128, 544 tokens) have no residual window, so their pool passes are
-    the chain's last; they wrote the model's dtype where every warm-up prompt, ending mid-page, wrote fp32 (and the
-    split merge compiled a tile for each power of two of the splits), and an int2 server compiled those variants
-    inside such requests (session 15's review). Every variant they launch is one that mid-page prompts of the same
-    sizes launch."""
+def test_page_aligned_prompts_and_mixed_batches_meet_no_kernel_variant_lone_mid_page_prompts_did_not():
+    """An int2 pool at the 4B model's heads, through Triton's real JIT for sm_90 in a child (nothing launched). Lone
+    prompts ending on a page (32 to 544 tokens) have no residual window, so their pool passes came last and wrote the
+    model's dtype where prompts ending mid-page wrote fp32 (the split merge also compiled a tile for each power of
+    two of the splits); in mixed batches a short span's direct pass comes first, so a long span's block passes
+    continue it and wrote fp32 where a lone prompt's continuing pass (the window's) wrote the model's dtype. Serving
+    compiled such variants inside requests (session 15's review). Every variant those launch is one that lone
+    mid-page prompts launch."""
     import tempfile
     from pathlib import Path
 
     from tests.kernels.sm90_child import run_on_sm90
 
-    lengths = {"mid_page": [33, 65, 100, 129, 560], "aligned": [32, 64, 96, 128, 544]}
+    lengths = {"mid_page": [[33], [65], [100], [129], [560]], "aligned": [[32], [64], [96], [128], [544]],
+               "mixed": [[48, 369], [98, 291], [3, 37, 300]]}
     with tempfile.TemporaryDirectory() as tmp:
-        assert run_on_sm90(_VARIANTS_CHILD, Path(tmp), LENGTHS=lengths) == []
+        assert run_on_sm90(_VARIANTS_CHILD, Path(tmp), LENGTHS=lengths) == {"aligned": [], "mixed": []}
