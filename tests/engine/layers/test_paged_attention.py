@@ -235,53 +235,6 @@ def test_the_dense_path_is_off_by_default(monkeypatch, kv_dtype):
     torch.testing.assert_close(got, _reference(pool, batch, q), atol=1e-5, rtol=1e-5)
 
 
-_VARIANTS_CHILD = r'''
-from headroom.engine.layers import paged_attention as layer
-from headroom.engine.runtime.forward_batch import BatchItem, ForwardBatch
-from headroom.engine.runtime.kv_pool import KVPool
-from headroom.engine.sequence import Sequence
-from headroom.kernels import ops
-from headroom.kernels import paged_attention as pa
-
-# The layer's kernels as a GPU runs them (the CPU's ops take the naive path), every launch recorded and skipped.
-ops.paged_attention = lambda q, p, o, t, s, n, kv, sc, max_q_len=None, prev=None, out=None, out_lse=None: \
-    pa.paged_attention(q, p, o, t, s, n, kv, sc, max_q_len, out=out, out_lse=out_lse, prev=prev)
-ops.dequantize_block = pa.dequantize_block
-keys = {}
-current = [None]
-
-
-def skip(**kw):
-    keys.setdefault(current[0], set()).add((kw["fn"].name, str(kw["key"])))
-    return True
-
-
-triton.knobs.runtime.jit_cache_hook = skip
-HQ, HKV, D, PAGE = 16, 4, 256, 32
-pool = KVPool(PAGE * 64, 1, HKV, D, "int2", torch.bfloat16, torch.device("cpu"), residual_rows=4)
-for group, batches in LENGTHS.items():
-    current[0] = group
-    for lengths in batches:
-        seqs, first = [], 0
-        for i, n in enumerate(lengths):
-            seq = Sequence(f"p{i}", list(range(n)))
-            pages = -(-n // PAGE)
-            seq.kv_slots = list(range(first, first + pages * PAGE))
-            first += pages * PAGE
-            pool.store(0, seq, 0, torch.zeros(n, HKV, D, dtype=torch.bfloat16),
-                       torch.zeros(n, HKV, D, dtype=torch.bfloat16))
-            seqs.append(seq)
-        batch = ForwardBatch.build([BatchItem(seq, list(range(n))) for seq, n in zip(seqs, lengths)],
-                                   torch.device("cpu"))
-        layer.paged_attention_over_pool(torch.zeros(sum(lengths), HQ, D, dtype=torch.bfloat16), batch, pool, 0,
-                                        D**-0.5)
-        for seq in seqs:
-            pool.release(seq)
-print(json.dumps({group: sorted(f"{name} {key}" for name, key in found - keys["mid_page"])
-                  for group, found in keys.items() if group != "mid_page"}))
-'''
-
-
 def test_page_aligned_prompts_and_mixed_batches_meet_no_kernel_variant_lone_mid_page_prompts_did_not():
     """An int2 pool at the 4B model's heads, through Triton's real JIT for sm_90 in a child (nothing launched). Lone
     prompts ending on a page (32 to 544 tokens) have no residual window, so their pool passes came last and wrote the
@@ -293,9 +246,9 @@ def test_page_aligned_prompts_and_mixed_batches_meet_no_kernel_variant_lone_mid_
     import tempfile
     from pathlib import Path
 
-    from tests.kernels.sm90_child import run_on_sm90
+    from tests.engine.layers.attention_variants import variants_outside
 
-    lengths = {"mid_page": [[33], [65], [100], [129], [560]], "aligned": [[32], [64], [96], [128], [544]],
-               "mixed": [[48, 369], [98, 291], [3, 37, 300]]}
+    groups = {"mid_page": [[33], [65], [100], [129], [560]], "aligned": [[32], [64], [96], [128], [544]],
+              "mixed": [[48, 369], [98, 291], [3, 37, 300]]}
     with tempfile.TemporaryDirectory() as tmp:
-        assert run_on_sm90(_VARIANTS_CHILD, Path(tmp), LENGTHS=lengths) == {"aligned": [], "mixed": []}
+        assert variants_outside(["mid_page"], groups, "int2", Path(tmp)) == {"aligned": [], "mixed": []}
