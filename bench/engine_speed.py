@@ -329,13 +329,8 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
     are captured with them), beside the rows."""
     from headroom.kernels import paged_attention as pa
 
-    pa.EXTEND_TUNING.update(extend)
-    pa.DECODE_TUNING.update(decode)
-    try:
+    with pa.tuned(extend, decode):
         return {"extend_tuning": dict(extend), "decode_tuning": dict(decode), **part_llm(state, kv, into_rows=False)}
-    finally:
-        pa.EXTEND_TUNING.clear()
-        pa.DECODE_TUNING.clear()
 
 
 def env_tuning(name: str) -> dict:

@@ -585,18 +585,16 @@ def attention_tile_sweep() -> dict:
         reference = None
         for config in configs:
             key = f"{kind}_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
-            pa.EXTEND_TUNING.clear()
-            pa.EXTEND_TUNING.update(config)
             try:
-                result = pa.paged_attention(*args, max_q_len=chunk)
-                if reference is None:
-                    reference = result[0].float()
-                ms = _bench(lambda args=args, chunk=chunk: pa.paged_attention(*args, max_q_len=chunk))
+                with pa.tuned(extend=config):
+                    result = pa.paged_attention(*args, max_q_len=chunk)
+                    if reference is None:
+                        reference = result[0].float()
+                    ms = _bench(lambda args=args, chunk=chunk: pa.paged_attention(*args, max_q_len=chunk))
                 out[key] = {"ms": ms, "TFLOPs": flops / ms / 1e9,
                             "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
-    pa.EXTEND_TUNING.clear()
     out.update(decode_tile_sweep())
     return out
 
@@ -639,18 +637,16 @@ def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[
                 if kind == "bf16" and KIVI_ONLY.intersection(config):
                     continue
                 key = f"{kind}_decode_b{batch}_32k_" + ("default" if not config else "_".join(f"{k}{v}" for k, v in config.items()))
-                pa.DECODE_TUNING.clear()
-                pa.DECODE_TUNING.update({k: v for k, v in config.items() if k != "splits_x"})
                 run = functools.partial(pa.paged_attention, *args, max_q_len=1, num_splits=splits * config.get("splits_x", 1))
                 try:
-                    result = run()
-                    if reference is None:
-                        reference = result[0].float()
-                    out[key] = {"ms": _bench(run), "num_splits": splits * config.get("splits_x", 1),
-                                "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
+                    with pa.tuned(decode={k: v for k, v in config.items() if k != "splits_x"}):
+                        result = run()
+                        if reference is None:
+                            reference = result[0].float()
+                        out[key] = {"ms": _bench(run), "num_splits": splits * config.get("splits_x", 1),
+                                    "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
                 except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                     out[key] = {"error": str(exc)[:200]}
-    pa.DECODE_TUNING.clear()
     return out
 
 

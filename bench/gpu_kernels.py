@@ -140,13 +140,9 @@ def check_kivi_chunks() -> dict:
         args = attention_args(*filled_pool(name, seq_lens), seq_lens, [1, 1, 1])
         want = naive_paged_attention(*args)
         for variant in KIVI_DECODE_VARIANTS:
-            pa.DECODE_TUNING.clear()
-            pa.DECODE_TUNING.update(variant)
-            try:
+            with pa.tuned(decode=variant):
                 key = "_".join(f"{k}{v}" for k, v in variant.items())
                 res[f"{name}_decode_b3_{key}"] = max_error(*paged_attention(*args), *want)
-            finally:
-                pa.DECODE_TUNING.clear()
     return res
 
 

@@ -10,7 +10,9 @@ few query tiles (decode) are split over programs (flash-decoding) and merged the
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -51,6 +53,22 @@ MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # bench/engine_speed.py's tile sweeps and tuned rows; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def tuned(extend: dict[str, int] | None = None, decode: dict[str, int] | None = None) -> Iterator[None]:
+    """EXTEND_TUNING and DECODE_TUNING holding these (None: as they are) inside the block, what they held after it."""
+    saved = dict(EXTEND_TUNING), dict(DECODE_TUNING)
+    for table, values in ((EXTEND_TUNING, extend), (DECODE_TUNING, decode)):
+        if values is not None:
+            table.clear()
+            table.update(values)
+    try:
+        yield
+    finally:
+        for table, before in zip((EXTEND_TUNING, DECODE_TUNING), saved, strict=True):
+            table.clear()
+            table.update(before)
 
 
 def _block_m(rows: int) -> int:

@@ -119,3 +119,4 @@ def test_a_decode_split_multiplier_reaches_the_launch(monkeypatch):
     paged_attention(*extend)
     assert launched[2] == 2 * launched[0] and launched[3] == launched[1]
     _close(got, want, got_lse, want_lse)
+

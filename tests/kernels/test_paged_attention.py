@@ -277,6 +277,23 @@ def test_dequantize_block_matches_naive(bits, head_dim):
         dequantize_block(kv, table, lens, rows, 16, 96, got_k, got_v)
 
 
+def test_tuned_sets_the_tunings_inside_and_restores_them_after():
+    """paged_attention.tuned, the sweeps' way to run launches under a config: replaced inside the block (None leaves
+    a table as it is), what each held before after it, an exception too."""
+    from headroom.kernels import paged_attention as pa
+
+    pa.DECODE_TUNING["num_warps"] = 4
+    try:
+        with pa.tuned(extend={"mask_split": 1}):
+            assert pa.EXTEND_TUNING == {"mask_split": 1} and pa.DECODE_TUNING == {"num_warps": 4}
+        with pytest.raises(RuntimeError), pa.tuned(decode={"d_chunks": 2}):
+            assert pa.DECODE_TUNING == {"d_chunks": 2}
+            raise RuntimeError
+        assert pa.EXTEND_TUNING == {} and pa.DECODE_TUNING == {"num_warps": 4}
+    finally:
+        pa.DECODE_TUNING.clear()
+
+
 _SPECIALISATION_CHILD = r'''
 import importlib.util
 
@@ -314,9 +331,8 @@ for kind, bits, split_counts in (("dense", 16, (3, 4, 64, 16, 4)), ("kivi", 2, (
         pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
         pa.paged_attention(*args, max_q_len=tokens, num_splits=splits, out=q.float())
         if kind == "kivi":
-            pa.DECODE_TUNING.update(d_chunks=2)
-            pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
-            pa.DECODE_TUNING.clear()
+            with pa.tuned(decode={"d_chunks": 2}):
+                pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
             workspace = torch.zeros(width * page, 4, 64, dtype=torch.bfloat16)
             pa.dequantize_block(kv, table, torch.tensor([width * page], dtype=torch.int32),
                                 torch.zeros(1, dtype=torch.int32), 0, width * page, workspace, workspace.clone())
