@@ -4,7 +4,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
@@ -147,7 +147,10 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
 
     from headroom.kernels import paged_attention as module
 
-    kind, block_m, block_n, warps, stages, mask_split, lazy, common = map(int, spec.split(","))
+    fields = [int(x) for x in spec.split(",")]
+    # MAGIC, a ninth field (0 when left out): the KIVI int-to-float exponent in a register (MAGIC_IN_REGISTER).
+    kind, block_m, block_n, warps, stages, mask_split, lazy, common = fields[:8]
+    magic = fields[8] if len(fields) > 8 else 0
     if common:
         source = Path(module.__file__).read_text()
         for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
@@ -161,6 +164,7 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
         loaded.loader.exec_module(module)
     pointers, constants = _paged_attention_launch(kind, 2 if kind == 2 else 0, block_m, block_n, bool(mask_split),
                                                   bool(lazy))
+    constants["MAGIC_IN_REGISTER"] = bool(magic)
     return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_m * block_n / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
 
@@ -215,7 +219,7 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,
