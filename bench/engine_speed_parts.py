@@ -573,7 +573,7 @@ def attention_tile_sweep() -> dict:
     from headroom.kernels import paged_attention as pa
 
     configs = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
-               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 1}, {"lazy_rescale": 1},
+               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 0}, {"mask_split": 1}, {"lazy_rescale": 1},
                {"mask_split": 1, "lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1, "block_n": 128},
                {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2}]
     out: dict = {}
@@ -1181,6 +1181,7 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
     off from fp32: wrong for those inputs; every piece right and the output off: the merges."""
     from headroom.engine.layers import paged_attention as layer
     from headroom.kernels import dense_attention
+    from headroom.kernels.attention_merge import merge_two
 
     real = dense_attention.dense_attention
     recorded: list[tuple] = []
@@ -1210,7 +1211,21 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
                     pieces.append({"causal": causal, "keys": k.shape[0], "out_vs_rerun": _diff(o, again),
                                    "lse_vs_rerun": _diff(lse, again_lse), "out_vs_fp32": _diff(o, fp32),
                                    "lse_vs_fp32": _diff(lse, fp32_lse)})
-                case["runs"].append({"out_vs_paged": _diff(got, want), "pieces": pieces})
+                # The same pieces merged again outside the layer, from the clones: by the layer's own merge
+                # (its Triton merges, a fresh output) and in fp32 by merge_two. Equal to the paged passes but not
+                # to got: the merges in the layer saw other data than the clones (a race); off from them too: the
+                # merge arithmetic. A continuation (the paged passes over the keys the pieces leave) is not
+                # replayed, so this compares only where the layer ran pieces alone.
+                replay = [functools.partial(lambda o, lse: (o.clone(), lse.clone()), o, lse) for _, _, _, o, lse, _, _ in recorded]
+                remerged = torch.empty_like(got)
+                layer._merge_pieces(remerged, replay, [])
+                fp32, fp32_lse = recorded[0][3].float(), recorded[0][4].clone()
+                for _, _, _, o, lse, _, _ in recorded[1:]:
+                    fp32, fp32_lse = merge_two(fp32, fp32_lse, o, lse)
+                case["runs"].append({"out_vs_paged": _diff(got, want), "pieces": pieces,
+                                     "remerged_vs_got": _diff(remerged, got), "remerged_vs_paged": _diff(remerged, want),
+                                     "fp32_merge_vs_paged": _diff(fp32, want), "fp32_merge_vs_got": _diff(fp32, got),
+                                     "pdl": os.environ.get("HEADROOM_PDL", "1")})
                 dense_attention.dense_attention = recording
         finally:
             layer.DENSE_ATTENTION = default_dense

@@ -53,6 +53,11 @@ MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # bench/engine_speed.py's tile sweeps and tuned rows; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
+# What an extend launch takes where EXTEND_TUNING is silent: mask_split, measured on the H200 (session 16 call 2's
+# tile sweep, bench/results/session16: an 8,192-query chunk over 32K keys 11.0 -> 8.22 ms on a bf16 pool, 18.6 ->
+# 17.5 ms on int2, bit for bit the same output). A sweep's {"mask_split": 0} times the old loop. Decode keeps every
+# variant off: its gains there were within the sweep's noise.
+EXTEND_DEFAULTS: dict[str, int] = {"mask_split": 1}
 
 
 @contextlib.contextmanager
@@ -339,6 +344,7 @@ def paged_attention_fwd(
         if kv.kind == "kivi":
             num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
+    defaults = EXTEND_DEFAULTS if extend else {}
     # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`).
     page_tile = bool(tuning.get("page_tile", 1))
     if tuning:
@@ -389,7 +395,8 @@ def paged_attention_fwd(
             NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
             GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
             ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
-            MASK_SPLIT=bool(tuning.get("mask_split", 0)), LAZY_RESCALE=bool(tuning.get("lazy_rescale", 0)),
+            MASK_SPLIT=bool(tuning.get("mask_split", defaults.get("mask_split", 0))),
+            LAZY_RESCALE=bool(tuning.get("lazy_rescale", defaults.get("lazy_rescale", 0))),
             MAGIC_IN_REGISTER=bool(tuning.get("magic_register", 0)), num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(q.device),
         )

@@ -1,4 +1,5 @@
-"""Test helper: a small paged KV pool of any kind, filled through the naive quantizers at shuffled pages."""
+"""Test helpers: a small paged KV pool of any kind, filled through the naive quantizers at shuffled pages; a kernel
+launcher that records one keyword of each launch."""
 
 from __future__ import annotations
 
@@ -62,3 +63,16 @@ def make_pool(
                 store["k"][slots], store["v"][slots] = k[rows].to(dtype), v[rows].to(dtype)
     kv_dtype = {"dense": "bf16" if dtype == torch.bfloat16 else "auto", "fp8": "fp8"}.get(kind, f"int{bits}")
     return PagedKV.from_store(store, kv_dtype, bits, page, VALUE_GROUP), table
+
+
+class Recording:
+    """A kernel's launcher that records one keyword of each launch before running it."""
+
+    def __init__(self, kernel, launched: list, key: str):
+        self.kernel, self.launched, self.key = kernel, launched, key
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launched.append(kwargs[self.key])
+            return self.kernel[grid](*args, **kwargs)
+        return launch

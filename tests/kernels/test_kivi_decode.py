@@ -12,7 +12,7 @@ from headroom.kernels import paged_attention as pa
 from headroom.kernels.kivi_decode import chunks_supported
 from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
 
-from tests.kernels.paged_pool import VALUE_GROUP, make_pool
+from tests.kernels.paged_pool import VALUE_GROUP, Recording, make_pool
 from tests.kernels.test_paged_attention import _batch, _close
 
 # (bits, KV heads, query heads a KV head, head_dim, keys a sequence, query tokens a sequence, chunks)
@@ -42,7 +42,7 @@ def test_chunked_decode_matches_naive_and_the_general_kernel(monkeypatch, tuning
     from headroom.kernels import kivi_decode
 
     monkeypatch.setattr(kivi_decode, "kivi_decode_fwd_kernel",
-                        _Recording(kivi_decode.kivi_decode_fwd_kernel, launched, "CHUNKS"))
+                        Recording(kivi_decode.kivi_decode_fwd_kernel, launched, "CHUNKS"))
     monkeypatch.setattr(pa, "DECODE_TUNING", {"d_chunks": chunks, **tuning})
     got, got_lse = paged_attention(*args, num_splits=num_splits)
     assert launched == [chunks], "the chunked kernel ran, once"
@@ -54,19 +54,6 @@ def test_chunked_decode_matches_naive_and_the_general_kernel(monkeypatch, tuning
     torch.testing.assert_close(got_lse, general_lse, atol=1e-5, rtol=1e-5)
 
 
-class _Recording:
-    """A kernel's launcher that records one keyword of each launch before running it."""
-
-    def __init__(self, kernel, launched: list, key: str):
-        self.kernel, self.launched, self.key = kernel, launched, key
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launched.append(kwargs[self.key])
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 @pytest.mark.parametrize("tuning", [pa.EXTEND_TUNING, pa.DECODE_TUNING], ids=["extend", "decode"])
 def test_the_magic_exponent_in_a_register_changes_no_bit(monkeypatch, tuning):
     """The general kernel's KIVI tiles with MAGIC_IN_REGISTER: the same codes, the same floats."""
@@ -74,7 +61,7 @@ def test_the_magic_exponent_in_a_register_changes_no_bit(monkeypatch, tuning):
     want, want_lse = paged_attention(*args)
     launched: list = []
     monkeypatch.setattr(pa, "paged_attention_fwd_kernel",
-                        _Recording(pa.paged_attention_fwd_kernel, launched, "MAGIC_IN_REGISTER"))
+                        Recording(pa.paged_attention_fwd_kernel, launched, "MAGIC_IN_REGISTER"))
     monkeypatch.setitem(tuning, "magic_register", 1)
     got, got_lse = paged_attention(*args)
     assert launched == [True]
@@ -111,7 +98,7 @@ def test_a_decode_split_multiplier_reaches_the_launch(monkeypatch):
     want, want_lse = naive_paged_attention(*decode)
     extend = _args(2, 2, 4, 64, [70], [20])
     launched: list = []
-    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", _Recording(pa.paged_attention_fwd_kernel, launched, "NUM_SPLITS"))
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recording(pa.paged_attention_fwd_kernel, launched, "NUM_SPLITS"))
     paged_attention(*decode)
     paged_attention(*extend)
     monkeypatch.setattr(pa, "DECODE_TUNING", {"splits_x": 2})

@@ -9,7 +9,7 @@ from headroom.kernels.attention_merge import merge_two
 from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
 from headroom.kernels.paged_kv import naive_gather_kv
 
-from tests.kernels.paged_pool import make_pool
+from tests.kernels.paged_pool import Recording, make_pool
 
 # (kind, bits, pool dtype)
 KINDS = [("dense", 16, torch.bfloat16), ("fp8", 8, torch.bfloat16), ("kivi", 8, torch.bfloat16),
@@ -165,8 +165,10 @@ def test_loop_variants_match_naive(monkeypatch, tuning, kind, kv_lens, q_lens, s
         assert (steps > 8).any() and ((steps > 0) & (steps <= 8)).any()
     args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
             torch.tensor(kv_lens, dtype=torch.int32), kv, 64**-0.5)
-    # One split: each program walks every key tile (small grids split the keys, a tile a program).
-    want, want_lse = paged_attention(*args, num_splits=1)
+    # One split: each program walks every key tile (small grids split the keys, a tile a program). The baseline is
+    # the plain loop (extend launches take mask_split by default, EXTEND_DEFAULTS).
+    with pa.tuned(extend={"mask_split": 0}):
+        want, want_lse = paged_attention(*args, num_splits=1)
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
         for key, value in tuning.items():
             monkeypatch.setitem(table_, key, value)
@@ -212,7 +214,8 @@ def test_loop_variants_on_ranges_splits_and_continuations(monkeypatch, kind, bit
                                   prev=(first[0].float(), first[1].clone()))
         return [late, split, chained]
 
-    want = runs()
+    with pa.tuned(extend={"mask_split": 0}):  # the plain loop (extend launches default to mask_split)
+        want = runs()
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
         for key, value in BOTH.items():
             monkeypatch.setitem(table_, key, value)
@@ -228,6 +231,29 @@ def test_loop_variants_on_ranges_splits_and_continuations(monkeypatch, kind, bit
     assert (got[0][1] - ref_lse).abs().max() <= (want[0][1] - ref_lse).abs().max() + 1e-4
     if kind == "dense":
         _close(got[0][0], ref, got[0][1], ref_lse)
+
+
+@pytest.mark.parametrize("kind,bits", [("dense", 16), ("kivi", 2)])
+def test_extend_launches_skip_the_masks_by_default_and_decode_launches_do_not(monkeypatch, kind, bits):
+    """EXTEND_DEFAULTS: an extend launch with no tuning takes MASK_SPLIT (the H200's faster loop), a decode launch
+    the plain one; an explicit {"mask_split": 0} runs the plain loop, bit for bit the same answer."""
+    from headroom.kernels import paged_attention as pa
+
+    kv, table = make_pool(kind, bits, 2, 64, [45, 70], torch.bfloat16)
+    lens = torch.tensor([45, 70], dtype=torch.int32)
+
+    def run(q_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        q, positions, offsets = _batch([45, 70], q_lens, 8, 64, torch.bfloat16)
+        return paged_attention(q, positions, offsets, table, torch.zeros(2, dtype=torch.int32), lens, kv, 0.125)
+
+    launched: list = []
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recording(pa.paged_attention_fwd_kernel, launched, "MASK_SPLIT"))
+    got, got_lse = run([1, 9])
+    run([1, 1])
+    with pa.tuned(extend={"mask_split": 0}):
+        want, want_lse = run([1, 9])
+    assert launched == [True, False, False]
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
 def test_continuing_an_earlier_range_equals_merging_the_two():
