@@ -320,7 +320,8 @@ def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
     return out
 
 
-# The attention loop's variants (kernels/paged_attention.py: mask_split, lazy_rescale), off by default until measured.
+# The attention loop's variants (kernels/paged_attention.py: mask_split, lazy_rescale) in every launch; extend launches
+# take mask_split by default since session 16 (EXTEND_DEFAULTS), lazy_rescale nowhere.
 LOOP_VARIANT = {"mask_split": 1, "lazy_rescale": 1}
 
 
@@ -429,6 +430,8 @@ def main() -> None:
             "profile_passes": lambda s: parts.profile_passes(MODEL),
             "profile_small": lambda s: parts.profile_small_passes(MODEL),
             "profile_decode_batches": lambda s: parts.profile_decode_batches(MODEL),
+            "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
+                                              for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),
             "fla_configs": lambda s: parts.save_fla_configs(Path(sys.argv[1])),
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),

@@ -741,12 +741,14 @@ def profile_passes(model: Path) -> dict:
 
 
 def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 32,
-                           device: str = "cuda") -> dict:
+                           device: str = "cuda", kv_dtype: str = "bf16") -> dict:
     """Where a graphed decode step's time goes at batch 1, 8 and 16 (issue 18: batch 8 and 16 reach a smaller share of
     their bandwidth limits than batch 1; the graph replay grows ~58 us a sequence against ~26 us of extra bytes,
     session 13). PDL off (HEADROOM_PDL=0, for this part's engine only): with it a kernel's measured time includes its
     wait for the one before, and the split by kernel means nothing. Per batch: GPU time a step by kernel name, the
-    prompts' prefill (max_new_tokens=1, profiled alike) subtracted from the same prompts' 1 + steps tokens."""
+    prompts' prefill (max_new_tokens=1, profiled alike) subtracted from the same prompts' 1 + steps tokens, and
+    launches a step by kernel name. kv_dtype: the pool's format (profile_decode_int2: an int2 step beside a bf16 one,
+    where int2 decode is 0.2 ms a step slower at 256 tokens of context, session 16)."""
     from gpu_engine import kernels_by_name
     from headroom.engine.llm import LLM
     from headroom.kernels import pdl
@@ -756,7 +758,7 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
     os.environ["HEADROOM_PDL"] = "0"
     pdl._supported.cache_clear()
     try:
-        llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype="bf16", max_total_tokens=16384, ssm_slots=40,
+        llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype=kv_dtype, max_total_tokens=16384, ssm_slots=40,
                   chunked_prefill_size=8192, context_length=4096, max_running_requests=16, enable_prefix_cache=False)
         rng = random.Random(9)
         vocab = llm.runner.model_config.vocab_size
@@ -775,9 +777,12 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
                 by_run[new] = {row["name"]: row for row in kernels_by_name(prof, top=400)["top"]}
             full, prefill = by_run[steps + 1], by_run[1]
             per_step = {name: (row["ms"] - prefill.get(name, {"ms": 0.0})["ms"]) / steps for name, row in full.items()}
-            ranked = sorted(per_step.items(), key=lambda kv: -kv[1])
-            out[f"bs{batch}"] = {"step_kernel_ms": sum(per_step.values()),
-                                 "top": [{"name": name[:100], "ms_a_step": ms} for name, ms in ranked[:20]]}
+            launches = {name: (row["count"] - prefill.get(name, {"count": 0})["count"]) / steps
+                        for name, row in full.items()}
+            ranked = sorted(per_step.items(), key=lambda item: -item[1])
+            out[f"bs{batch}"] = {"step_kernel_ms": sum(per_step.values()), "launches_a_step": sum(launches.values()),
+                                 "top": [{"name": name[:100], "ms_a_step": ms, "launches_a_step": launches[name]}
+                                         for name, ms in ranked[:24]]}
         return out
     finally:
         if previous is None:
