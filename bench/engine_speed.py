@@ -446,7 +446,7 @@ def main() -> None:
             "decode_tiles": lambda s: parts.decode_tile_sweep(),
             "profile_decode_long": lambda s: parts.profile_decode_long(MODEL),
             "serve_trace_plain": lambda s: __import__("serve_trace").serve_trace(MODEL, extra=("--no-interjection",)),
-            "tiles": lambda s: parts.attention_tile_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
+            "tiles": lambda s: parts.attention_tile_sweep(), "kivi_load": lambda s: parts.kivi_load_sweep(), "attention_backends": lambda s: parts.attention_backends(), "kivi_blocks": lambda s: parts.kivi_block_path(),
             "kivi_dense": lambda s: parts.kivi_dense_check(), "dense_variants": lambda s: parts.dense_path_variants(),
             "cudnn_layouts": lambda s: parts.cudnn_layout_check(), "cudnn_dirty": lambda s: parts.cudnn_dirty_memory(),
             "dense_pieces": lambda s: parts.dense_pieces(),

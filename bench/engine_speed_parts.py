@@ -566,20 +566,29 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
     return out
 
 
-def attention_tile_sweep() -> dict:
-    """Extend (prefill) tile configs of the paged attention: an 8,192-query chunk at the end of 32K keys
-    (bf16 and int2), ms and TFLOP/s per config; the first config is the current default."""
+EXTEND_TILE_CONFIGS = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
+                       {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 0}, {"mask_split": 1},
+                       {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1},
+                       {"mask_split": 1, "lazy_rescale": 1, "block_n": 128},
+                       {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2}, {"load_per_token": 1},
+                       {"magic_register": 1}, {"load_per_token": 1, "magic_register": 1}]
+# The KIVI load variants alone (kivi_load_sweep): each packed byte loaded once per token it holds, the magic exponent
+# in a register, both (kernels/paged_attention.py _load_kivi_pages).
+KIVI_LOAD_CONFIGS = [{}, {"load_per_token": 1}, {"magic_register": 1}, {"load_per_token": 1, "magic_register": 1}]
+
+
+def attention_tile_sweep(configs: list[dict] | None = None, kinds: tuple[str, ...] = ("bf16", "int2"),
+                         decode: bool = True) -> dict:
+    """Extend (prefill) tile configs of the paged attention (EXTEND_TILE_CONFIGS, the first the current default): an
+    8,192-query chunk at the end of 32K keys (bf16 and int2), ms and TFLOP/s per config; then the decode sweep."""
     import gpu_kernels
     from headroom.kernels import paged_attention as pa
 
-    configs = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}, {"block_n": 128}, {"num_warps": 4},
-               {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 0}, {"mask_split": 1}, {"lazy_rescale": 1},
-               {"mask_split": 1, "lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1, "block_n": 128},
-               {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2}]
+    configs = EXTEND_TILE_CONFIGS if configs is None else configs
     out: dict = {}
     context, chunk = 32768, 8192
     flops = 4 * gpu_kernels.HQ * gpu_kernels.D * sum(context - chunk + i + 1 for i in range(chunk))
-    for kind in ("bf16", "int2"):
+    for kind in kinds:
         kv, table = gpu_kernels.filled_pool(kind, [context])
         args = gpu_kernels.attention_args(kv, table, [context], [chunk])
         reference = None
@@ -595,7 +604,16 @@ def attention_tile_sweep() -> dict:
                             "max_abs_vs_default": float((result[0].float() - reference).abs().max())}
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is recorded, not fatal
                 out[key] = {"error": str(exc)[:200]}
-    out.update(decode_tile_sweep())
+    if decode:
+        out.update(decode_tile_sweep())
+    return out
+
+
+def kivi_load_sweep() -> dict:
+    """KIVI_LOAD_CONFIGS over an int2 pool: the extend tile (8,192 queries at the end of 32K keys) and decode at
+    batch 8 and 1 (32K keys a sequence), each against the default's output."""
+    out = attention_tile_sweep(KIVI_LOAD_CONFIGS, ("int2",), decode=False)
+    out.update(decode_tile_sweep(("int2",), (8, 1), KIVI_LOAD_CONFIGS + [{"load_per_token": 1, "splits_x": 2}]))
     return out
 
 
@@ -611,21 +629,23 @@ DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, 
                        # magic exponent in a register (one LOP3 an element fewer).
                        {"d_chunks": 2}, {"d_chunks": 2, "splits_x": 2}, {"d_chunks": 4, "max_registers": 168},
                        {"d_chunks": 4, "max_registers": 168, "splits_x": 2}, {"magic_register": 1},
-                       {"d_chunks": 2, "magic_register": 1}, {"d_chunks": 2, "magic_register": 1, "splits_x": 2}]
+                       {"d_chunks": 2, "magic_register": 1}, {"d_chunks": 2, "magic_register": 1, "splits_x": 2},
+                       {"load_per_token": 1}, {"load_per_token": 1, "magic_register": 1}]
 
 
 # Decode settings a bf16 pool has no use for (its sweep skips the configs that hold them).
-KIVI_ONLY = {"page_tile", "d_chunks", "magic_register", "max_registers"}
+KIVI_ONLY = {"page_tile", "d_chunks", "magic_register", "max_registers", "load_per_token"}
 
 
-def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1)) -> dict:
+def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1),
+                      configs: list[dict] | None = None) -> dict:
     """Decode tile configs of the paged attention over 32K keys a sequence (ms of one layer's call, splits
     merged), DECODE_TILE_CONFIGS, the first the current default; each against the default's output."""
     import gpu_kernels
     from headroom.kernels import paged_attention as pa
 
     out: dict = {}
-    decode_configs = DECODE_TILE_CONFIGS
+    decode_configs = DECODE_TILE_CONFIGS if configs is None else configs
     for kind in kinds:
         for batch in batches:
             lens = [32768] * batch

@@ -4,7 +4,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
@@ -92,7 +92,8 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
     constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "KIND": kind,
                  "BITS": bits, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
                  "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
-                 "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy, "MAGIC_IN_REGISTER": False}
+                 "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy, "MAGIC_IN_REGISTER": False,
+                 "LOAD_PER_TOKEN": False}
     return pointers, constants
 
 
@@ -148,9 +149,11 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     from headroom.kernels import paged_attention as module
 
     fields = [int(x) for x in spec.split(",")]
-    # MAGIC, a ninth field (0 when left out): the KIVI int-to-float exponent in a register (MAGIC_IN_REGISTER).
+    # MAGIC, a ninth field (0 when left out): the KIVI int-to-float exponent in a register (MAGIC_IN_REGISTER);
+    # LOAD, a tenth: each packed KIVI byte loaded once per token it holds (LOAD_PER_TOKEN).
     kind, block_m, block_n, warps, stages, mask_split, lazy, common = fields[:8]
     magic = fields[8] if len(fields) > 8 else 0
+    load_per_token = fields[9] if len(fields) > 9 else 0
     if common:
         source = Path(module.__file__).read_text()
         for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
@@ -165,6 +168,7 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     pointers, constants = _paged_attention_launch(kind, 2 if kind == 2 else 0, block_m, block_n, bool(mask_split),
                                                   bool(lazy))
     constants["MAGIC_IN_REGISTER"] = bool(magic)
+    constants["LOAD_PER_TOKEN"] = bool(load_per_token)
     return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_m * block_n / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
 
@@ -219,7 +223,7 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC]",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,

@@ -114,6 +114,7 @@ def _load_kivi_pages(
     stride_p, stride_r, stride_sp,
     BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
     NUM_PAGES: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, D0: tl.constexpr, magic_exponent,
+    LOAD_PER_TOKEN: tl.constexpr = False,
 ):
     """A [NUM_PAGES * PAGE, BLOCK_D] fp32 tile of KIVI keys (PER_CHANNEL) or values: NUM_PAGES whole pages, channels
     o_d = D0 .. D0 + BLOCK_D - 1 (D0 a multiple of GROUP_D: a slice of the head for kivi_decode's chunks, else 0).
@@ -129,8 +130,19 @@ def _load_kivi_pages(
     ROWS: tl.constexpr = PAGE // per_byte
     BLOCK_N: tl.constexpr = NUM_PAGES * PAGE
     o_r = tl.arange(0, ROWS)
-    p_x = base + pages[:, None, None] * stride_p + (o_r[None, :, None] * stride_r + o_d[None, None, :])
-    packed = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0).to(tl.int32)
+    if LOAD_PER_TOKEN:
+        # Each packed byte loaded once per token it holds, as a [pages, rows, tokens a byte, D] tile: the unpacking
+        # then runs in the load's layout, D-contiguous runs a thread (16 bytes), and the dequantized tile reaches
+        # shared memory for the MMA in 128-bit stores. Loaded once ([pages, rows, D]) and broadcast over the tokens
+        # instead, Triton's default layout for the 4-D unpacking holds one channel a thread: a 16-bit store per
+        # element (256 of a decode loop's 2,707 sm_90 instructions with Triton 3.6, bench/kernel_sass.py kivi_load).
+        same = tl.zeros([per_byte], dtype=tl.int32)
+        p_x = base + pages[:, None, None, None] * stride_p + (o_r[None, :, None, None] * stride_r
+                                                              + same[None, None, :, None] + o_d[None, None, None, :])
+        packed = tl.load(p_x, mask=m_pages[:, None, None, None] & m_d[None, None, None, :], other=0).to(tl.int32)
+    else:
+        p_x = base + pages[:, None, None] * stride_p + (o_r[None, :, None] * stride_r + o_d[None, None, :])
+        packed = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0).to(tl.int32)[:, :, None, :]
     # Token i of a page sits in byte i // per_byte at bit p = (i % per_byte) * BITS (kv_quant.pack_codes). The code
     # is masked in place, not shifted down: OR-ed into the mantissa of the float 2^(23 - p) (exponent 150 - p), in
     # which bit p weighs 1, the float minus 2^(23 - p) is the code, exactly (kernels/int_float.py's trick with
@@ -139,7 +151,7 @@ def _load_kivi_pages(
     # immediate): 10.57 -> 9.55 an element with Triton 3.6, the same registers.
     shifts = tl.arange(0, per_byte) * BITS
     magic_bits = (magic_exponent - shifts) << 23
-    codes = (packed[:, :, None, :] & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
+    codes = (packed & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
     codes = codes.to(tl.float32, bitcast=True) - magic_bits.to(tl.float32, bitcast=True)[None, None, :, None]
     codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
     if PER_CHANNEL:
@@ -210,7 +222,7 @@ def paged_attention_fwd_kernel(
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
     CONTINUE: tl.constexpr, PDL: tl.constexpr, MASK_SPLIT: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
-    MAGIC_IN_REGISTER: tl.constexpr = False,
+    MAGIC_IN_REGISTER: tl.constexpr = False, LOAD_PER_TOKEN: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     # KIVI's int-to-float magic (_load_kivi_pages): folded into immediates, or magic_exponent's register.
@@ -259,7 +271,7 @@ def paged_attention_fwd_kernel(
             pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_pg, mask=m_pg, other=0).to(tl.int64)
             b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM, 0, magic)
+                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN)
         else:
             page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
             row = o_j % PAGE
@@ -297,7 +309,7 @@ def paged_attention_fwd_kernel(
         if PAGE_TILE:
             b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM, 0, magic)
+                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN)
         else:
             b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                              stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
@@ -397,7 +409,8 @@ def paged_attention_fwd(
             ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
             MASK_SPLIT=bool(tuning.get("mask_split", defaults.get("mask_split", 0))),
             LAZY_RESCALE=bool(tuning.get("lazy_rescale", defaults.get("lazy_rescale", 0))),
-            MAGIC_IN_REGISTER=bool(tuning.get("magic_register", 0)), num_warps=num_warps, num_stages=num_stages,
+            MAGIC_IN_REGISTER=bool(tuning.get("magic_register", 0)),
+            LOAD_PER_TOKEN=bool(tuning.get("load_per_token", 0)), num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(q.device),
         )
     if num_splits == 1:

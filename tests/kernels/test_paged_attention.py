@@ -100,8 +100,10 @@ def test_bad_shapes_name_the_field():
         paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
 
 
-# The tuning override of the KIVI loads: the per-element gather (page_tile 0) against the default whole-page tiles.
-@pytest.mark.parametrize("tuning", [{"page_tile": 0}], ids=str)
+# The tuning overrides of the KIVI loads against the default whole-page tiles: the per-element gather (page_tile 0),
+# each packed byte loaded once per token it holds (load_per_token), that with the magic exponent in a register.
+@pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"load_per_token": 1}, {"load_per_token": 1, "magic_register": 1}],
+                         ids=str)
 @pytest.mark.parametrize("bits", [8, 2])
 @pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [40, 9], [5, 9]), (256, [33, 64], [1, 1])])
 def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_lens, q_lens):
