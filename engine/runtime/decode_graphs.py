@@ -184,7 +184,7 @@ class DecodeGraphs:
         kv_pool = self.runner.kv_pool
         if kv_pool.is_kivi:
             # Closed pages from the pool (page table: each page's first slot / page), the open one from the
-            # sequence's window row; the step that fills a page closes it (KVPool.store_static) before attending.
+            # sequence's window row; the step that fills a page closes it (KVPool.close_static) before attending.
             page, ends = kv_pool.page_tokens, positions + 1
             window_rows, left = index[_WINDOW_ROW], ends % page
             pages = torch.div(self.table[:, ::page][rows], page, rounding_mode="floor")
@@ -192,7 +192,7 @@ class DecodeGraphs:
             window_table = (window_rows[:, None] * page + self._page_arange[None, :]).to(torch.int32)
             indices[WINDOW_INDEX] = (window_table, left.to(torch.int32))
             closes = torch.where(left == 0, torch.div(write_slots, page, rounding_mode="floor"), -1)
-            indices[KIVI_WRITE] = (window_rows, positions % page, closes)
+            indices[KIVI_WRITE] = (window_rows * page + positions % page, window_rows, closes)
         else:
             indices[POOL_INDEX] = (self.table[rows], self._offsets[: size + 1], self._zeros[:size],
                                    (positions + 1).to(torch.int32), 1)

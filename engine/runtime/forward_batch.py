@@ -49,7 +49,9 @@ WINDOW_INDEX = "paged_attention.window"
 # KIVI: the block path of the long chunks' prefixes (engine/layers/paged_attention.py PrefixBlockIndex) or None;
 # eager passes only (a graphed decode step has no chunk long enough).
 POOL_BLOCKS = "paged_attention.blocks"
-# KIVI decode graphs: (window rows, offsets in the page, pool page each step closes or -1) for KVPool.store_static.
+# KIVI decode graphs: (each token's slot in the flattened residual windows (int64, its window row x page + its
+# offset in the page), its window row, the pool page its step closes or -1): the fused store writes the slots,
+# KVPool.close_static the pages.
 KIVI_WRITE = "kivi_write"
 GDN_SLOTS = "gdn.slots"
 GDN_BOUNDS = "gdn.bounds"

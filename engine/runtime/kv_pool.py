@@ -6,7 +6,8 @@ KIVI pages are written whole: the open page of a sequence (fewer than page_token
 full precision in that sequence's residual window here, outside the pool, until it fills. The windows are one
 static buffer per layer, a row of page_tokens tokens for each running request (the planner's
 `kv_residual_window` line), so that a decode graph records their addresses: a graphed step writes its token
-into the row and, when that fills the page, quantizes the row into the pool in the same pass (store_static).
+into the row (window_slots: the fused norm/rotary kernel stores it there) and, when that fills the page, quantizes
+the row into the pool in the same pass (close_static).
 """
 
 from __future__ import annotations
@@ -172,14 +173,16 @@ class KVPool:
                    torch.cat((window_v[:filled], v[:head])))
         window_k[:left], window_v[:left] = k[head:], v[head:]
 
-    def store_static(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,
-                     close_pages: torch.Tensor) -> None:
-        """A graphed KIVI decode step: token b (k, v [B, H, D]) into window row rows[b] at offsets[b] (its position
-        modulo the page), then the rows whose page that fills (close_pages[b] >= 0) quantized into that pool page;
-        index tensors on the device, so that a graph records the step whatever the lengths."""
-        self.residual_k[layer][rows, offsets] = k.to(self.model_dtype)
-        self.residual_v[layer][rows, offsets] = v.to(self.model_dtype)
-        if not k.is_cuda:  # the static pass off the GPU (tests): the reference writes, host-side
+    def window_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's residual windows as token slots, K and V [rows x page, H, D] (views): a graphed KIVI decode
+        step stores its tokens there (row x page + offset in the page) in the launch that norms and rotates them."""
+        return self.residual_k[layer].flatten(0, 1), self.residual_v[layer].flatten(0, 1)
+
+    def close_static(self, layer: int, rows: torch.Tensor, close_pages: torch.Tensor) -> None:
+        """A graphed KIVI decode step, its tokens already in their window rows (window_slots): the rows whose page
+        the step fills (close_pages[b] >= 0) quantized into that pool page; index tensors on the device, so that a
+        graph records the step whatever the lengths."""
+        if not rows.is_cuda:  # the static pass off the GPU (tests): the reference writes, host-side
             for row, page in zip(rows.tolist(), close_pages.tolist(), strict=True):
                 if page >= 0:
                     slots = list(range(page * self.page_tokens, (page + 1) * self.page_tokens))
