@@ -1211,9 +1211,17 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
     real = dense_attention.dense_attention
     recorded: list[tuple] = []
 
+    live: list[tuple] = []
+    clobbered: list[float] = []
+
     def recording(q_, k, v, causal, scale):
         got = real(q_, k, v, causal, scale)
+        # Did this call change an earlier piece's output, still held by the layer (an out-of-bounds write)? (Not
+        # its lse: the layer's merges update the first piece's lse in place.)
+        for o_live, o_was in live:
+            clobbered.append(float((o_live.float() - o_was.float()).abs().max()))
         recorded.append((q_.clone(), k.clone(), v.clone(), got[0].clone(), got[1].clone(), causal, scale))
+        live.append((got[0], recorded[-1][3]))
         return got
 
     out: dict = {}
@@ -1226,6 +1234,8 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
             dense_attention.dense_attention = recording
             for _ in range(runs):
                 recorded.clear()
+                live.clear()
+                clobbered.clear()
                 got = _span_alone(case_inputs, length, True)
                 torch.cuda.synchronize()
                 dense_attention.dense_attention = real
@@ -1250,7 +1260,8 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
                 case["runs"].append({"out_vs_paged": _diff(got, want), "pieces": pieces,
                                      "remerged_vs_got": _diff(remerged, got), "remerged_vs_paged": _diff(remerged, want),
                                      "fp32_merge_vs_paged": _diff(fp32, want), "fp32_merge_vs_got": _diff(fp32, got),
-                                     "pdl": os.environ.get("HEADROOM_PDL", "1")})
+                                     "pdl": os.environ.get("HEADROOM_PDL", "1"),
+                                     "earlier_pieces_changed_by_later_calls": list(clobbered)})
                 dense_attention.dense_attention = recording
         finally:
             layer.DENSE_ATTENTION = default_dense
@@ -1258,6 +1269,7 @@ def dense_pieces(start: int = 24576, length: int = 8192, runs: int = 3) -> dict:
         out["bf16" if kv_dtype == "auto" else kv_dtype] = case
         del case_inputs
         recorded.clear()
+        live.clear()
         torch.cuda.empty_cache()
     return out
 
