@@ -570,11 +570,12 @@ EXTEND_TILE_CONFIGS = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}
                        {"page_tile": 0}, {"block_n": 32, "num_stages": 3}, {"mask_split": 0}, {"mask_split": 1},
                        {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1},
                        {"mask_split": 1, "lazy_rescale": 1, "block_n": 128},
-                       {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2}, {"load_per_token": 1},
-                       {"magic_register": 1}, {"load_per_token": 1, "magic_register": 1}]
+                       {"mask_split": 1, "lazy_rescale": 1, "num_stages": 2},
+                       {"load_per_token": 0, "magic_register": 0}, {"load_per_token": 1, "magic_register": 0}]
 # The KIVI load variants alone (kivi_load_sweep): each packed byte loaded once per token it holds, the magic exponent
-# in a register, both (kernels/paged_attention.py _load_kivi_pages).
-KIVI_LOAD_CONFIGS = [{}, {"load_per_token": 1}, {"magic_register": 1}, {"load_per_token": 1, "magic_register": 1}]
+# in a register, both (kernels/paged_attention.py _load_kivi_pages; both are the defaults since session 16).
+KIVI_LOAD_CONFIGS = [{}, {"load_per_token": 0, "magic_register": 0}, {"load_per_token": 1, "magic_register": 0},
+                     {"load_per_token": 0, "magic_register": 1}]
 
 
 def attention_tile_sweep(configs: list[dict] | None = None, kinds: tuple[str, ...] = ("bf16", "int2"),
@@ -613,7 +614,7 @@ def kivi_load_sweep() -> dict:
     """KIVI_LOAD_CONFIGS over an int2 pool: the extend tile (8,192 queries at the end of 32K keys) and decode at
     batch 8 and 1 (32K keys a sequence), each against the default's output."""
     out = attention_tile_sweep(KIVI_LOAD_CONFIGS, ("int2",), decode=False)
-    out.update(decode_tile_sweep(("int2",), (8, 1), KIVI_LOAD_CONFIGS + [{"load_per_token": 1, "splits_x": 2}]))
+    out.update(decode_tile_sweep(("int2",), (8, 1), KIVI_LOAD_CONFIGS + [{"splits_x": 2}]))
     return out
 
 
@@ -630,7 +631,7 @@ DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, 
                        {"d_chunks": 2}, {"d_chunks": 2, "splits_x": 2}, {"d_chunks": 4, "max_registers": 168},
                        {"d_chunks": 4, "max_registers": 168, "splits_x": 2}, {"magic_register": 1},
                        {"d_chunks": 2, "magic_register": 1}, {"d_chunks": 2, "magic_register": 1, "splits_x": 2},
-                       {"load_per_token": 1}, {"load_per_token": 1, "magic_register": 1}]
+                       {"load_per_token": 0, "magic_register": 0}, {"load_per_token": 1, "magic_register": 0}]
 
 
 # Decode settings a bf16 pool has no use for (its sweep skips the configs that hold them).

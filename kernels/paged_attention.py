@@ -53,11 +53,16 @@ MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # bench/engine_speed.py's tile sweeps and tuned rows; empty means the defaults below.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
-# What an extend launch takes where EXTEND_TUNING is silent: mask_split, measured on the H200 (session 16 call 2's
-# tile sweep, bench/results/session16: an 8,192-query chunk over 32K keys 11.0 -> 8.22 ms on a bf16 pool, 18.6 ->
-# 17.5 ms on int2, bit for bit the same output). A sweep's {"mask_split": 0} times the old loop. Decode keeps every
-# variant off: its gains there were within the sweep's noise.
-EXTEND_DEFAULTS: dict[str, int] = {"mask_split": 1}
+# What a launch takes where its tuning table is silent, measured on the H200 with the same output bit for bit
+# (bench/results/session16):
+# - mask_split, extend only: an 8,192-query chunk over 32K keys 11.0 -> 8.22 ms on a bf16 pool, 18.6 -> 17.5 ms on
+#   int2 (call 2's tile sweep); at batch 8 decode its gain was within the sweep's noise.
+# - load_per_token with magic_register (KIVI tiles, both kinds of launch; a bf16 pool ignores them): the int2 extend
+#   tile 17.2 -> 14.4 ms, decode at batch 8 over 32K keys 0.404 -> 0.361 ms a layer, at batch 1 0.130 -> 0.119
+#   (call 3's kivi_load sweep). Either alone gained less or lost (load_per_token alone 17.7 / 0.417).
+# A tuning of 0 times the plain loop (the sweeps' {"mask_split": 0}).
+EXTEND_DEFAULTS: dict[str, int] = {"mask_split": 1, "load_per_token": 1, "magic_register": 1}
+DECODE_DEFAULTS: dict[str, int] = {"load_per_token": 1, "magic_register": 1}
 
 
 @contextlib.contextmanager
@@ -356,7 +361,11 @@ def paged_attention_fwd(
         if kv.kind == "kivi":
             num_warps = 8 if programs <= _TARGET_PROGRAMS // 2 else 4
     tuning = EXTEND_TUNING if extend else DECODE_TUNING
-    defaults = EXTEND_DEFAULTS if extend else {}
+    defaults = EXTEND_DEFAULTS if extend else DECODE_DEFAULTS
+
+    def flag(name: str) -> bool:
+        return bool(tuning.get(name, defaults.get(name, 0)))
+
     # KIVI tiles of whole pages (_load_kivi_pages) unless a sweep turns them off (`page_tile: 0`).
     page_tile = bool(tuning.get("page_tile", 1))
     if tuning:
@@ -392,7 +401,7 @@ def paged_attention_fwd(
         from headroom.kernels.kivi_decode import kivi_decode
 
         kivi_decode(q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, grid,
-                    block_m, block_n, chunks, num_warps, num_stages, bool(tuning.get("magic_register", 0)),
+                    block_m, block_n, chunks, num_warps, num_stages, flag("magic_register"),
                     tuning.get("max_registers"))
     else:
         paged_attention_fwd_kernel[grid](
@@ -407,10 +416,8 @@ def paged_attention_fwd(
             NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
             GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
             ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
-            MASK_SPLIT=bool(tuning.get("mask_split", defaults.get("mask_split", 0))),
-            LAZY_RESCALE=bool(tuning.get("lazy_rescale", defaults.get("lazy_rescale", 0))),
-            MAGIC_IN_REGISTER=bool(tuning.get("magic_register", 0)),
-            LOAD_PER_TOKEN=bool(tuning.get("load_per_token", 0)), num_warps=num_warps, num_stages=num_stages,
+            MASK_SPLIT=flag("mask_split"), LAZY_RESCALE=flag("lazy_rescale"), MAGIC_IN_REGISTER=flag("magic_register"),
+            LOAD_PER_TOKEN=flag("load_per_token"), num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(q.device),
         )
     if num_splits == 1:

@@ -66,13 +66,14 @@ def make_pool(
 
 
 class Recording:
-    """A kernel's launcher that records one keyword of each launch before running it."""
+    """A kernel's launcher that records one keyword of each launch (a tuple of keywords: their values) before
+    running it."""
 
     def __init__(self, kernel, launched: list, key: str):
         self.kernel, self.launched, self.key = kernel, launched, key
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.launched.append(kwargs[self.key])
+            self.launched.append(tuple(kwargs[k] for k in self.key) if isinstance(self.key, tuple) else kwargs[self.key])
             return self.kernel[grid](*args, **kwargs)
         return launch

@@ -56,9 +56,11 @@ def test_chunked_decode_matches_naive_and_the_general_kernel(monkeypatch, tuning
 
 @pytest.mark.parametrize("tuning", [pa.EXTEND_TUNING, pa.DECODE_TUNING], ids=["extend", "decode"])
 def test_the_magic_exponent_in_a_register_changes_no_bit(monkeypatch, tuning):
-    """The general kernel's KIVI tiles with MAGIC_IN_REGISTER: the same codes, the same floats."""
+    """The general kernel's KIVI tiles with MAGIC_IN_REGISTER (on by default): the same codes, the same floats as
+    with the exponent a literal."""
     args = _args(2, 2, 4, 64, [45, 70], [1, 9] if tuning is pa.EXTEND_TUNING else [1, 1])
-    want, want_lse = paged_attention(*args)
+    with pa.tuned(extend={"magic_register": 0}, decode={"magic_register": 0}):
+        want, want_lse = paged_attention(*args)
     launched: list = []
     monkeypatch.setattr(pa, "paged_attention_fwd_kernel",
                         Recording(pa.paged_attention_fwd_kernel, launched, "MAGIC_IN_REGISTER"))

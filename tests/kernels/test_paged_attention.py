@@ -100,10 +100,13 @@ def test_bad_shapes_name_the_field():
         paged_attention(q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.full((1,), 8), kv, 0.1)
 
 
-# The tuning overrides of the KIVI loads against the default whole-page tiles: the per-element gather (page_tile 0),
-# each packed byte loaded once per token it holds (load_per_token), that with the magic exponent in a register.
-@pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"load_per_token": 1}, {"load_per_token": 1, "magic_register": 1}],
-                         ids=str)
+# The KIVI loads against the plain whole-page tiles (one load per packed byte, the magic exponent a literal): the
+# per-element gather (page_tile 0), each packed byte loaded once per token it holds (load_per_token), that with the
+# magic exponent in a register (the defaults, DECODE_DEFAULTS / EXTEND_DEFAULTS).
+PLAIN_PAGES = {"load_per_token": 0, "magic_register": 0}
+
+
+@pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"load_per_token": 1, "magic_register": 0}, {}], ids=str)
 @pytest.mark.parametrize("bits", [8, 2])
 @pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [40, 9], [5, 9]), (256, [33, 64], [1, 1])])
 def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_lens, q_lens):
@@ -115,7 +118,8 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
     q, positions, offsets = _batch(kv_lens, q_lens, 4, head_dim, torch.bfloat16)
     args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
             torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
-    want, want_lse = paged_attention(*args)
+    with pa.tuned(extend=PLAIN_PAGES, decode=PLAIN_PAGES):
+        want, want_lse = paged_attention(*args)
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
         for key, value in tuning.items():
             monkeypatch.setitem(table_, key, value)
@@ -236,9 +240,10 @@ def test_loop_variants_on_ranges_splits_and_continuations(monkeypatch, kind, bit
 
 
 @pytest.mark.parametrize("kind,bits", [("dense", 16), ("kivi", 2)])
-def test_extend_launches_skip_the_masks_by_default_and_decode_launches_do_not(monkeypatch, kind, bits):
-    """EXTEND_DEFAULTS: an extend launch with no tuning takes MASK_SPLIT (the H200's faster loop), a decode launch
-    the plain one; an explicit {"mask_split": 0} runs the plain loop, bit for bit the same answer."""
+def test_the_defaults_reach_the_launches(monkeypatch, kind, bits):
+    """EXTEND_DEFAULTS / DECODE_DEFAULTS: an extend launch with no tuning takes MASK_SPLIT (the H200's faster loop), a
+    decode launch the plain one; both take the KIVI loads LOAD_PER_TOKEN and MAGIC_IN_REGISTER; explicit zeros run the
+    plain loop and loads, bit for bit the same answer."""
     from headroom.kernels import paged_attention as pa
 
     kv, table = make_pool(kind, bits, 2, 64, [45, 70], torch.bfloat16)
@@ -249,12 +254,13 @@ def test_extend_launches_skip_the_masks_by_default_and_decode_launches_do_not(mo
         return paged_attention(q, positions, offsets, table, torch.zeros(2, dtype=torch.int32), lens, kv, 0.125)
 
     launched: list = []
-    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recording(pa.paged_attention_fwd_kernel, launched, "MASK_SPLIT"))
+    keys = ("MASK_SPLIT", "LOAD_PER_TOKEN", "MAGIC_IN_REGISTER")
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recording(pa.paged_attention_fwd_kernel, launched, keys))
     got, got_lse = run([1, 9])
     run([1, 1])
-    with pa.tuned(extend={"mask_split": 0}):
+    with pa.tuned(extend={"mask_split": 0, "load_per_token": 0, "magic_register": 0}):
         want, want_lse = run([1, 9])
-    assert launched == [True, False, False]
+    assert launched == [(True, True, True), (False, True, True), (False, False, False)]
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
