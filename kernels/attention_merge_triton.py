@@ -79,8 +79,8 @@ def merge_pair_fwd_kernel(
     stride_at, stride_ah, stride_alt, stride_bt, stride_bh, stride_blt, stride_ot, stride_oh, stride_olt,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """BLOCK_T tokens of one head: every load of a program comes before its stores, and no other program touches
-    its rows, so out and out_lse may be a and a_lse (an in-place merge)."""
+    """BLOCK_T tokens of one head; no other program touches its rows, and a barrier puts every load of the program
+    before any of its stores, so out and out_lse may be a and a_lse (an in-place merge)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     o_t = (i_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     o_d = tl.arange(0, BLOCK_D)
@@ -93,6 +93,12 @@ def merge_pair_fwd_kernel(
     total = wa + wb
     b_a = tl.load(a + o_t[:, None] * stride_at + i_h * stride_ah + o_d[None, :], mask=m_t[:, None], other=0).to(tl.float32)
     b_b = tl.load(b + o_t[:, None] * stride_bt + i_h * stride_bh + o_d[None, :], mask=m_t[:, None], other=0).to(tl.float32)
+    # In place, the warps of a program hold copies of the same lse rows (and the layouts of a load and a store need
+    # not match): without this barrier one warp could store its merged lse (or rows) before another warp has loaded
+    # the old ones. On the H200 that made the dense path's merged spans differ from run to run by up to 0.84 while
+    # every cuDNN piece was right and repeatable, and the same pieces merged in fp32 by merge_two matched the paged
+    # passes (bench/results/session16, call 3's dense_pieces).
+    tl.debug_barrier()
     inv = 1.0 / tl.maximum(total, 1e-30)
     merged = b_a * (wa * inv)[:, None] + b_b * (wb * inv)[:, None]
     tl.store(out + o_t[:, None] * stride_ot + i_h * stride_oh + o_d[None, :], merged.to(out.dtype.element_ty),

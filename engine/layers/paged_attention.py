@@ -33,8 +33,11 @@ DENSE_MIN_ROWS = 2048
 # dense path gave outputs that differ between two identical calls by up to 0.1-0.7 at single elements, over a bf16
 # and a KIVI pool alike (an 8,192-token chunk after 24,576 cached tokens, the span alone in its pass, with PDL on and
 # off), where the paged passes are repeatable and match fp32 there, and where cuDNN's attention alone at the same
-# shapes is exact and repeatable. Until the cause is found long spans take the paged kernel;
-# HEADROOM_DENSE_ATTENTION=1 turns the dense path on to investigate it.
+# shapes is exact and repeatable. Session 16 found the cause (bench/results/session16, call 3's dense_pieces): the
+# pieces merged again outside the layer by merge_two in fp32 match the paged passes, by the in-place Triton pair merge
+# they do not, differently each run: the merge's warps could store the new lse before other warps had loaded the old
+# (kernels/attention_merge_triton.py now puts a barrier between). Until the H200 confirms the fix (dense_pieces, then
+# the dense path's speed) long spans take the paged kernel; HEADROOM_DENSE_ATTENTION=1 turns the dense path on.
 DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "0") == "1"
 # ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"

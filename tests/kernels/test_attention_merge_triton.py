@@ -74,3 +74,22 @@ def test_pair_merge_refuses_what_it_cannot_read():
         merge_pair_into(a, a_lse[:3], b, b_lse, torch.empty(4, 2, 16), torch.empty(4, 2))
     with pytest.raises(ValueError, match="power-of-two"):
         merge_pair_into(a[..., :12], a_lse, b[..., :12], b_lse, torch.empty(4, 2, 12), torch.empty(4, 2))
+
+
+def test_in_place_pair_merge_loads_everything_before_any_store_on_sm90():
+    """An in-place merge (out, out_lse = a, a_lse) is only safe if no warp stores before every warp of the program has
+    loaded: the warps hold copies of the same lse rows. In the kernel compiled for the H200 (PTX, no GPU needed) every
+    global load comes before the barrier and every global store after it. The interpreter runs a program as one
+    thread of whole tensors and can never show this race; on the H200 it made merged spans differ run to run."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {"a": "*fp32", "a_lse": "*fp32", "b": "*bf16", "b_lse": "*fp32", "out": "*fp32", "out_lse": "*fp32"}
+    [result] = compile_sm90([("headroom.kernels.attention_merge_triton", "merge_pair_fwd_kernel", pointers,
+                              {"BLOCK_T": 16, "BLOCK_D": 256})])
+    assert result["ok"], result.get("error")
+    lines = [line.strip() for line in result["ptx"].splitlines()]
+    loads = [i for i, line in enumerate(lines) if "ld.global" in line]
+    stores = [i for i, line in enumerate(lines) if "st.global" in line]
+    barriers = [i for i, line in enumerate(lines) if line.startswith(("bar.sync", "barrier.sync"))]
+    assert loads and stores and barriers
+    assert any(max(loads) < b < min(stores) for b in barriers)
