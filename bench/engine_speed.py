@@ -394,6 +394,8 @@ def _gemv_part(state: dict, target: Path) -> dict:
     if sweep["batches"] != list(decode_parts.GEMV_BATCH_BUDGET):
         source = (f"GEMV_BATCHES={','.join(map(str, sweep['batches']))} {source} (other batches' entries kept from "
                   "the previous table)")
+    if decode_parts.GEMV_MIN_GAIN_ENV in os.environ:
+        source = f"{decode_parts.GEMV_MIN_GAIN_ENV}={os.environ[decode_parts.GEMV_MIN_GAIN_ENV]} {source}"
     configs = decode_parts.gemv_table(sweep, entries_for(gemv.TUNED_CONFIGS, parts.DEV))
     text = table_text(parts.DEV, configs, source, gemv.TUNED_CONFIGS)
     (target / "gemv_tuned_configs.json").write_text(text)
