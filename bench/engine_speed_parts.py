@@ -626,12 +626,12 @@ DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, 
                        {"splits_x": 2, "num_stages": 3}, {"splits_x": 4, "num_warps": 4}, {"block_n": 16},
                        {"lazy_rescale": 1}, {"mask_split": 1, "lazy_rescale": 1},
                        # KIVI (bf16 ignores them): the head in chunks (kernels/kivi_decode.py: 168 registers against
-                       # 246, three programs a multiprocessor instead of two, hence also more splits), and the
-                       # magic exponent in a register (one LOP3 an element fewer).
+                       # 246, three programs a multiprocessor instead of two, hence also more splits), and the general
+                       # kernel's loads plain or with one of the two defaults (load_per_token, magic_register) off.
                        {"d_chunks": 2}, {"d_chunks": 2, "splits_x": 2}, {"d_chunks": 4, "max_registers": 168},
-                       {"d_chunks": 4, "max_registers": 168, "splits_x": 2}, {"magic_register": 1},
+                       {"d_chunks": 4, "max_registers": 168, "splits_x": 2}, {"load_per_token": 0},
                        {"d_chunks": 2, "magic_register": 1}, {"d_chunks": 2, "magic_register": 1, "splits_x": 2},
-                       {"load_per_token": 0, "magic_register": 0}, {"load_per_token": 1, "magic_register": 0}]
+                       {"load_per_token": 0, "magic_register": 0}, {"magic_register": 0}]
 
 
 # Decode settings a bf16 pool has no use for (its sweep skips the configs that hold them).

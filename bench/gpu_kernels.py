@@ -125,10 +125,11 @@ def check_attention() -> dict:
     return res
 
 
-# The decode sweep's variants of the KIVI decode that are off by default (kernels/kivi_decode.py, the magic exponent
-# in a register): each against naive_paged_attention at real sizes before its timings count.
+# The decode sweep's KIVI decode variants (kernels/kivi_decode.py, off by default; the general kernel with its loads
+# plain, against the defaults load_per_token and magic_register): each against naive_paged_attention at real sizes
+# before its timings count.
 KIVI_DECODE_VARIANTS = ({"d_chunks": 2}, {"d_chunks": 4, "max_registers": 168}, {"d_chunks": 2, "magic_register": 1},
-                        {"magic_register": 1})
+                        {"load_per_token": 0, "magic_register": 0})
 
 
 def check_kivi_chunks() -> dict:

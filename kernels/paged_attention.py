@@ -48,9 +48,10 @@ RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend), the loop variants mask_split (no causal or range mask on tiles every row sees whole)
-# and lazy_rescale (RESCALE_LOG2), magic_register (KIVI: MAGIC_IN_REGISTER), and for decode d_chunks and
-# max_registers (kernels/kivi_decode.py) and splits_x (that many times default_num_splits' key splits): set only by
-# bench/engine_speed.py's tile sweeps and tuned rows; empty means the defaults below.
+# and lazy_rescale (RESCALE_LOG2), the KIVI loads magic_register (MAGIC_IN_REGISTER) and load_per_token
+# (LOAD_PER_TOKEN), and for decode d_chunks and max_registers (kernels/kivi_decode.py) and splits_x (that many times
+# default_num_splits' key splits): set only by bench/engine_speed.py's tile sweeps and tuned rows; a key left out
+# takes EXTEND_DEFAULTS / DECODE_DEFAULTS below, or 0.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 # What a launch takes where its tuning table is silent, measured on the H200 with the same output bit for bit
@@ -126,10 +127,11 @@ def _load_kivi_pages(
     magic_exponent: MAGIC_EXPONENT, as the literal (folded into immediates) or a kernel argument (in a register).
 
     base, scale_ptr, zero_ptr already point at this KV head; pages [NUM_PAGES] (m_pages: those inside the key
-    range; the others load as zeros, never another page's memory). Each packed byte is loaded once and unpacked
-    into its 8 / BITS tokens by shifts (the gather of _load_tile loads it once per token); key scales are one
-    [D] row per page and value scales one per (token, channel group), broadcast instead of gathered per
-    element: a tile has [pages, PAGE * BITS / 8, D] addresses, not [PAGE * pages, D].
+    range; the others load as zeros, never another page's memory). Each packed byte is loaded once ([pages,
+    PAGE * BITS / 8, D] addresses, not the [PAGE * pages, D] of _load_tile's gather), or with LOAD_PER_TOKEN once
+    per token it holds ([pages, PAGE * BITS / 8, 8 / BITS, D], the same addresses repeated: see there why), and
+    its 8 / BITS codes are masked out in place (below); key scales are one [D] row per page and value scales one
+    per (token, channel group), broadcast instead of gathered per element.
     """
     per_byte: tl.constexpr = 8 // BITS
     ROWS: tl.constexpr = PAGE // per_byte
@@ -401,7 +403,7 @@ def paged_attention_fwd(
         from headroom.kernels.kivi_decode import kivi_decode
 
         kivi_decode(q, splits_out, lse, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, grid,
-                    block_m, block_n, chunks, num_warps, num_stages, flag("magic_register"),
+                    block_m, block_n, chunks, num_warps, num_stages, bool(tuning.get("magic_register", 0)),
                     tuning.get("max_registers"))
     else:
         paged_attention_fwd_kernel[grid](

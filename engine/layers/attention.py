@@ -41,7 +41,7 @@ class FullAttention:
         if kv_pool.stores_rows_as_is or kivi_step:
             # Both norms, the rotary and the two row stores in one launch: into a bf16 pool's rows, or into the
             # residual windows of a graphed KIVI decode step (then the pages that step fills are closed), where
-            # separate norms and indexed writes were four more launches a layer (an int2 step 0.2 ms slower than a
+            # two norms and two indexed writes were three launches a layer more (an int2 step 0.2 ms slower than a
             # bf16 one at 256 tokens of context on the H200, session 16).
             if kivi_step:
                 slots, rows, close_pages = batch.cached(KIVI_WRITE, _no_static_index)

@@ -69,7 +69,7 @@ class Recording:
     """A kernel's launcher that records one keyword of each launch (a tuple of keywords: their values) before
     running it."""
 
-    def __init__(self, kernel, launched: list, key: str):
+    def __init__(self, kernel, launched: list, key: str | tuple[str, ...]):
         self.kernel, self.launched, self.key = kernel, launched, key
 
     def __getitem__(self, grid):

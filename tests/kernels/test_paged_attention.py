@@ -128,11 +128,13 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
 
 
 # The loop variants a tile sweep may turn on (kernels/paged_attention.py EXTEND_TUNING / DECODE_TUNING): every
-# kind with both on, each alone on a bf16 pool.
+# kind with both on, mask_split alone on a bf16 pool, lazy_rescale alone (mask_split, an extend default, off) on an
+# int4 pool.
 BOTH = {"mask_split": 1, "lazy_rescale": 1}
 LOOP_CASES = [(BOTH, kind) for kind in (("dense", 16, torch.bfloat16), ("kivi", 2, torch.bfloat16),
                                         ("dense", 16, torch.float32))]
-LOOP_CASES += [({"mask_split": 1}, ("dense", 16, torch.bfloat16)), ({"lazy_rescale": 1}, ("kivi", 4, torch.bfloat16))]
+LOOP_CASES += [({"mask_split": 1}, ("dense", 16, torch.bfloat16)),
+               ({"lazy_rescale": 1, "mask_split": 0}, ("kivi", 4, torch.bfloat16))]
 
 
 def _running_max_steps(kv, table, q, positions, scale: float, tile: int = 64) -> torch.Tensor:
@@ -391,3 +393,21 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     # dtype where the output is a pointer's type (the merge: bf16 and fp32).
     assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
                    "kivi_dequantize_block_kernel": 1}, got
+
+
+@pytest.mark.parametrize("block_m,mask_split", [(16, False), (128, True)], ids=["decode", "extend"])
+def test_the_default_kivi_loads_compile_for_sm90(block_m, mask_split):
+    """The interpreter runs LOAD_PER_TOKEN's 4-D tile whatever the GPU compiler would say of it: compile the int2
+    decode and extend launches as the defaults make them (the magic exponent in a register too) for the H200."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
+    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
+                    v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": 64, "KIND": 2, "BITS": 2,
+                 "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True,
+                 "PAGE_TILE": True, "CONTINUE": False, "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": False,
+                 "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": True}
+    [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
+                            num_warps=4 if block_m == 16 else 8, num_stages=2)
+    assert result["ok"], result.get("error")

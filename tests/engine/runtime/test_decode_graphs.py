@@ -7,15 +7,20 @@ itself is checked on the H200 (bench/gpu_engine.py graphs).
 
 from __future__ import annotations
 
-import pytest
-import torch
-from headroom.engine.config import EngineConfig
-from headroom.engine.llm import LLM
-from headroom.engine.runtime.decode_graphs import DecodeGraphs
-from headroom.engine.runtime.forward_batch import BatchItem
-from headroom.engine.runtime.model_runner import ModelRunner
+import os
 
-from tests.engine.helpers import new_sequence, random_prompt
+# triton.jit reads this when a kernel module is first imported (the fused-store case runs the norm/rotary kernels).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from headroom.engine.config import EngineConfig  # noqa: E402
+from headroom.engine.llm import LLM  # noqa: E402
+from headroom.engine.runtime.decode_graphs import DecodeGraphs  # noqa: E402
+from headroom.engine.runtime.forward_batch import BatchItem  # noqa: E402
+from headroom.engine.runtime.model_runner import ModelRunner  # noqa: E402
+
+from tests.engine.helpers import new_sequence, random_prompt  # noqa: E402
 
 
 def _runner(model_dir, graph_batch: int, max_total_tokens: int) -> ModelRunner:
@@ -88,11 +93,17 @@ def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
     assert graphs.can_run([BatchItem(seqs[2], [2])])
 
 
-@pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
-def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, kv_dtype):
+@pytest.mark.parametrize("kv_dtype,fused_store", [("int4", False), ("int2", False), ("int2", True)])
+def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, monkeypatch, kv_dtype, fused_store):
     """KIVI pages of 32: prompts of 28, 5 and 40 tokens and 30 new tokens each, so graphed steps fill and close
     pages (28 -> 32, 5 -> 32, 40 -> 64) while others only append to their window rows; tokens and logits equal
-    the eager path's, and every window row is free again at the end."""
+    the eager path's, and every window row is free again at the end. fused_store: the norms and rotary through
+    their Triton kernels (the interpreter), so that a graphed step's K/V reach the windows through
+    qk_norm_rotary_store's own stores at DecodeGraphs' window slots, as on the GPU."""
+    if fused_store:
+        from headroom.kernels import ops
+
+        monkeypatch.setattr(ops, "_fused", lambda x, op: op == "rms_norm_rotary")
     model_dir, reference = tiny_model_factory("qwen3_5", 2)
     vocab = reference.config.vocab_size
     prompts = [random_prompt(vocab, n, seed=n) for n in (28, 5, 40)]
