@@ -225,19 +225,26 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, index: TailIndex, qk_n
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
 # the interpreter, and the CPU path must not import Triton at all.
 def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len=None, prev=None,
-                    out=None, out_lse=None):
+                    out=None, out_lse=None, window=None):
     """(out [N, Hq, D], lse [N, Hq]) over the paged pool: Triton on CUDA, the reference elsewhere. prev: (out, lse)
-    over an earlier key range to continue from; out, out_lse: where to write (out may be prev's, or fp32)."""
+    over an earlier key range to continue from; out, out_lse: where to write (out may be prev's, or fp32);
+    window: a decode launch's keys outside the pool (paged_kv.KeyWindow), merged in."""
     if q.is_cuda:
         from headroom.kernels.paged_attention import paged_attention as run
 
         return run(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, out=out,
-                   out_lse=out_lse, prev=prev)
+                   out_lse=out_lse, prev=prev, window=window)
     from headroom.kernels.paged_kv import naive_paged_attention
 
     got, got_lse = naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
     if prev is not None:
         got, got_lse = naive_merge_two(prev[0].float(), prev[1], got.float(), got_lse)
+    if window is not None:
+        window.check(q, kv.num_kv_heads)
+        rows = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+        seen, seen_lse = naive_paged_attention(q, q_positions, rows, window.table, window.start, window.lens, window.kv,
+                                               scale)
+        got, got_lse = naive_merge_two(got.float(), got_lse, seen.float(), seen_lse)
     if out is None:
         return got.to(q.dtype), got_lse
     out.copy_(got)

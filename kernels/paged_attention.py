@@ -17,11 +17,12 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.attention_merge_triton import merge_splits_into
+from headroom.kernels.attention_merge_triton import merge_splits_into, merge_splits_window_into
 from headroom.kernels.int_float import exact_float
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
 from headroom.kernels.paged_kv import (
+    KeyWindow,
     PagedKV,
     blockwise_supported,
     naive_dequantize_block,
@@ -341,10 +342,14 @@ def paged_attention_fwd(
     q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float, max_q_len: int, num_splits: int,
     out: torch.Tensor, out_lse: torch.Tensor, prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: KeyWindow | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_q_heads, head_dim = q.shape
     if prev is not None and num_splits != 1:
         raise ValueError(f"continuing an earlier key range (prev) takes one split, got num_splits={num_splits}")
+    if window is not None and (prev is not None or max_q_len != 1 or num_tokens != kv_table.shape[0]):
+        raise ValueError(f"a key window joins decode launches only (one row a sequence, no prev): {num_tokens} rows "
+                         f"of {kv_table.shape[0]} sequences, max_q_len={max_q_len}, prev {prev is not None}")
     group = num_q_heads // kv.num_kv_heads
     block_m = _block_m(max_q_len * group)
     extend = block_m > 16
@@ -381,7 +386,7 @@ def paged_attention_fwd(
         and block_n % kv.page_tokens == 0
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
-    if num_splits == 1:
+    if num_splits == 1 and window is None:
         splits_out, lse = out[None], out_lse[None]
     else:
         # Flash-decoding workspace: O(splits x queries), independent of the key count.
@@ -422,9 +427,11 @@ def paged_attention_fwd(
             LOAD_PER_TOKEN=flag("load_per_token"), num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(q.device),
         )
-    if num_splits == 1:
-        return out, out_lse
-    merge_splits_into(splits_out, lse, out, out_lse)
+    if window is not None:
+        # The merge attends the window keys too (kernels/attention_merge_triton.py): one launch, not a third.
+        merge_splits_window_into(splits_out, lse, out, out_lse, q, q_positions, window, scale)
+    elif num_splits > 1:
+        merge_splits_into(splits_out, lse, out, out_lse)
     return out, out_lse
 
 
@@ -461,7 +468,7 @@ def paged_attention(
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float,
     max_q_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
-    prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prev: tuple[torch.Tensor, torch.Tensor] | None = None, window: KeyWindow | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of B sequences' query chunks over keys read from the paged pool.
 
@@ -474,8 +481,12 @@ def paged_attention(
     num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write (out
     may be fp32 for a range to be continued). prev: (out, lse) of the same rows over an earlier, disjoint key
     range: the result is then attention over both (as merge_two would give), in one split; out may be prev's.
+    window: keys outside the pool (a KIVI pool's residual windows, KeyWindow), attended in the split merge, for
+    decode launches (one query row a sequence, no prev): the result is attention over both ranges.
     """
     _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
+    if window is not None:
+        window.check(q, kv.num_kv_heads)
     if max_q_len is None:
         max_q_len = int((q_offsets[1:] - q_offsets[:-1]).max().item()) if kv_table.shape[0] else 0
     out = torch.empty_like(q) if out is None else out
@@ -487,6 +498,8 @@ def paged_attention(
         raise ValueError(f"prev out {tuple(prev[0].shape)} and lse {tuple(prev[1].shape)} ({prev[1].dtype}) must be "
                          f"{tuple(q.shape)} and fp32 {tuple(q.shape[:2])}, last dimensions contiguous")
     if q.shape[0] == 0 or max_q_len == 0:
+        if window is not None and q.shape[0]:
+            raise ValueError("a key window needs its rows' query chunks (max_q_len 1)")
         if prev is not None:
             # No key in this range: the earlier range's answer stands.
             return out.copy_(prev[0]), out_lse.copy_(prev[1])
@@ -499,7 +512,8 @@ def paged_attention(
             # A decode sweep's splits_x: more programs, for a variant that fits more of them a multiprocessor.
             num_splits *= DECODE_TUNING.get("splits_x", 1)
     return paged_attention_fwd(
-        q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev
+        q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev,
+        window,
     )
 
 

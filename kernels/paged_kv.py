@@ -96,6 +96,30 @@ class PagedKV:
 
 
 @dataclass(frozen=True)
+class KeyWindow:
+    """Keys of each decode row outside the paged pool: a KIVI pool's residual windows (the open pages, full
+    precision). kv: a dense PagedKV over the window slots [slots, H, D]; table [N, W] int32: row t's keys
+    j = 0..lens[t]-1 sit in slot table[t, j] at absolute positions start[t] + j (start, lens [N] int32)."""
+
+    kv: PagedKV
+    table: torch.Tensor
+    start: torch.Tensor
+    lens: torch.Tensor
+
+    def check(self, q: torch.Tensor, num_kv_heads: int) -> None:
+        n = q.shape[0]
+        k = self.kv.k
+        if self.kv.kind != "dense" or k.dim() != 3 or k.shape[1] != num_kv_heads or k.shape[2] != q.shape[-1]:
+            raise ValueError(f"key window: dense [slots, {num_kv_heads}, {q.shape[-1]}] keys, got {self.kv.kind} "
+                             f"{tuple(k.shape)}")
+        if self.table.dim() != 2 or self.table.shape[0] != n or self.start.shape != (n,) or self.lens.shape != (n,):
+            raise ValueError(f"key window for {n} rows: table [{n}, W], start and lens [{n}]; got "
+                             f"{tuple(self.table.shape)}, {tuple(self.start.shape)}, {tuple(self.lens.shape)}")
+        if any(t.dtype != torch.int32 for t in (self.table, self.start, self.lens)) or self.table.stride(-1) != 1:
+            raise ValueError("key window: table, start and lens must be int32, the table's last dimension contiguous")
+
+
+@dataclass(frozen=True)
 class PrefixBlocks:
     """How one pass reads its sequences' quantized prefixes (plan_prefix_blocks): direct_lens keys of each sequence
     by the fused dequantizing kernel (0 for the block-path sequences), then blocks of block_tokens keys: in block

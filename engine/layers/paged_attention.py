@@ -164,6 +164,13 @@ def paged_attention_over_pool(
         if index is not None:
             window_table, window_lens = index
             window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
+            if batch.is_static and blocks is None:
+                # A graphed decode step (one row a sequence): the pool's split merge attends the windows too, two
+                # launches a layer as over a bf16 pool, not three.
+                keys = paged_kv.KeyWindow(window, window_table, closed_t, window_lens)
+                return _chain([lambda prev, out, lse: ops.paged_attention(
+                    q, positions, offsets, table, zeros, direct, kv, scale, max_q_len=max_q_len, out=out, out_lse=lse,
+                    window=keys)], q)
             passes.append(lambda prev, out, lse: ops.paged_attention(
                 q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
                 prev=prev, out=out, out_lse=lse))

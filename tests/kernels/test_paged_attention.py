@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from headroom.kernels import ops
 from headroom.kernels.attention import naive_prefix_attention
 from headroom.kernels.attention_merge import merge_two
 from headroom.kernels.paged_attention import naive_paged_attention, paged_attention
-from headroom.kernels.paged_kv import naive_gather_kv
+from headroom.kernels.paged_kv import KeyWindow, naive_gather_kv
 
 from tests.kernels.paged_pool import Recording, make_pool
 
@@ -88,6 +89,50 @@ def test_pool_prefix_merged_with_residual_window_equals_whole_context():
     k_tail, v_tail = naive_gather_kv(window, window_table[0], 11, torch.bfloat16)
     whole = naive_prefix_attention(q, torch.cat((k_pool, k_tail)), torch.cat((v_pool, v_tail)), positions, 0.125)
     torch.testing.assert_close(merged.float(), whole.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_window_merged_in_the_split_merge_equals_whole_context(num_splits):
+    # Three decode rows over an int2 pool: 64 closed keys and a window of 7 of which the row sees 5 (its position
+    # 68), 32 closed and an empty window (the step closed its page), none closed and 12 in the window; windows
+    # scattered over the window slots, 48 of a row's table columns.
+    closed, window_lens, seen = [64, 32, 0], [7, 0, 12], [5, 0, 12]
+    kv, table = make_pool("kivi", 2, 2, 64, closed, torch.bfloat16, seed=5)
+    window_kv, _ = make_pool("dense", 16, 2, 64, [96], torch.bfloat16, seed=6)
+    first_slot = [40, 3, 70]
+    window_table = torch.zeros(3, 48, dtype=torch.int32)
+    for row, (slot, n) in enumerate(zip(first_slot, window_lens, strict=True)):
+        window_table[row, :n] = torch.arange(slot, slot + n)
+    ends = [c + n for c, n in zip(closed, seen, strict=True)]
+    q, positions, offsets = _batch(ends, [1, 1, 1], 4, 64, torch.bfloat16, seed=7)
+    as_int = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    window = KeyWindow(window_kv, window_table, as_int(closed), as_int(window_lens))
+    out, lse = paged_attention(q, positions, offsets, table, as_int([0, 0, 0]), as_int(closed), kv, 0.125,
+                               num_splits=num_splits, window=window)
+    for row in range(3):
+        k_pool, v_pool = naive_gather_kv(kv, table[row], closed[row], torch.bfloat16)
+        k_win, v_win = naive_gather_kv(window_kv, window_table[row], seen[row], torch.bfloat16)
+        whole = naive_prefix_attention(q[row : row + 1], torch.cat((k_pool, k_win)), torch.cat((v_pool, v_win)),
+                                       positions[row : row + 1] * 0 + closed[row] + seen[row] - 1, 0.125)
+        torch.testing.assert_close(out[row].float(), whole[0].float(), atol=2e-2, rtol=2e-2)
+    # The CPU reference path (ops) gives the same rows and lses.
+    ref, ref_lse = ops.paged_attention(q, positions, offsets, table, as_int([0, 0, 0]), as_int(closed), kv, 0.125,
+                                       window=window)
+    _close(out, ref, lse, ref_lse)
+
+
+def test_a_decode_window_refuses_chunks():
+    kv, table = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16)
+    window_kv, _ = make_pool("dense", 16, 2, 64, [8], torch.bfloat16)
+    q, positions, offsets = _batch([66], [2], 4, 64, torch.bfloat16)
+    one, two = torch.ones(1, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    window = KeyWindow(window_kv, torch.arange(16, dtype=torch.int32).view(2, 8), 64 * two, 2 * two)
+    with pytest.raises(ValueError, match="decode launches only"):
+        paged_attention(q, positions, offsets, table, 0 * one, 64 * one, kv, 0.125, window=window)
+    bad = KeyWindow(window_kv, torch.arange(8, dtype=torch.int32)[None], 64 * one, 2 * one.long())
+    with pytest.raises(ValueError, match="int32"):
+        paged_attention(q[:1], positions[:1], torch.tensor([0, 1], dtype=torch.int32), table, 0 * one, 64 * one, kv,
+                        0.125, window=bad)
 
 
 def test_bad_shapes_name_the_field():
