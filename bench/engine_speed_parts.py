@@ -676,45 +676,45 @@ def decode_window_check(batches: tuple[int, ...] = (1, 8), context: int = 32768,
     after `context` closed ones: the window attended in the split merge (paged_attention's window, the engine's
     default) against the pool pass then a window pass continuing it (session 16's three launches); ms of each
     and the largest difference between their outputs."""
+    return {f"int2_decode_b{batch}_{context // 1024}k_window{window}": _decode_window_case(batch, context, window)
+            for batch in batches}
+
+
+def _decode_window_case(batch: int, context: int, window: int) -> dict:
     import gpu_kernels
     from headroom.kernels import paged_attention as pa
     from headroom.kernels.paged_kv import KeyWindow, PagedKV
 
-    out: dict = {}
-    for batch in batches:
-        lens = [context] * batch
-        kv, table = gpu_kernels.filled_pool("int2", lens)
-        q, positions, offsets, table, starts, closed, kv, scale = gpu_kernels.attention_args(
-            kv, table, [n + window for n in lens], [1] * batch)
-        closed = closed - window
-        slots = batch * 32
-        window_kv = PagedKV("dense", torch.randn(slots, gpu_kernels.HKV, gpu_kernels.D, device=DEV).to(torch.bfloat16),
-                            torch.randn(slots, gpu_kernels.HKV, gpu_kernels.D, device=DEV).to(torch.bfloat16))
-        # Window rows in reverse order of the sequences, as a pool's window rows need not follow the batch.
-        window_table = ((batch - 1 - torch.arange(batch, device=DEV))[:, None] * 32
-                        + torch.arange(32, device=DEV)[None]).to(torch.int32)
-        window_lens = torch.full((batch,), window, dtype=torch.int32, device=DEV)
-        keys = KeyWindow(window_kv, window_table, closed, window_lens)
-        fused_out, two_out = torch.empty_like(q), torch.empty_like(q)
-        lse = torch.empty(q.shape[:2], device=DEV)
-        acc = torch.empty(q.shape, device=DEV)
+    lens = [context] * batch
+    kv, table = gpu_kernels.filled_pool("int2", lens)
+    q, positions, offsets, table, starts, closed, kv, scale = gpu_kernels.attention_args(
+        kv, table, [n + window for n in lens], [1] * batch)
+    closed = closed - window
+    shape = (batch * 32, gpu_kernels.HKV, gpu_kernels.D)
+    window_kv = PagedKV("dense", torch.randn(shape, device=DEV).to(torch.bfloat16),
+                        torch.randn(shape, device=DEV).to(torch.bfloat16))
+    # Window rows in reverse order of the sequences, as a pool's window rows need not follow the batch.
+    window_table = ((batch - 1 - torch.arange(batch, device=DEV))[:, None] * 32
+                    + torch.arange(32, device=DEV)[None]).to(torch.int32)
+    window_lens = torch.full((batch,), window, dtype=torch.int32, device=DEV)
+    keys = KeyWindow(window_kv, window_table, closed, window_lens)
+    fused_out, two_out = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], device=DEV)
+    acc = torch.empty(q.shape, device=DEV)
 
-        def fused():
-            return pa.paged_attention(q, positions, offsets, table, starts, closed, kv, scale, max_q_len=1,
-                                      out=fused_out, out_lse=lse, window=keys)
+    def fused():
+        return pa.paged_attention(q, positions, offsets, table, starts, closed, kv, scale, max_q_len=1,
+                                  out=fused_out, out_lse=lse, window=keys)
 
-        def two_passes():
-            prev = pa.paged_attention(q, positions, offsets, table, starts, closed, kv, scale, max_q_len=1,
-                                      out=acc, out_lse=lse)
-            return pa.paged_attention(q, positions, offsets, window_table, closed, window_lens, window_kv, scale,
-                                      max_q_len=1, prev=prev, out=two_out, out_lse=lse)
+    def two_passes():
+        prev = pa.paged_attention(q, positions, offsets, table, starts, closed, kv, scale, max_q_len=1,
+                                  out=acc, out_lse=lse)
+        return pa.paged_attention(q, positions, offsets, window_table, closed, window_lens, window_kv, scale,
+                                  max_q_len=1, prev=prev, out=two_out, out_lse=lse)
 
-        a, b = fused()[0].float().clone(), two_passes()[0].float().clone()
-        out[f"int2_decode_b{batch}_{context // 1024}k_window{window}"] = {
-            "fused_ms": _bench(fused), "two_passes_ms": _bench(two_passes),
-            "max_abs_fused_vs_two_passes": float((a - b).abs().max()), "finite": bool(torch.isfinite(a).all()),
-        }
-    return out
+    a, b = fused()[0].float().clone(), two_passes()[0].float().clone()
+    return {"fused_ms": _bench(fused), "two_passes_ms": _bench(two_passes),
+            "max_abs_fused_vs_two_passes": float((a - b).abs().max()), "finite": bool(torch.isfinite(a).all())}
 
 
 def _block_path_case(context: int, chunk: int) -> dict:
