@@ -75,3 +75,16 @@ def test_kivi_close_from_window_rows_skips_negative_pages(bits):
     assert (kv.k[[0, 2]] == 7).all()  # the skipped row's page and the others are untouched
     for name in ("k_scale", "k_zero"):
         assert torch.equal(getattr(kv, name)[[1, 3]], getattr(ref, name)[[1, 3]]), name
+
+
+def test_the_page_close_compiles_for_sm90():
+    """Keys and values in one launch (a runtime branch on the grid's third axis), compiled for the H200 at the 4B
+    model's int2 pool as a graphed decode step closes its pages."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {"k": "*bf16", "v": "*bf16", "pages": "*i32", "src_pages": "*i32", "k_packed": "*u8", "v_packed": "*u8",
+                "k_scale": "*fp16", "k_zero": "*fp16", "v_scale": "*fp16", "v_zero": "*fp16", "inv_levels": "fp32"}
+    constants = {"HEAD_DIM": 256, "BITS": 2, "PAGE": 32, "GROUP_D": 32, "BLOCK_G": 8, "BLOCK_C": 32, "RECIPROCAL": True,
+                 "HAS_SRC": True}
+    [result] = compile_sm90([("headroom.kernels.kv_quant_triton", "kivi_quantize_fwd_kernel", pointers, constants)])
+    assert result["ok"], result.get("error")

@@ -414,6 +414,13 @@ for kind, bits, split_counts in (("dense", 16, (3, 4, 64, 16, 4)), ("kivi", 2, (
         if kind == "kivi":
             with pa.tuned(decode={"d_chunks": 2}):
                 pa.paged_attention(*args, max_q_len=tokens, num_splits=splits)
+            if tokens == 1:
+                # A graphed step's windows: the table one page wide, or any width; 0 to 31 keys.
+                window_kv, _ = make_pool("dense", 16, 4, 64, [96], torch.bfloat16)
+                for columns, seen in ((32, width % 32), (width, 1)):
+                    window = pa.KeyWindow(window_kv, torch.zeros(1, columns, dtype=torch.int32), args[5],
+                                          torch.tensor([seen], dtype=torch.int32))
+                    pa.paged_attention(*args, max_q_len=1, num_splits=splits, window=window)
             workspace = torch.zeros(width * page, 4, 64, dtype=torch.bfloat16)
             pa.dequantize_block(kv, table, torch.tensor([width * page], dtype=torch.int32),
                                 torch.zeros(1, dtype=torch.int32), 0, width * page, workspace, workspace.clone())
@@ -427,7 +434,7 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     they made up to three variants of each kernel (1, a multiple of 16, the rest; a power of two of the splits), and
     serving met the ones the warm-up had not. Decode launches of every class, through Triton's real JIT (compiled for
     sm_90, nothing launched) in a child process: one key per kernel and pool kind, and per output dtype of the
-    merge."""
+    merge; one for the merge that attends a decode step's windows, whatever their table's width."""
     from pathlib import Path
 
     from tests.kernels.sm90_child import run_on_sm90
@@ -437,7 +444,7 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI), per output
     # dtype where the output is a pointer's type (the merge: bf16 and fp32).
     assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
-                   "kivi_dequantize_block_kernel": 1}, got
+                   "kivi_dequantize_block_kernel": 1, "merge_splits_window_fwd_kernel": 1}, got
 
 
 @pytest.mark.parametrize("block_m,mask_split", [(16, False), (128, True)], ids=["decode", "extend"])

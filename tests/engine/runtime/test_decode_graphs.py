@@ -93,17 +93,27 @@ def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
     assert graphs.can_run([BatchItem(seqs[2], [2])])
 
 
-@pytest.mark.parametrize("kv_dtype,fused_store", [("int4", False), ("int2", False), ("int2", True)])
-def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, monkeypatch, kv_dtype, fused_store):
+@pytest.mark.parametrize("kv_dtype,kernels", [("int4", ""), ("int2", ""), ("int2", "store"), ("int2", "attention")])
+def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, monkeypatch, kv_dtype, kernels):
     """KIVI pages of 32: prompts of 28, 5 and 40 tokens and 30 new tokens each, so graphed steps fill and close
     pages (28 -> 32, 5 -> 32, 40 -> 64) while others only append to their window rows; tokens and logits equal
-    the eager path's, and every window row is free again at the end. fused_store: the norms and rotary through
+    the eager path's, and every window row is free again at the end. kernels "store": the norms and rotary through
     their Triton kernels (the interpreter), so that a graphed step's K/V reach the windows through
-    qk_norm_rotary_store's own stores at DecodeGraphs' window slots, as on the GPU."""
-    if fused_store:
-        from headroom.kernels import ops
+    qk_norm_rotary_store's own stores at DecodeGraphs' window slots, as on the GPU; "attention": a graphed step's
+    paged attention through its Triton kernels, the windows attended in the split merge (KeyWindow)."""
+    from headroom.kernels import ops
 
+    if kernels == "store":
         monkeypatch.setattr(ops, "_fused", lambda x, op: op == "rms_norm_rotary")
+    windows: list[bool] = []
+    if kernels == "attention":
+        from headroom.kernels import paged_attention
+
+        def on_the_kernels(*args, window=None, **kwargs):
+            windows.append(window is not None)
+            return paged_attention.paged_attention(*args, window=window, **kwargs)
+
+        monkeypatch.setattr(ops, "paged_attention", on_the_kernels)
     model_dir, reference = tiny_model_factory("qwen3_5", 2)
     vocab = reference.config.vocab_size
     prompts = [random_prompt(vocab, n, seed=n) for n in (28, 5, 40)]
@@ -123,6 +133,9 @@ def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, 
     for a, b in zip(runs[0], runs[3], strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(a.prompt_logits, b.prompt_logits, atol=1e-5, rtol=0)
+    if kernels == "attention":
+        # (On the CPU only static passes take the paged kernels; eager ones attend a gathered context.)
+        assert len(windows) >= 25 and all(windows), "every graphed step attended its windows in the split merge"
 
 
 def test_bad_sizes_are_refused_with_the_numbers(tiny_model_factory):
