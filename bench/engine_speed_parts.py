@@ -575,7 +575,11 @@ EXTEND_TILE_CONFIGS = [{}, {"num_stages": 2}, {"num_stages": 3}, {"block_n": 32}
 # The KIVI load variants alone (kivi_load_sweep): each packed byte loaded once per token it holds, the magic exponent
 # in a register, both (kernels/paged_attention.py _load_kivi_pages; both are the defaults since session 16).
 KIVI_LOAD_CONFIGS = [{}, {"load_per_token": 0, "magic_register": 0}, {"load_per_token": 1, "magic_register": 0},
-                     {"load_per_token": 0, "magic_register": 1}]
+                     {"load_per_token": 0, "magic_register": 1},
+                     # fp16 tiles (HALF_TILES, session 17): the codes by inline PTX, four a register, dequantized in
+                     # fp16x2; 1,983 -> 1,427 sm_90 instructions in the decode loop, 255 -> 168 registers (three
+                     # programs a multiprocessor), extend 1,361 -> 1,038 (bench/results/session17).
+                     {"half_tiles": 1}]
 
 
 def attention_tile_sweep(configs: list[dict] | None = None, kinds: tuple[str, ...] = ("bf16", "int2"),
@@ -614,7 +618,8 @@ def kivi_load_sweep() -> dict:
     """KIVI_LOAD_CONFIGS over an int2 pool: the extend tile (8,192 queries at the end of 32K keys) and decode at
     batch 8 and 1 (32K keys a sequence), each against the default's output."""
     out = attention_tile_sweep(KIVI_LOAD_CONFIGS, ("int2",), decode=False)
-    out.update(decode_tile_sweep(("int2",), (8, 1), KIVI_LOAD_CONFIGS + [{"splits_x": 2}]))
+    out.update(decode_tile_sweep(("int2",), (8, 1), KIVI_LOAD_CONFIGS + [{"splits_x": 2},
+                                                                       {"half_tiles": 1, "splits_x": 2}]))
     return out
 
 
@@ -635,7 +640,7 @@ DECODE_TILE_CONFIGS = [{}, {"page_tile": 0}, {"block_n": 32}, {"num_warps": 4}, 
 
 
 # Decode settings a bf16 pool has no use for (its sweep skips the configs that hold them).
-KIVI_ONLY = {"page_tile", "d_chunks", "magic_register", "max_registers", "load_per_token"}
+KIVI_ONLY = {"page_tile", "d_chunks", "magic_register", "max_registers", "load_per_token", "half_tiles"}
 
 
 def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[int, ...] = (8, 1),

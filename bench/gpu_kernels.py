@@ -122,6 +122,7 @@ def check_attention() -> dict:
         args = attention_args(*filled_pool(name, seq_lens), seq_lens, [64])
         res[f"{name}_extend_131071"] = max_error(*paged_attention(*args), *naive_paged_attention(*args))
     res.update(check_kivi_chunks())
+    res.update(check_half_tiles())
     return res
 
 
@@ -144,6 +145,22 @@ def check_kivi_chunks() -> dict:
             with pa.tuned(decode=variant):
                 key = "_".join(f"{k}{v}" for k, v in variant.items())
                 res[f"{name}_decode_b3_{key}"] = max_error(*paged_attention(*args), *want)
+    return res
+
+
+def check_half_tiles() -> dict:
+    """fp16 KIVI tiles (half_tiles: the codes by inline PTX, which the CPU tests cannot run) against
+    naive_paged_attention at real sizes, decode and extend, every code width."""
+    from headroom.kernels import paged_attention as pa
+
+    res: dict = {}
+    for name in ("int2", "int4", "int8"):
+        for label, seq_lens, q_lens in (("decode_b3", [8191, 32771, 1001], [1, 1, 1]),
+                                        ("extend_b2", [8193, 32767], [257, 63])):
+            args = attention_args(*filled_pool(name, seq_lens), seq_lens, q_lens)
+            want = naive_paged_attention(*args)
+            with pa.tuned(extend={"half_tiles": 1}, decode={"half_tiles": 1}):
+                res[f"{name}_{label}_half_tiles1"] = max_error(*paged_attention(*args), *want)
     return res
 
 

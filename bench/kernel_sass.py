@@ -4,7 +4,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD]] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
@@ -93,7 +93,7 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
                  "BITS": bits, "PAGE": 32 if kind == 2 else 1, "GROUP_D": 32, "DOT_FP32": False,
                  "DOT_PRECISION": "tf32", "ROUND_TILES": True, "PAGE_TILE": kind == 2, "CONTINUE": False,
                  "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": lazy, "MAGIC_IN_REGISTER": False,
-                 "LOAD_PER_TOKEN": False}
+                 "LOAD_PER_TOKEN": False, "HALF_TILES": 0}
     return pointers, constants
 
 
@@ -154,6 +154,9 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     kind, block_m, block_n, warps, stages, mask_split, lazy, common = fields[:8]
     magic = fields[8] if len(fields) > 8 else 0
     load_per_token = fields[9] if len(fields) > 9 else 0
+    # HALF, an eleventh: fp16 KIVI tiles (HALF_TILES: 1 their codes in Triton, as the interpreter runs them; 2 by
+    # inline PTX, as the GPU does).
+    half_tiles = fields[10] if len(fields) > 10 else 0
     if common:
         source = Path(module.__file__).read_text()
         for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
@@ -169,6 +172,7 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
                                                   bool(lazy))
     constants["MAGIC_IN_REGISTER"] = bool(magic)
     constants["LOAD_PER_TOKEN"] = bool(load_per_token)
+    constants["HALF_TILES"] = half_tiles
     return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_m * block_n / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
 
@@ -223,7 +227,7 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD]]",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,

@@ -49,8 +49,8 @@ RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend), the loop variants mask_split (no causal or range mask on tiles every row sees whole)
-# and lazy_rescale (RESCALE_LOG2), the KIVI loads magic_register (MAGIC_IN_REGISTER) and load_per_token
-# (LOAD_PER_TOKEN), and for decode d_chunks and max_registers (kernels/kivi_decode.py) and splits_x (that many times
+# and lazy_rescale (RESCALE_LOG2), the KIVI loads magic_register (MAGIC_IN_REGISTER), load_per_token
+# (LOAD_PER_TOKEN) and half_tiles (HALF_TILES: fp16 tiles, _load_kivi_pages), and for decode d_chunks and max_registers (kernels/kivi_decode.py) and splits_x (that many times
 # default_num_splits' key splits): set only by bench/engine_speed.py's tile sweeps and tuned rows; a key left out
 # takes EXTEND_DEFAULTS / DECODE_DEFAULTS below, or 0.
 EXTEND_TUNING: dict[str, int] = {}
@@ -115,17 +115,36 @@ def _load_tile(
     return tl.load(p_x, mask=m_tile, other=0).to(tl.float32)
 
 
+# HALF_TILES' codes: four packed bytes ($2) and a mask for each ($3: a byte's code bits, (2^BITS - 1) << p for the
+# token at bit offset p) -> the four masked bytes as fp16 (code * 2^p, exactly) in two fp16x2 registers ($0: bytes 0
+# and 1, $1: bytes 2 and 3). prmt puts each masked byte under 0x64 (fp16 1024.0's high byte: the byte is the
+# mantissa's low 8 bits, each worth 1) and sub.f16x2 takes the 1024 off. Byte by byte, so whichever four elements
+# Triton packs into an operand (its layouts differ between versions), each meets its own mask. Emulated bit for bit
+# in tests/kernels/test_paged_attention.py.
+HALF_CODES_ASM: tl.constexpr = tl.constexpr("""{
+.reg .b32 t, m;
+and.b32 t, $2, $3;
+prmt.b32 $0, t, 0x64646464, 0x4140;
+prmt.b32 $1, t, 0x64646464, 0x4342;
+mov.b32 m, 0x64006400;
+sub.f16x2 $0, $0, m;
+sub.f16x2 $1, $1, m;
+}""")
+
+
 @triton.jit
 def _load_kivi_pages(
     base, scale_ptr, zero_ptr, pages, m_pages, o_d, m_d,
     stride_p, stride_r, stride_sp,
     BITS: tl.constexpr, PAGE: tl.constexpr, PER_CHANNEL: tl.constexpr, GROUP_D: tl.constexpr,
     NUM_PAGES: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, D0: tl.constexpr, magic_exponent,
-    LOAD_PER_TOKEN: tl.constexpr = False,
+    LOAD_PER_TOKEN: tl.constexpr = False, HALF: tl.constexpr = 0,
 ):
     """A [NUM_PAGES * PAGE, BLOCK_D] fp32 tile of KIVI keys (PER_CHANNEL) or values: NUM_PAGES whole pages, channels
     o_d = D0 .. D0 + BLOCK_D - 1 (D0 a multiple of GROUP_D: a slice of the head for kivi_decode's chunks, else 0).
     magic_exponent: MAGIC_EXPONENT, as the literal (folded into immediates) or a kernel argument (in a register).
+    HALF (HALF_TILES): an fp16 tile instead, code * scale + zero in one fp16 FMA (scale and zero are stored fp16),
+    rounded once, two elements an instruction; 2: its codes by inline PTX (the GPU), 1: in Triton (the interpreter).
 
     base, scale_ptr, zero_ptr already point at this KV head; pages [NUM_PAGES] (m_pages: those inside the key
     range; the others load as zeros, never another page's memory). Each packed byte is loaded once ([pages,
@@ -147,27 +166,48 @@ def _load_kivi_pages(
         same = tl.zeros([per_byte], dtype=tl.int32)
         p_x = base + pages[:, None, None, None] * stride_p + (o_r[None, :, None, None] * stride_r
                                                               + same[None, None, :, None] + o_d[None, None, None, :])
-        packed = tl.load(p_x, mask=m_pages[:, None, None, None] & m_d[None, None, None, :], other=0).to(tl.int32)
+        raw = tl.load(p_x, mask=m_pages[:, None, None, None] & m_d[None, None, None, :], other=0)
+        packed = raw.to(tl.int32)
     else:
         p_x = base + pages[:, None, None] * stride_p + (o_r[None, :, None] * stride_r + o_d[None, None, :])
-        packed = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0).to(tl.int32)[:, :, None, :]
-    # Token i of a page sits in byte i // per_byte at bit p = (i % per_byte) * BITS (kv_quant.pack_codes). The code
-    # is masked in place, not shifted down: OR-ed into the mantissa of the float 2^(23 - p) (exponent 150 - p), in
-    # which bit p weighs 1, the float minus 2^(23 - p) is the code, exactly (kernels/int_float.py's trick with
-    # the magic per position; 10.2 -> 9.6 sm_90 instructions an element at int2, bench/kernel_sass.py kivi). With
-    # the exponent a kernel argument (MAGIC_IN_REGISTER) the mask and the OR are one LOP3 (a LOP3 takes one
-    # immediate): 10.57 -> 9.55 an element with Triton 3.6, the same registers.
-    shifts = tl.arange(0, per_byte) * BITS
-    magic_bits = (magic_exponent - shifts) << 23
-    codes = (packed & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
-    codes = codes.to(tl.float32, bitcast=True) - magic_bits.to(tl.float32, bitcast=True)[None, None, :, None]
+        raw = tl.load(p_x, mask=m_pages[:, None, None] & m_d[None, None, :], other=0)[:, :, None, :]
+        packed = raw.to(tl.int32)
+    if HALF == 2:
+        # fp16 codes on the GPU, four a register (HALF_CODES_ASM: five instructions for four codes, where the fp32
+        # path below spends about four an element and a conversion to bf16 a pair), each times 2^-p, exactly.
+        full: tl.constexpr = (NUM_PAGES, ROWS, per_byte, BLOCK_D)
+        offsets = tl.arange(0, per_byte) * BITS
+        masks = tl.broadcast_to((((1 << BITS) - 1) << offsets).to(tl.uint8)[None, None, :, None], full)
+        scaled = tl.inline_asm_elementwise(asm=HALF_CODES_ASM, constraints="=r,=r,r,r",
+                                           args=[tl.broadcast_to(raw, full), masks], dtype=tl.float16, is_pure=True,
+                                           pack=4)
+        codes = scaled * tl.exp2(-offsets.to(tl.float32)).to(tl.float16)[None, None, :, None]
+    elif HALF:
+        # The same fp16 codes where inline PTX cannot run (the interpreter): shifted down, OR-ed into the mantissa
+        # of fp16 1024.0 (0x6400, where bit 0 weighs 1), minus 1024.
+        shifts16 = (tl.arange(0, per_byte) * BITS).to(tl.int16)
+        codes16 = ((packed.to(tl.int16) >> shifts16[None, None, :, None]) & ((1 << BITS) - 1)) | 0x6400
+        codes = codes16.to(tl.float16, bitcast=True) - 1024.0
+    else:
+        # Token i of a page sits in byte i // per_byte at bit p = (i % per_byte) * BITS (kv_quant.pack_codes). The
+        # code is masked in place, not shifted down: OR-ed into the mantissa of the float 2^(23 - p) (exponent
+        # 150 - p), in which bit p weighs 1, the float minus 2^(23 - p) is the code, exactly (kernels/int_float.py's
+        # trick with the magic per position; 10.2 -> 9.6 sm_90 instructions an element at int2, bench/kernel_sass.py
+        # kivi). With the exponent a kernel argument (MAGIC_IN_REGISTER) the mask and the OR are one LOP3 (a LOP3
+        # takes one immediate): 10.57 -> 9.55 an element with Triton 3.6, the same registers.
+        shifts = tl.arange(0, per_byte) * BITS
+        magic_bits = (magic_exponent - shifts) << 23
+        codes = (packed & (((1 << BITS) - 1) << shifts)[None, None, :, None]) | magic_bits[None, None, :, None]
+        codes = codes.to(tl.float32, bitcast=True) - magic_bits.to(tl.float32, bitcast=True)[None, None, :, None]
     codes = tl.reshape(codes, (BLOCK_N, BLOCK_D))
     if PER_CHANNEL:
         p_s = pages[:, None] * stride_sp + o_d[None, :]
         m_s = m_pages[:, None] & m_d[None, :]
         shape: tl.constexpr = (NUM_PAGES, PAGE, BLOCK_D)
-        b_s = tl.load(scale_ptr + p_s, mask=m_s, other=0).to(tl.float32)
-        b_z = tl.load(zero_ptr + p_s, mask=m_s, other=0).to(tl.float32)
+        b_s = tl.load(scale_ptr + p_s, mask=m_s, other=0)
+        b_z = tl.load(zero_ptr + p_s, mask=m_s, other=0)
+        if not HALF:
+            b_s, b_z = b_s.to(tl.float32), b_z.to(tl.float32)
         b_s = tl.reshape(tl.broadcast_to(b_s[:, None, :], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, None, :], shape), (BLOCK_N, BLOCK_D))
     else:
@@ -178,8 +218,10 @@ def _load_kivi_pages(
         p_s = (pages[:, None, None] * PAGE + o_t[None, :, None]) * stride_sp + o_g[None, None, :]
         m_g = m_pages[:, None, None] & (o_g * GROUP_D < HEAD_DIM)[None, None, :]
         shape: tl.constexpr = (NUM_PAGES, PAGE, BLOCK_G, GROUP_D)
-        b_s = tl.load(scale_ptr + p_s, mask=m_g, other=0).to(tl.float32)
-        b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0).to(tl.float32)
+        b_s = tl.load(scale_ptr + p_s, mask=m_g, other=0)
+        b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0)
+        if not HALF:
+            b_s, b_z = b_s.to(tl.float32), b_z.to(tl.float32)
         b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
     return codes * b_s + b_z
@@ -230,7 +272,7 @@ def paged_attention_fwd_kernel(
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
     CONTINUE: tl.constexpr, PDL: tl.constexpr, MASK_SPLIT: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
-    MAGIC_IN_REGISTER: tl.constexpr = False, LOAD_PER_TOKEN: tl.constexpr = False,
+    MAGIC_IN_REGISTER: tl.constexpr = False, LOAD_PER_TOKEN: tl.constexpr = False, HALF_TILES: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     # KIVI's int-to-float magic (_load_kivi_pages): folded into immediates, or magic_exponent's register.
@@ -248,6 +290,8 @@ def paged_attention_fwd_kernel(
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0)
     if DOT_FP32:
         b_q = b_q.to(tl.float32)
+    elif HALF_TILES:
+        b_q = b_q.to(tl.float16)
     if CONTINUE:
         # Resume the online softmax of an earlier key range (its normalised output and lse): m = lse in log2
         # units and l = 1 reproduce its state exactly, so no merge pass is needed. prev may be o itself: each
@@ -279,14 +323,14 @@ def paged_attention_fwd_kernel(
             pages = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_pg, mask=m_pg, other=0).to(tl.int64)
             b_k = _load_kivi_pages(k + i_h * stride_kh, k_scale + i_h * stride_ksh, k_zero + i_h * stride_ksh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_ksp, BITS, PAGE, True, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN)
+                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN, HALF_TILES)
         else:
             page = tl.load(kv_table + i_b.to(tl.int64) * stride_table + o_j // PAGE, mask=m_j, other=0).to(tl.int64)
             row = o_j % PAGE
             m_tile = m_j[:, None] & m_d[None, :]
             b_k = _load_tile(k, k_scale, k_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                              stride_ksp, stride_ksh, KIND, BITS, PAGE, True, GROUP_D)
-        if ROUND_TILES:
+        if ROUND_TILES and not HALF_TILES:
             # Round to the model dtype, as a dense dequantized prefix would be.
             b_k = b_k.to(q.dtype.element_ty)
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * qk_scale
@@ -317,11 +361,11 @@ def paged_attention_fwd_kernel(
         if PAGE_TILE:
             b_v = _load_kivi_pages(v + i_h * stride_kh, v_scale + i_h * stride_vsh, v_zero + i_h * stride_vsh, pages,
                                    m_pg, o_d, m_d, stride_kp, stride_kr, stride_vsp, BITS, PAGE, False, GROUP_D, NUM_PAGES,
-                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN)
+                                   BLOCK_D, HEAD_DIM, 0, magic, LOAD_PER_TOKEN, HALF_TILES)
         else:
             b_v = _load_tile(v, v_scale, v_zero, page, row, i_h, o_d, m_j, m_tile, stride_kp, stride_kr, stride_kh,
                              stride_vsp, stride_vsh, KIND, BITS, PAGE, False, GROUP_D)
-        if ROUND_TILES:
+        if ROUND_TILES and not HALF_TILES:
             b_v = b_v.to(q.dtype.element_ty)
         if LAZY_RESCALE:
             b_acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), b_acc, input_precision=DOT_PRECISION)
@@ -424,7 +468,9 @@ def paged_attention_fwd(
             GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
             ROUND_TILES=q.is_cuda, PAGE_TILE=page_tile, CONTINUE=prev is not None,
             MASK_SPLIT=flag("mask_split"), LAZY_RESCALE=flag("lazy_rescale"), MAGIC_IN_REGISTER=flag("magic_register"),
-            LOAD_PER_TOKEN=flag("load_per_token"), num_warps=num_warps, num_stages=num_stages,
+            LOAD_PER_TOKEN=flag("load_per_token"),
+            HALF_TILES=(2 if q.is_cuda else 1) if flag("half_tiles") and page_tile else 0,
+            num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(q.device),
         )
     if window is not None:

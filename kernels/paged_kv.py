@@ -99,7 +99,8 @@ class PagedKV:
 class KeyWindow:
     """Keys of each decode row outside the paged pool: a KIVI pool's residual windows (the open pages, full
     precision). kv: a dense PagedKV over the window slots [slots, H, D]; table [N, W] int32: row t's keys
-    j = 0..lens[t]-1 sit in slot table[t, j] at absolute positions start[t] + j (start, lens [N] int32)."""
+    j = 0..lens[t]-1 sit in slot table[t, j] at absolute positions start[t] + j (start, lens [N] int32; lens at most
+    W, which check() cannot see without reading the device: the engine's windows are a page wide)."""
 
     kv: PagedKV
     table: torch.Tensor

@@ -1,7 +1,8 @@
 """GPU attention of one mixed batch straight from the paged KV pool (no dense copy of any prefix).
 
 Every sequence's closed pages are read by the paged kernel with dequantization fused; for KIVI the
-open page (the full-precision residual window, positions closed..end-1) is one more pass. A KIVI chunk long
+open page (the full-precision residual window, positions closed..end-1) is one more pass, or in a graphed decode
+step part of the pool pass's split merge (kernels/paged_kv.py KeyWindow). A KIVI chunk long
 enough (kernels/paged_kv.py BLOCKWISE_MIN_ROWS) reads its prefix in blocks instead: each block of pages is
 dequantized once into a dense workspace that the dense kernel reads, where the fused loads would dequantize
 the whole prefix again in every query tile. The passes chain: each continues the online softmax of the one
@@ -177,8 +178,8 @@ def paged_attention_over_pool(
         # An eager pass's launches all write fp32, the last one too (copied out after it): which pass came last (the
         # window's, or the pool's when no chunk ends mid-page) and what came before it (a direct pass, in mixed
         # batches) chose the output's dtype, a specialisation key, and serving met combinations the warm-up's passes
-        # never compiled (session 15's review: int2 prompts of 32-128 tokens, and mixed batches). A graphed step keeps
-        # its window pass writing the output: its variants are compiled at capture, and a copy would cost every step.
+        # never compiled (session 15's review: int2 prompts of 32-128 tokens, and mixed batches). (A graphed step
+        # returned above: its window merge writes the output in q's dtype, a variant compiled at capture.)
         return _chain(passes, q, last_in_fp32=not batch.is_static)
 
     # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are

@@ -23,7 +23,7 @@ for module, name, pointers, constants, warps, stages in json.loads(sys.stdin.rea
     try:
         compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": warps, "num_stages": stages})
-        results.append({"ok": True, "ptx": compiled.asm["ptx"]})
+        results.append({"ok": True, "ptx": compiled.asm["ptx"], "ttgir": compiled.asm["ttgir"]})
     except Exception as exc:
         results.append({"ok": False, "error": str(exc)[-3000:]})
 print(json.dumps(results))
@@ -32,7 +32,7 @@ print(json.dumps(results))
 
 def compile_sm90(variants: list[tuple[str, str, dict, dict]], num_warps: int = 4, num_stages: int = 3) -> list[dict]:
     """variants: (module, kernel name, pointer types by argument ("*bf16", ...), constexprs); every other argument
-    is an i32. Returns per variant {"ok", "ptx"} or {"ok": False, "error"}."""
+    is an i32. Returns per variant {"ok", "ptx", "ttgir"} or {"ok": False, "error"}."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     payload = json.dumps([[m, n, p, c, num_warps, num_stages] for m, n, p, c in variants])
     done = subprocess.run([sys.executable, "-c", _CHILD], input=payload, capture_output=True, text=True, env=env,

@@ -459,7 +459,101 @@ def test_the_default_kivi_loads_compile_for_sm90(block_m, mask_split):
     constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": 64, "KIND": 2, "BITS": 2,
                  "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True,
                  "PAGE_TILE": True, "CONTINUE": False, "PDL": False, "MASK_SPLIT": mask_split, "LAZY_RESCALE": False,
-                 "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": True}
+                 "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": True, "HALF_TILES": 0}
     [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
                             num_warps=4 if block_m == 16 else 8, num_stages=2)
     assert result["ok"], result.get("error")
+
+
+@pytest.mark.parametrize("load_per_token", [1, 0])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("head_dim,kv_lens,q_lens", [(64, [45], [1]), (70, [40, 9], [5, 9]), (64, [33, 64], [1, 1])])
+def test_half_tiles_match_the_fp32_tiles(monkeypatch, load_per_token, bits, head_dim, kv_lens, q_lens):
+    """half_tiles (HALF_TILES; here its Triton codes, the interpreter's): KIVI tiles dequantized in fp16 give the
+    fp32 tiles' answer up to fp16's rounding of each dequantized element, decode and extend, partial value groups,
+    every code width; a wrong code (one bit off) would be off by a scale."""
+    from headroom.kernels import paged_attention as pa
+
+    kv, table = make_pool("kivi", bits, 2, head_dim, kv_lens, torch.bfloat16)
+    q, positions, offsets = _batch(kv_lens, q_lens, 4, head_dim, torch.bfloat16)
+    args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
+            torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
+    want, want_lse = paged_attention(*args)
+    for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
+        monkeypatch.setitem(table_, "half_tiles", 1)
+        monkeypatch.setitem(table_, "load_per_token", load_per_token)
+    got, got_lse = paged_attention(*args)
+    torch.testing.assert_close(got.float(), want.float(), atol=6e-3, rtol=6e-3)
+    torch.testing.assert_close(got_lse, want_lse, atol=6e-3, rtol=1e-3)
+    assert not torch.equal(got, want) or bits == 8, "the fp16 tiles ran (their rounding differs from fp32's)"
+
+
+def _run_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
+    """The few PTX instructions of _HALF_CODES_ASM, bit for bit: registers are 32-bit ints."""
+    import numpy as np
+
+    regs = dict(inputs)
+    value = lambda token: regs[token] if token in regs else int(token, 0)  # noqa: E731
+    for line in asm.strip("{}\n").splitlines():
+        op, rest = line.strip().rstrip(";").split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        if op == ".reg":
+            continue
+        src = [value(a) for a in args[1:]]
+        if op == "shf.r.wrap.b32":
+            wide, n = (src[1] << 32) | src[0], src[2] & 31
+            out = (wide >> n) & 0xFFFFFFFF
+        elif op == "and.b32":
+            out = src[0] & src[1]
+        elif op == "mov.b32":
+            out = src[0]
+        elif op == "prmt.b32":
+            pool = src[0] | (src[1] << 32)
+            out = sum(((pool >> (8 * ((src[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        elif op == "sub.f16x2":
+            a, b = (np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16) for x in src)
+            out = int.from_bytes((a - b).astype(np.float16).view(np.uint16).astype("<u2").tobytes(), "little")
+        else:
+            raise AssertionError(f"an instruction the emulator does not know: {line}")
+        regs[args[0]] = out
+    return regs
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_the_half_code_asm_unpacks_every_byte(bits):
+    """The inline PTX of HALF_TILES (its own text, run by a small emulator): for words of four packed bytes, each
+    byte with its own token's mask (whatever four elements Triton packs into an operand), the four fp16 outputs ($0
+    low, $0 high, $1 low, $1 high) are the four bytes' codes times 2^offset."""
+    import numpy as np
+    from headroom.kernels import paged_attention as pa
+
+    gen = np.random.default_rng(bits)
+    words = [0, 0xFFFFFFFF, 0x80402010, *gen.integers(0, 2**32, 300).tolist()]
+    for word in words:
+        offsets = gen.choice(np.arange(0, 8, bits), 4).tolist()
+        masks = sum((((1 << bits) - 1) << p) << (8 * i) for i, p in enumerate(offsets))
+        regs = _run_ptx(pa.HALF_CODES_ASM.value, {"$2": word, "$3": masks})
+        halves = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
+        got = np.array(halves, dtype=np.uint16).view(np.float16).tolist()
+        want = [float(((word >> (8 * i + p)) & ((1 << bits) - 1)) << p) for i, p in enumerate(offsets)]
+        assert got == want, (hex(word), offsets, got, want)
+
+
+@pytest.mark.parametrize("block_m,load_per_token", [(16, True), (128, True), (16, False)],
+                         ids=["decode", "extend", "decode-one-load"])
+def test_half_tiles_compile_for_sm90(block_m, load_per_token):
+    """HALF_TILES' GPU variant compiled for the H200 (PTX, no GPU needed), the inline asm in it: the interpreter
+    runs the Triton codes instead and never sees the asm."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
+    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
+                    v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": 64, "KIND": 2, "BITS": 2,
+                 "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True,
+                 "PAGE_TILE": True, "CONTINUE": False, "PDL": False, "MASK_SPLIT": block_m > 16, "LAZY_RESCALE": False,
+                 "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": load_per_token, "HALF_TILES": 2}
+    [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
+                            num_warps=4 if block_m == 16 else 8, num_stages=2)
+    assert result["ok"], result.get("error")
+    assert "prmt.b32" in result["ptx"] and "sub.f16x2" in result["ptx"]
