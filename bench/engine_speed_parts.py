@@ -578,7 +578,7 @@ KIVI_LOAD_CONFIGS = [{}, {"load_per_token": 0, "magic_register": 0}, {"load_per_
                      {"load_per_token": 0, "magic_register": 1},
                      # fp16 tiles (HALF_TILES, session 17): the codes by inline PTX, four a register, dequantized in
                      # fp16x2; 1,983 -> 1,427 sm_90 instructions in the decode loop, 255 -> 168 registers (three
-                     # programs a multiprocessor), extend 1,361 -> 1,038 (bench/results/session17).
+                     # programs a multiprocessor), extend 1,361 -> 1,048 (bench/results/session17).
                      {"half_tiles": 1}]
 
 

@@ -291,7 +291,9 @@ def paged_attention_fwd_kernel(
     if DOT_FP32:
         b_q = b_q.to(tl.float32)
     elif HALF_TILES:
-        b_q = b_q.to(tl.float16)
+        # fp16 for the MMA with fp16 tiles, the softmax scale folded in first: fp16's range (65,504) then bounds
+        # q * scale (q / 16 at head_dim 256), not q.
+        b_q = (b_q.to(tl.float32) * sm_scale).to(tl.float16)
     if CONTINUE:
         # Resume the online softmax of an earlier key range (its normalised output and lse): m = lse in log2
         # units and l = 1 reproduce its state exactly, so no merge pass is needed. prev may be o itself: each
@@ -307,6 +309,8 @@ def paged_attention_fwd_kernel(
         b_l = tl.zeros([BLOCK_M], tl.float32)
         b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
+    if HALF_TILES and not DOT_FP32:
+        qk_scale = 1.4426950408889634  # (q carries sm_scale already)
     if MASK_SPLIT:
         # Keys every row of the tile sees: a tile wholly below this bound skips the causal and range masks.
         first_pos = tl.min(tl.where(m_m, b_pos, 2147483647))

@@ -508,6 +508,8 @@ def _run_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
         elif op == "mov.b32":
             out = src[0]
         elif op == "prmt.b32":
+            # (The default mode; a selector nibble with its top bit set would replicate a sign instead: none here.)
+            assert all((src[2] >> (4 * i)) & 8 == 0 for i in range(4)), line
             pool = src[0] | (src[1] << 32)
             out = sum(((pool >> (8 * ((src[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
         elif op == "sub.f16x2":
@@ -539,9 +541,70 @@ def test_the_half_code_asm_unpacks_every_byte(bits):
         assert got == want, (hex(word), offsets, got, want)
 
 
-@pytest.mark.parametrize("block_m,load_per_token", [(16, True), (128, True), (16, False)],
-                         ids=["decode", "extend", "decode-one-load"])
-def test_half_tiles_compile_for_sm90(block_m, load_per_token):
+def _emulated_asm(groups: str):
+    """The interpreter's create_inline_asm for HALF_CODES_ASM: _run_ptx on every four elements, grouped as Triton
+    may group them for one asm operand ("strided": elements i, i + n/4, i + n/2, i + 3n/4, as Triton 3.6 packed
+    them on sm_90; "adjacent": i .. i + 3)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def create_inline_asm(self, asm, constraints, values, ty, is_pure, pack):
+        assert constraints == "=r,=r,r,r" and pack == 4
+        codes, masks = (v.data.reshape(-1).astype(np.uint32) for v in values)
+        n = codes.size
+        index = (np.arange(n // 4)[:, None] + np.arange(4)[None, :] * (n // 4) if groups == "strided"
+                 else np.arange(n).reshape(-1, 4))
+        out = np.zeros(n, dtype=np.uint16)
+        for group in index:
+            regs = _run_ptx(asm, {"$2": sum(int(codes[j]) << (8 * k) for k, j in enumerate(group)),
+                                  "$3": sum(int(masks[j]) << (8 * k) for k, j in enumerate(group))})
+            out[group] = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
+        result = interpreter.TensorHandle(out.view(np.float16).reshape(values[0].data.shape), tl.float16)
+        return type("Call", (), {"get_result": lambda self, i: result})()
+
+    return create_inline_asm
+
+
+@pytest.mark.parametrize("groups", ["strided", "adjacent"])
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("kv_lens,q_lens", [([45], [1]), ([40, 9], [5, 9])], ids=["decode", "extend"])
+def test_the_gpu_half_tiles_match_the_fp32_tiles(monkeypatch, groups, bits, kv_lens, q_lens):
+    """HALF_TILES 2 and fp16 dots, the GPU's branch (masks, the asm, times 2^-offset, q scaled then cast), under the
+    interpreter with the asm run by the emulator whichever four elements share an operand: the fp32 tiles' answer up
+    to fp16 rounding."""
+    from headroom.kernels import paged_attention as pa
+    from triton.runtime import interpreter
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_inline_asm", _emulated_asm(groups), raising=False)
+    kernel = pa.paged_attention_fwd_kernel
+
+    class OnTheGpuBranch:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                assert kwargs["HALF_TILES"] == 1  # (the interpreter's own choice; the GPU's is 2)
+                # The GPU's dots too: fp16 q (the softmax scale folded in) against the fp16 tiles, fp16 p.
+                return kernel[grid](*args, **{**kwargs, "HALF_TILES": 2, "DOT_FP32": False, "ROUND_TILES": True})
+            return launch
+
+    head_dim = 70 if len(kv_lens) > 1 else 64
+    kv, table = make_pool("kivi", bits, 2, head_dim, kv_lens, torch.bfloat16)
+    q, positions, offsets = _batch(kv_lens, q_lens, 4, head_dim, torch.bfloat16)
+    args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
+            torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
+    want, want_lse = paged_attention(*args)
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", OnTheGpuBranch())
+    for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
+        monkeypatch.setitem(table_, "half_tiles", 1)
+    got, got_lse = paged_attention(*args)
+    torch.testing.assert_close(got.float(), want.float(), atol=6e-3, rtol=6e-3)
+    torch.testing.assert_close(got_lse, want_lse, atol=6e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("block_m,load_per_token,bits", [(16, True, 2), (128, True, 2), (16, False, 2), (16, True, 4),
+                                                       (128, True, 8)],
+                         ids=["decode", "extend", "decode-one-load", "decode-int4", "extend-int8"])
+def test_half_tiles_compile_for_sm90(block_m, load_per_token, bits):
     """HALF_TILES' GPU variant compiled for the H200 (PTX, no GPU needed), the inline asm in it: the interpreter
     runs the Triton codes instead and never sees the asm."""
     from tests.kernels.sm90 import compile_sm90
@@ -549,10 +612,10 @@ def test_half_tiles_compile_for_sm90(block_m, load_per_token):
     pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens")}
     pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
                     v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32")
-    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": 64, "KIND": 2, "BITS": 2,
-                 "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True,
-                 "PAGE_TILE": True, "CONTINUE": False, "PDL": False, "MASK_SPLIT": block_m > 16, "LAZY_RESCALE": False,
-                 "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": load_per_token, "HALF_TILES": 2}
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": block_m, "BLOCK_N": 64, "KIND": 2,
+                 "BITS": bits, "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32",
+                 "ROUND_TILES": True, "PAGE_TILE": True, "CONTINUE": False, "PDL": False, "MASK_SPLIT": block_m > 16,
+                 "LAZY_RESCALE": False, "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": load_per_token, "HALF_TILES": 2}
     [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
                             num_warps=4 if block_m == 16 else 8, num_stages=2)
     assert result["ok"], result.get("error")
