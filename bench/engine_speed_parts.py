@@ -679,8 +679,8 @@ def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[
 def decode_window_check(batches: tuple[int, ...] = (1, 8), context: int = 32768, window: int = 17) -> dict:
     """A graphed int2 decode step's attention layer, its residual windows (`window` open keys a sequence, bf16)
     after `context` closed ones: the window attended in the split merge (paged_attention's window, the engine's
-    default) against the pool pass then a window pass continuing it (session 16's three launches); ms of each
-    and the largest difference between their outputs."""
+    default) against the pool pass then a window pass continuing it (session 16's three launches); ms of each,
+    the largest difference between their outputs, and each one's from the naive attention over both key ranges."""
     return {f"int2_decode_b{batch}_{context // 1024}k_window{window}": _decode_window_case(batch, context, window)
             for batch in batches}
 
@@ -718,8 +718,17 @@ def _decode_window_case(batch: int, context: int, window: int) -> dict:
                                   max_q_len=1, prev=prev, out=two_out, out_lse=lse)
 
     a, b = fused()[0].float().clone(), two_passes()[0].float().clone()
+    # The reference: the naive attention over the pool's keys and over the window's, merged in fp32.
+    from headroom.kernels.attention_merge import merge_two
+    from headroom.kernels.paged_kv import naive_paged_attention
+
+    pool, pool_lse = naive_paged_attention(q, positions, offsets, table, starts, closed, kv, scale)
+    seen, seen_lse = naive_paged_attention(q, positions, offsets, window_table, closed, window_lens, window_kv, scale)
+    want, _ = merge_two(pool.float(), pool_lse, seen.float(), seen_lse)
     return {"fused_ms": _bench(fused), "two_passes_ms": _bench(two_passes),
-            "max_abs_fused_vs_two_passes": float((a - b).abs().max()), "finite": bool(torch.isfinite(a).all())}
+            "max_abs_fused_vs_two_passes": float((a - b).abs().max()),
+            "max_abs_fused_vs_naive": float((a - want.float()).abs().max()),
+            "max_abs_two_passes_vs_naive": float((b - want.float()).abs().max()), "finite": bool(torch.isfinite(a).all())}
 
 
 def _block_path_case(context: int, chunk: int) -> dict:
