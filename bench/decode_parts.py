@@ -6,6 +6,7 @@ against fla's chunked kernels (engine/layers/linear_attention.py RECURRENT_ROWS)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -117,10 +118,25 @@ def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[in
     return sorted(splits)
 
 
+def gemv_prefetches() -> list[int]:
+    """GEMV_PREFETCH (a comma list of 1, 2, 4; default "1"): the weight tiles a program loads before its PDL wait
+    (GemvConfig.prefetch) that the sweep times each tile with."""
+    text = os.environ.get("GEMV_PREFETCH", "1").strip() or "1"
+    values = sorted({int(p) for p in text.split(",") if p.strip()})
+    if not values or any(p not in (1, 2, 4) for p in values):
+        raise ValueError(f"GEMV_PREFETCH={text!r}: a comma list of 1, 2 and 4")
+    return values
+
+
 def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
     """The GemvConfigs the sweep times at a shape and row count, most promising first (for up to 8 rows the
     CUDA-core tiles first; then for several rows, at each stage count the swapped tiles, then the unswapped
-    ones)."""
+    ones), each with every prefetch of gemv_prefetches()."""
+    prefetches = gemv_prefetches()
+    return [dataclasses.replace(config, prefetch=p) for config in _gemv_tiles(n, k, rows, sms) for p in prefetches]
+
+
+def _gemv_tiles(n: int, k: int, rows: int, sms: int) -> list:
     from headroom.kernels.gemv import CORE_ROWS_MAX, GemvConfig
 
     def configs(stages, tiles, **fields) -> list:

@@ -396,6 +396,8 @@ def _gemv_part(state: dict, target: Path) -> dict:
                   "the previous table)")
     if decode_parts.GEMV_MIN_GAIN_ENV in os.environ:
         source = f"{decode_parts.GEMV_MIN_GAIN_ENV}={os.environ[decode_parts.GEMV_MIN_GAIN_ENV]} {source}"
+    if decode_parts.gemv_prefetches() != [1]:
+        source = f"GEMV_PREFETCH={','.join(map(str, decode_parts.gemv_prefetches()))} {source}"
     configs = decode_parts.gemv_table(sweep, entries_for(gemv.TUNED_CONFIGS, parts.DEV))
     text = table_text(parts.DEV, configs, source, gemv.TUNED_CONFIGS)
     (target / "gemv_tuned_configs.json").write_text(text)

@@ -75,7 +75,7 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
                  "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": False,
-                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False}
+                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": 1}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_n * block_k / (32 * warps), {"M", "num_splits"})

@@ -53,6 +53,10 @@ class GemvConfig:
     swap_ab: bool = False
     # 2 to 8 rows on the CUDA cores (CORE_ROWS; swap_ab then ignored); one row and 9-16 rows ignore it.
     rows_on_cores: bool = False
+    # Weight tiles a program loads before waiting on the kernel before it (PDL; 1, 2 or 4, at most a split's tiles):
+    # in a decode step the next GEMV's weights then stream while the small kernels between two GEMVs run
+    # (bench/pdl_probe.py: a 4 MiB streaming kernel 3.19 us with PDL, 1.37 with all its weights loaded first).
+    prefetch: int = 1
 
 
 # The most rows CORE_ROWS takes: each row is another FFMA a weight element, and at 8 the loop already issues
@@ -189,7 +193,7 @@ def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
-    SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr,
+    SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -206,7 +210,9 @@ def gemv_fwd_kernel(
     loop; 206-254 registers at 8 rows, no spills). ROW_SUM (larger tiles): acc [BLOCK_M, BLOCK_N], the products
     summed over the units every tile, which bounds the accumulator but costs a shuffle tree a tile for every
     (row, weight row) a thread holds: 77 instructions a weight element at 8 rows of 32 x 256 (1792 SHFLs a tile,
-    spills), a fallback for tiles too large, not a contender."""
+    spills), a fallback for tiles too large, not a contender. PREFETCH (1, 2 or 4; GemvConfig.prefetch): weight
+    tiles loaded before the PDL wait, then multiplied in order before the loop takes the rest (the same sums, in
+    the same order, as PREFETCH 1)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -246,15 +252,31 @@ def gemv_fwd_kernel(
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_first = k_lo
-    if PDL:
+    if PDL or PREFETCH > 1:
         # Programmatic dependent launch (kernels/pdl.py): the weights do not depend on the kernel before this one,
-        # so the first tile is in flight before waiting on it; only x (and the outputs, the split counters) do.
-        gdc_launch_dependents()
-        b_w = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
-        gdc_wait()
-        acc = _multiply_add(acc, b_w, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
+        # so the first PREFETCH tiles are in flight before waiting on it; only x (and the outputs, the split
+        # counters) do. (Every split holds at least PREFETCH tiles: the launcher sees to it.)
+        if PDL:
+            gdc_launch_dependents()
+        b_w0 = _weight_tile(p_w, 0, offs_u, k_hi - k_lo, EVEN_K, UNIT)
+        if PREFETCH > 1:
+            b_w1 = _weight_tile(p_w, BLOCK_U, offs_u, k_hi - k_lo - BLOCK_K, EVEN_K, UNIT)
+        if PREFETCH > 2:
+            b_w2 = _weight_tile(p_w, 2 * BLOCK_U, offs_u, k_hi - k_lo - 2 * BLOCK_K, EVEN_K, UNIT)
+            b_w3 = _weight_tile(p_w, 3 * BLOCK_U, offs_u, k_hi - k_lo - 3 * BLOCK_K, EVEN_K, UNIT)
+        if PDL:
+            gdc_wait()
+        acc = _multiply_add(acc, b_w0, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
                             SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
-        k_first = k_lo + BLOCK_K
+        if PREFETCH > 1:
+            acc = _multiply_add(acc, b_w1, p_x, p_u, BLOCK_U, offs_u, m_m, k_hi - k_lo - BLOCK_K, BLOCK_M, EVEN_K,
+                                PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+        if PREFETCH > 2:
+            acc = _multiply_add(acc, b_w2, p_x, p_u, 2 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 2 * BLOCK_K, BLOCK_M,
+                                EVEN_K, PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+            acc = _multiply_add(acc, b_w3, p_x, p_u, 3 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 3 * BLOCK_K, BLOCK_M,
+                                EVEN_K, PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+        k_first = k_lo + PREFETCH * BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
@@ -332,6 +354,11 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
     x_arg = (x[0] if num_rows == 1 else x).view(torch.int32) if pairs else x
     up_arg = x_arg if up is None else (up[0] if num_rows == 1 else up).view(torch.int32) if pairs else up
+    if config.prefetch not in (1, 2, 4):
+        raise ValueError(f"gemv: prefetch={config.prefetch} must be 1, 2 or 4 weight tiles")
+    # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
+    prefetch = max(p for p in (1, 2, 4) if p <= config.prefetch and p * config.block_k <= k - (split - 1) * k_per_split
+                   or p == 1)
     # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
     acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
     gemv_fwd_kernel[(blocks, split)](
@@ -344,7 +371,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
-        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, **pdl_launch(x.device),
+        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, **pdl_launch(x.device),
     )
     return out
 
@@ -380,11 +407,12 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:
     """The shipped table's entries for this GPU and Triton version (none for another version: timings differ),
     keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
-    down projection) is a plain one, one without "swap_ab" (tables before it) is not swapped, and one without
-    "rows_on_cores" runs several rows on the tensor cores."""
+    down projection) is a plain one, one without "swap_ab" (tables before it) is not swapped, one without
+    "rows_on_cores" runs several rows on the tensor cores, and one without "prefetch" loads one tile before its
+    PDL wait."""
     from headroom.kernels.tuned_table import entries_for
 
     return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
             GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
-                       c.get("swap_ab", False), c.get("rows_on_cores", False))
+                       c.get("swap_ab", False), c.get("rows_on_cores", False), c.get("prefetch", 1))
             for c in entries_for(TUNED_CONFIGS, device)}

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 _CHILD = r"""
-import importlib, json, sys
+import importlib, inspect, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -19,6 +19,10 @@ from triton.compiler import ASTSource
 results = []
 for module, name, pointers, constants, warps, stages in json.loads(sys.stdin.read()):
     kernel = getattr(importlib.import_module(module), name)
+    # A constexpr the variant leaves out takes its default, as a launch that leaves it out would (not an i32).
+    for param in inspect.signature(kernel.fn).parameters.values():
+        if param.name not in constants and param.default is not param.empty and "constexpr" in str(param.annotation):
+            constants[param.name] = param.default
     signature = {n: "constexpr" if n in constants else pointers.get(n, "i32") for n in kernel.arg_names}
     try:
         compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),

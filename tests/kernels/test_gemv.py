@@ -403,6 +403,16 @@ def test_compiles_for_the_h200():
             "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": even_k,
             "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": False, "CORE_ROWS": True,
             "ROW_SUM": row_sum}))
+    # Tiles loaded before the PDL wait (prefetch): one row, swapped 16 rows, 8 rows on the CUDA cores.
+    for rows, block_n, block_k, pairs, swap, cores, prefetch in ((1, 8, 512, True, False, False, 4),
+                                                                 (16, 128, 64, False, True, False, 2),
+                                                                 (8, 8, 512, True, False, True, 4)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "PREFETCH": prefetch}))
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         assert ("griddepcontrol.wait" in result["ptx"]) == constants["PDL"], constants
@@ -412,3 +422,28 @@ def test_compiles_for_the_h200():
             assert "wgmma.mma_async" in result["ptx"], constants
         if constants["CORE_ROWS"]:
             assert "mma" not in result["ptx"], constants
+
+
+@pytest.mark.parametrize("prefetch", [2, 4])
+@pytest.mark.parametrize(("rows", "k", "block_k", "split", "rows_on_cores"), [
+    (1, 1024, 128, 1, False),  # one row, eight tiles: four loaded before the loop takes the rest
+    (1, 512, 128, 3, False),  # splits of 2, 1 and 1 tiles: the last split's one tile bounds the prefetch to 1
+    (1, 328, 64, 2, False),  # a ragged tail (masked pair tile)
+    (4, 640, 64, 2, True),  # several rows on the CUDA cores
+    (16, 512, 64, 1, False),  # the tensor cores
+])
+def test_prefetched_tiles_give_the_same_sums(prefetch, rows, k, block_k, split, rows_on_cores):
+    """GemvConfig.prefetch: weight tiles loaded before the (PDL) wait, then multiplied in order: the same answer bit
+    for bit as one tile first, and within reach of F.linear; a split shorter than the prefetch takes fewer."""
+    x, w = _case(rows * 7 + k + prefetch, rows, 40, k)
+    plain = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores)
+    ahead = GemvConfig(**{**vars(plain), "prefetch": prefetch})
+    got = gemv(x, w, ahead)
+    assert torch.equal(got, gemv(x, w, plain))
+    _check(got, x, w)
+
+
+def test_a_prefetch_outside_1_2_4_is_refused():
+    x, w = _case(1, 1, 8, 256)
+    with pytest.raises(ValueError, match="prefetch=3 must be 1, 2 or 4"):
+        gemv(x, w, GemvConfig(block_n=16, block_k=64, prefetch=3))
