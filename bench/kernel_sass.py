@@ -4,7 +4,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF]]]] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
@@ -157,6 +157,8 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     # HALF, an eleventh: fp16 KIVI tiles (HALF_TILES: 1 their codes in Triton, as the interpreter runs them; 2 by
     # inline PTX, as the GPU does).
     half_tiles = fields[10] if len(fields) > 10 else 0
+    # MAXREG, a twelfth: a register cap for ptxas (maxnreg; 0 none), as the tuning's max_registers.
+    max_registers = fields[11] if len(fields) > 11 else 0
     if common:
         source = Path(module.__file__).read_text()
         for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
@@ -173,8 +175,9 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     constants["MAGIC_IN_REGISTER"] = bool(magic)
     constants["LOAD_PER_TOKEN"] = bool(load_per_token)
     constants["HALF_TILES"] = half_tiles
-    return (module.paged_attention_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
-            block_m * block_n / (32 * warps), _ATTENTION_NOT_DIVISIBLE)
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": max_registers} if max_registers else {})}
+    return (module.paged_attention_fwd_kernel, pointers, constants, options, block_m * block_n / (32 * warps),
+            _ATTENTION_NOT_DIVISIBLE)
 
 
 def main_loop(sass: str) -> list[str]:
@@ -227,7 +230,7 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF]]]",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,

@@ -50,9 +50,10 @@ MAGIC_EXPONENT: tl.constexpr = tl.constexpr(150)
 # Tile config overrides for extend (prefill) and decode launches, keys block_n, num_warps, num_stages (and
 # block_m for extend), the loop variants mask_split (no causal or range mask on tiles every row sees whole)
 # and lazy_rescale (RESCALE_LOG2), the KIVI loads magic_register (MAGIC_IN_REGISTER), load_per_token
-# (LOAD_PER_TOKEN) and half_tiles (HALF_TILES: fp16 tiles, _load_kivi_pages), and for decode d_chunks and max_registers (kernels/kivi_decode.py) and splits_x (that many times
-# default_num_splits' key splits): set only by bench/engine_speed.py's tile sweeps and tuned rows; a key left out
-# takes EXTEND_DEFAULTS / DECODE_DEFAULTS below, or 0.
+# (LOAD_PER_TOKEN) and half_tiles (HALF_TILES: fp16 tiles, _load_kivi_pages), max_registers (a register cap
+# for ptxas, also kernels/kivi_decode.py's), and for decode d_chunks (kernels/kivi_decode.py) and splits_x (that
+# many times default_num_splits' key splits): set only by bench/engine_speed.py's tile sweeps and tuned rows; a key
+# left out takes EXTEND_DEFAULTS / DECODE_DEFAULTS below, or 0.
 EXTEND_TUNING: dict[str, int] = {}
 DECODE_TUNING: dict[str, int] = {}
 # What a launch takes where its tuning table is silent, measured on the H200 with the same output bit for bit
@@ -174,14 +175,14 @@ def _load_kivi_pages(
         packed = raw.to(tl.int32)
     if HALF == 2:
         # fp16 codes on the GPU, four a register (HALF_CODES_ASM: five instructions for four codes, where the fp32
-        # path below spends about four an element and a conversion to bf16 a pair), each times 2^-p, exactly.
+        # path below spends about four an element and a conversion to bf16 a pair): code * 2^p, the 2^-p going
+        # into the scales below (one multiply a scale, not an element).
         full: tl.constexpr = (NUM_PAGES, ROWS, per_byte, BLOCK_D)
         offsets = tl.arange(0, per_byte) * BITS
         masks = tl.broadcast_to((((1 << BITS) - 1) << offsets).to(tl.uint8)[None, None, :, None], full)
-        scaled = tl.inline_asm_elementwise(asm=HALF_CODES_ASM, constraints="=r,=r,r,r",
-                                           args=[tl.broadcast_to(raw, full), masks], dtype=tl.float16, is_pure=True,
-                                           pack=4)
-        codes = scaled * tl.exp2(-offsets.to(tl.float32)).to(tl.float16)[None, None, :, None]
+        codes = tl.inline_asm_elementwise(asm=HALF_CODES_ASM, constraints="=r,=r,r,r",
+                                          args=[tl.broadcast_to(raw, full), masks], dtype=tl.float16, is_pure=True,
+                                          pack=4)
     elif HALF:
         # The same fp16 codes where inline PTX cannot run (the interpreter): shifted down, OR-ed into the mantissa
         # of fp16 1024.0 (0x6400, where bit 0 weighs 1), minus 1024.
@@ -208,7 +209,14 @@ def _load_kivi_pages(
         b_z = tl.load(zero_ptr + p_s, mask=m_s, other=0)
         if not HALF:
             b_s, b_z = b_s.to(tl.float32), b_z.to(tl.float32)
-        b_s = tl.reshape(tl.broadcast_to(b_s[:, None, :], shape), (BLOCK_N, BLOCK_D))
+        if HALF == 2:
+            # The codes are code * 2^p: each page's scales times 2^-p per token offset p, [pages, 1, offsets, D],
+            # exact in fp16 (to the subnormal range, whose spacing is far below a KIVI code step).
+            unit = tl.exp2(-(tl.arange(0, per_byte) * BITS).to(tl.float32)).to(tl.float16)
+            b_s4 = b_s[:, None, None, :] * unit[None, None, :, None]
+            b_s = tl.reshape(tl.broadcast_to(b_s4, (NUM_PAGES, ROWS, per_byte, BLOCK_D)), (BLOCK_N, BLOCK_D))
+        else:
+            b_s = tl.reshape(tl.broadcast_to(b_s[:, None, :], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, None, :], shape), (BLOCK_N, BLOCK_D))
     else:
         BLOCK_G: tl.constexpr = BLOCK_D // GROUP_D
@@ -222,6 +230,9 @@ def _load_kivi_pages(
         b_z = tl.load(zero_ptr + p_s, mask=m_g, other=0)
         if not HALF:
             b_s, b_z = b_s.to(tl.float32), b_z.to(tl.float32)
+        if HALF == 2:
+            # Token t's scales times 2^-p, p its offset in its byte (t % per_byte) * BITS (see the keys').
+            b_s = b_s * tl.exp2(-((o_t % per_byte) * BITS).to(tl.float32)).to(tl.float16)[None, :, None]
         b_s = tl.reshape(tl.broadcast_to(b_s[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
         b_z = tl.reshape(tl.broadcast_to(b_z[:, :, :, None], shape), (BLOCK_N, BLOCK_D))
     return codes * b_s + b_z
@@ -475,6 +486,9 @@ def paged_attention_fwd(
             LOAD_PER_TOKEN=flag("load_per_token"),
             HALF_TILES=(2 if q.is_cuda else 1) if flag("half_tiles") and page_tile else 0,
             num_warps=num_warps, num_stages=num_stages,
+            # A sweep's register cap (max_registers: ptxas' maxnreg), for a variant that fits one more program a
+            # multiprocessor under it (half_tiles' decode loop: 186 registers, 168 under a cap of 168, no spills).
+            **({"maxnreg": tuning["max_registers"]} if tuning.get("max_registers") else {}),
             **pdl_launch(q.device),
         )
     if window is not None:

@@ -620,3 +620,29 @@ def test_half_tiles_compile_for_sm90(block_m, load_per_token, bits):
                             num_warps=4 if block_m == 16 else 8, num_stages=2)
     assert result["ok"], result.get("error")
     assert "prmt.b32" in result["ptx"] and "sub.f16x2" in result["ptx"]
+
+
+def test_a_register_cap_reaches_the_launch(monkeypatch):
+    """max_registers in a tuning (half_tiles' decode loop fits three programs a multiprocessor under 168) reaches
+    the general kernel's launch as ptxas' maxnreg, and only where set; the answer is the same."""
+    from headroom.kernels import paged_attention as pa
+
+    kv, table = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16)
+    q, positions, offsets = _batch([64], [1], 4, 64, torch.bfloat16)
+    args = (q, positions, offsets, table, torch.zeros(1, dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
+            kv, 0.125)
+    caps: list = []
+    kernel = pa.paged_attention_fwd_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                caps.append(k.get("maxnreg"))
+                return kernel[grid](*a, **k)
+            return launch
+
+    monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recorded())
+    want = paged_attention(*args)[0]
+    monkeypatch.setitem(pa.DECODE_TUNING, "max_registers", 168)
+    got = paged_attention(*args)[0]
+    assert caps == [None, 168] and torch.equal(got, want)
