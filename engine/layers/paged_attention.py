@@ -40,6 +40,10 @@ DENSE_MIN_ROWS = 2048
 # (kernels/attention_merge_triton.py now puts a barrier between). Until the H200 confirms the fix (dense_pieces, then
 # the dense path's speed) long spans take the paged kernel; HEADROOM_DENSE_ATTENTION=1 turns the dense path on.
 DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "0") == "1"
+# Whether a graphed KIVI decode step attends its residual windows in the pool pass's split merge (session 17: one
+# launch a layer fewer; checked on the CPU, in the interpreter and compiled for sm_90, not yet run on the H200) or in
+# a pass of their own as before; HEADROOM_WINDOW_MERGE=0 takes the pass.
+WINDOW_MERGE = os.environ.get("HEADROOM_WINDOW_MERGE", "1") == "1"
 # ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"
 DENSE_PREFIX = "dense_attention.prefix"
@@ -165,7 +169,7 @@ def paged_attention_over_pool(
         if index is not None:
             window_table, window_lens = index
             window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
-            if batch.is_static and blocks is None:
+            if WINDOW_MERGE and batch.is_static and blocks is None:
                 # A graphed decode step (one row a sequence): the pool's split merge attends the windows too, two
                 # launches a layer as over a bf16 pool, not three.
                 keys = paged_kv.KeyWindow(window, window_table, closed_t, window_lens)

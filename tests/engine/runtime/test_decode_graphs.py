@@ -93,20 +93,27 @@ def test_rows_are_leased_per_request_and_returned(tiny_model_factory):
     assert graphs.can_run([BatchItem(seqs[2], [2])])
 
 
-@pytest.mark.parametrize("kv_dtype,kernels", [("int4", ""), ("int2", ""), ("int2", "store"), ("int2", "attention")])
+@pytest.mark.parametrize("kv_dtype,kernels", [("int4", ""), ("int2", ""), ("int2", "store"), ("int2", "attention"),
+                                              ("int2", "attention-pass")])
 def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, monkeypatch, kv_dtype, kernels):
     """KIVI pages of 32: prompts of 28, 5 and 40 tokens and 30 new tokens each, so graphed steps fill and close
     pages (28 -> 32, 5 -> 32, 40 -> 64) while others only append to their window rows; tokens and logits equal
     the eager path's, and every window row is free again at the end. kernels "store": the norms and rotary through
     their Triton kernels (the interpreter), so that a graphed step's K/V reach the windows through
     qk_norm_rotary_store's own stores at DecodeGraphs' window slots, as on the GPU; "attention": a graphed step's
-    paged attention through its Triton kernels, the windows attended in the split merge (KeyWindow)."""
+    paged attention through its Triton kernels, the windows attended in the split merge (KeyWindow); "attention-pass":
+    the same with the merge off (HEADROOM_WINDOW_MERGE=0), the windows in a pass of their own."""
     from headroom.kernels import ops
 
     if kernels == "store":
         monkeypatch.setattr(ops, "_fused", lambda x, op: op == "rms_norm_rotary")
     windows: list[bool] = []
-    if kernels == "attention":
+    if kernels == "attention-pass":
+        # HEADROOM_WINDOW_MERGE=0: the windows in a pass of their own.
+        from headroom.engine.layers import paged_attention as layer
+
+        monkeypatch.setattr(layer, "WINDOW_MERGE", False)
+    if kernels.startswith("attention"):
         from headroom.kernels import paged_attention
 
         def on_the_kernels(*args, window=None, **kwargs):
@@ -133,9 +140,13 @@ def test_kivi_static_decode_crosses_pages_as_the_eager_path(tiny_model_factory, 
     for a, b in zip(runs[0], runs[3], strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(a.prompt_logits, b.prompt_logits, atol=1e-5, rtol=0)
-    if kernels == "attention":
+    if kernels.startswith("attention"):
         # (On the CPU only static passes take the paged kernels; eager ones attend a gathered context.)
-        assert len(windows) >= 25 and all(windows), "every graphed step attended its windows in the split merge"
+        assert len(windows) >= 25
+        if kernels == "attention":
+            assert all(windows), "every graphed step attended its windows in the split merge"
+        else:
+            assert not any(windows), "with the merge off, no graphed step handed its windows to the merge"
 
 
 def test_bad_sizes_are_refused_with_the_numbers(tiny_model_factory):
