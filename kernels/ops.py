@@ -241,10 +241,9 @@ def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, 
         got, got_lse = naive_merge_two(prev[0].float(), prev[1], got.float(), got_lse)
     if window is not None:
         window.check(q, kv.num_kv_heads)
-        chunks = q_offsets[1:] - q_offsets[:-1]
-        if prev is not None or q.shape[0] != kv_table.shape[0] or bool((chunks != 1).any()):
-            raise ValueError(f"a key window joins decode launches only (one row a sequence, no prev): {q.shape[0]} rows "
-                             f"of {kv_table.shape[0]} sequences, prev {prev is not None}")
+        if q.shape[0]:
+            window.require_decode(q.shape[0], kv_table.shape[0], int((q_offsets[1:] - q_offsets[:-1]).max()),
+                                  prev is not None)
         rows = torch.arange(q.shape[0] + 1, dtype=torch.int32)
         seen, seen_lse = naive_paged_attention(q, q_positions, rows, window.table, window.start, window.lens, window.kv,
                                                scale)

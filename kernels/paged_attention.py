@@ -406,9 +406,6 @@ def paged_attention_fwd(
     num_tokens, num_q_heads, head_dim = q.shape
     if prev is not None and num_splits != 1:
         raise ValueError(f"continuing an earlier key range (prev) takes one split, got num_splits={num_splits}")
-    if window is not None and (prev is not None or max_q_len != 1 or num_tokens != kv_table.shape[0]):
-        raise ValueError(f"a key window joins decode launches only (one row a sequence, no prev): {num_tokens} rows "
-                         f"of {kv_table.shape[0]} sequences, max_q_len={max_q_len}, prev {prev is not None}")
     group = num_q_heads // kv.num_kv_heads
     block_m = _block_m(max_q_len * group)
     extend = block_m > 16
@@ -549,10 +546,12 @@ def paged_attention(
     decode launches (one query row a sequence, no prev): the result is attention over both ranges.
     """
     _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
-    if window is not None:
-        window.check(q, kv.num_kv_heads)
     if max_q_len is None:
         max_q_len = int((q_offsets[1:] - q_offsets[:-1]).max().item()) if kv_table.shape[0] else 0
+    if window is not None:
+        window.check(q, kv.num_kv_heads)
+        if q.shape[0]:
+            window.require_decode(q.shape[0], kv_table.shape[0], max_q_len, prev is not None)
     out = torch.empty_like(q) if out is None else out
     out_lse = q.new_empty(q.shape[:2], dtype=torch.float32) if out_lse is None else out_lse
     if out.shape != q.shape or out.stride(-1) != 1 or out_lse.shape != q.shape[:2] or out_lse.dtype != torch.float32:
@@ -562,8 +561,6 @@ def paged_attention(
         raise ValueError(f"prev out {tuple(prev[0].shape)} and lse {tuple(prev[1].shape)} ({prev[1].dtype}) must be "
                          f"{tuple(q.shape)} and fp32 {tuple(q.shape[:2])}, last dimensions contiguous")
     if q.shape[0] == 0 or max_q_len == 0:
-        if window is not None and q.shape[0]:
-            raise ValueError("a key window needs its rows' query chunks (max_q_len 1)")
         if prev is not None:
             # No key in this range: the earlier range's answer stands.
             return out.copy_(prev[0]), out_lse.copy_(prev[1])

@@ -119,6 +119,14 @@ class KeyWindow:
         if any(t.dtype != torch.int32 for t in (self.table, self.start, self.lens)) or self.table.stride(-1) != 1:
             raise ValueError("key window: table, start and lens must be int32, the table's last dimension contiguous")
 
+    @staticmethod
+    def require_decode(rows: int, seqs: int, max_q_len: int, continues: bool) -> None:
+        """A window joins decode launches only: one query row a sequence (row t's window is sequence t's), no
+        earlier range to continue."""
+        if continues or max_q_len != 1 or rows != seqs:
+            raise ValueError(f"a key window joins decode launches only (one row a sequence, no prev): {rows} rows of "
+                             f"{seqs} sequences, max_q_len={max_q_len}, prev {continues}")
+
 
 @dataclass(frozen=True)
 class PrefixBlocks:
