@@ -357,8 +357,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     if config.prefetch not in (1, 2, 4):
         raise ValueError(f"gemv: prefetch={config.prefetch} must be 1, 2 or 4 weight tiles")
     # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
-    prefetch = max(p for p in (1, 2, 4) if p <= config.prefetch and p * config.block_k <= k - (split - 1) * k_per_split
-                   or p == 1)
+    last_split = k - (split - 1) * k_per_split
+    prefetch = max(p for p in (1, 2, 4) if p == 1 or (p <= config.prefetch and p * config.block_k <= last_split))
     # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
     acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
     gemv_fwd_kernel[(blocks, split)](
