@@ -3,7 +3,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
 
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
@@ -67,15 +67,19 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     not take are left out, so that one spec counts the kernel of any commit (before/after figures)."""
     from headroom.kernels.gemv import gemv_fwd_kernel
 
-    block_m, block_n, block_k, warps, stages = map(int, spec.split(","))
+    fields = [int(x) for x in spec.split(",")]
+    block_m, block_n, block_k, warps, stages = fields[:5]
+    # PREFETCH and PDL, a sixth and seventh field (1 and 0 when left out): weight tiles before the PDL wait.
+    prefetch = fields[5] if len(fields) > 5 else 1
+    pdl = bool(fields[6]) if len(fields) > 6 else False
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
     pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
                 "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
     # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
-                 "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": False,
-                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": 1}
+                 "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": pdl,
+                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
             block_n * block_k / (32 * warps), {"M", "num_splits"})
@@ -229,7 +233,7 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES",
+              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL]]",
               "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
