@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from headroom.kernels.pdl import pdl_launch
-from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split
+from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split, _split_total
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
@@ -108,13 +108,27 @@ def _products(acc, w_lo, x_lo, w_hi, x_hi, HI: tl.constexpr, ROWS: tl.constexpr,
 
 
 @triton.jit
-def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, ROWS: tl.constexpr,
-                ROW_SUM: tl.constexpr):
+def _rms_normed(x, g, rstd, UNIT_OFFSET: tl.constexpr, dtype: tl.constexpr):
+    """fp32 x's RMSNorm with weight g (fp32) and the row's 1 / rms, rounded to dtype and back to fp32 where and as
+    kernels/norm_triton.py's rms_norm rounds it: Qwen3.5's (1 + g) in fp32 before the one rounding, Qwen3's g after
+    rounding the normed x. So a GEMV that norms its input as it loads it (NORM) multiplies what rms_norm stores."""
+    if UNIT_OFFSET:
+        y = x * rstd * (1.0 + g)
+    else:
+        y = (x * rstd).to(dtype).to(tl.float32) * g
+    return y.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
     """acc plus the products of weight tile b_w and x b_x ([units] for one row, ROWS: [BLOCK_M, units]; see
     _products), an FFMA each. PAIRS: both are bf16 pairs read as int32 (low element in the low half), and a bf16
     is the top half of an fp32: the high element is one mask, the low one a shift (a bf16 -> fp32 conversion of
     the high element costs ptxas two, PRMT and shift); a weight pair is unpacked once however many rows use it.
-    SILU_MUL: b_x is the gate and b_u the up half of the same units; x is silu(gate) * up (see _silu_mul)."""
+    SILU_MUL: b_x is the gate and b_u the up half of the same units; x is silu(gate) * up (see _silu_mul).
+    NORM: b_u is the norm's weight at the same units and rstd the rows' 1 / rms (a scalar for one row, ROWS:
+    [BLOCK_M, 1]); x is b_x normed (see _rms_normed)."""
     if PAIRS:
         w_lo = (b_w << 16).to(tl.float32, bitcast=True)
         w_hi = (b_w & -65536).to(tl.float32, bitcast=True)
@@ -123,12 +137,17 @@ def _accumulate(acc, b_w, b_x, b_u, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr,
         if SILU_MUL:
             x_lo = _silu_mul(x_lo, (b_u << 16).to(tl.float32, bitcast=True), tl.bfloat16)
             x_hi = _silu_mul(x_hi, (b_u & -65536).to(tl.float32, bitcast=True), tl.bfloat16)
+        if NORM:
+            x_lo = _rms_normed(x_lo, (b_u << 16).to(tl.float32, bitcast=True), rstd, UNIT_OFFSET, tl.bfloat16)
+            x_hi = _rms_normed(x_hi, (b_u & -65536).to(tl.float32, bitcast=True), rstd, UNIT_OFFSET, tl.bfloat16)
         acc = _products(acc, w_lo, x_lo, w_hi, x_hi, True, ROWS, ROW_SUM)
     else:
         # (if/else, not an early return: see _multiply_add)
         x = b_x.to(tl.float32)
         if SILU_MUL:
             x = _silu_mul(x, b_u.to(tl.float32), b_x.dtype)
+        if NORM:
+            x = _rms_normed(x, b_u.to(tl.float32), rstd, UNIT_OFFSET, b_x.dtype)
         w = b_w.to(tl.float32)
         acc = _products(acc, w, x, w, x, False, ROWS, ROW_SUM)
     return acc
@@ -157,30 +176,35 @@ def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
 
 
 @triton.jit
-def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-                  PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr, SWAP_AB: tl.constexpr,
-                  CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
+def _multiply_add(acc, b_w, p_x, p_u, rstd, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr,
+                  EVEN_K: tl.constexpr, PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr,
+                  NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr,
+                  ROW_SUM: tl.constexpr):
     """acc plus x's matching tile times b_w: CUDA-core products for one row and for CORE_ROWS, the tensor cores
     for more (SWAP_AB: acc [BLOCK_N, BLOCK_M] += w-tile @ x-tile.T, else acc [BLOCK_M, BLOCK_N] += x-tile @
     w-tile.T). SILU_MUL: x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked
-    units are 0: silu(0) is)."""
+    units are 0: silu(0) is). NORM: x is the RMSNorm of p_x's tile with the weight at p_u (every row's pointers
+    the same units of it) and the rows' rstd (masked units are 0: their norm is)."""
     # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
     if BLOCK_M == 1 or CORE_ROWS:
         # CORE_ROWS: p_x's rows past M repeat row M - 1 (see gemv_fwd_kernel), so only K masks
         mask = m_u if BLOCK_M == 1 else m_u[None, :]
         b_x = _x_tile(p_x, step, mask, EVEN_K, False)
-        if SILU_MUL:
+        if SILU_MUL or NORM:
             b_u = _x_tile(p_u, step, mask, EVEN_K, False)
         else:
             b_u = b_x
-        acc = _accumulate(acc, b_w, b_x, b_u, PAIRS, SILU_MUL, CORE_ROWS, ROW_SUM)
+        acc = _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS, SILU_MUL, NORM, UNIT_OFFSET, CORE_ROWS, ROW_SUM)
     else:
         mask = m_m[:, None] if EVEN_K else m_m[:, None] & m_u[None, :]
         b_x = _x_tile(p_x, step, mask, EVEN_K, True)
         if SILU_MUL:
             b_u = _x_tile(p_u, step, mask, EVEN_K, True)
             b_x = _silu_mul(b_x.to(tl.float32), b_u.to(tl.float32), b_x.dtype).to(b_x.dtype)
+        if NORM:
+            b_u = _x_tile(p_u, step, mask, EVEN_K, True)
+            b_x = _rms_normed(b_x.to(tl.float32), b_u.to(tl.float32), rstd, UNIT_OFFSET, b_x.dtype).to(b_x.dtype)
         if SWAP_AB:
             acc = tl.dot(b_w, tl.trans(b_x), acc)
         else:
@@ -189,11 +213,56 @@ def _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, remaining, BLOCK_M: tl.
 
 
 @triton.jit
+def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
+    """1 / rms of the input rows (NORM) from the partial sums of squares the GEMV that wrote them left (RESIDUAL:
+    [M, num_parts] fp32, one a block of its output), summed in a fixed order (the same in every program and run):
+    a scalar for one row, else [BLOCK_M] for the row indices `rows`."""
+    CHUNK: tl.constexpr = 64
+    offs_p = tl.arange(0, CHUNK)
+    if BLOCK_M == 1:
+        total = tl.zeros([CHUNK], dtype=tl.float32)
+        for p0 in range(0, num_parts, CHUNK):
+            total += tl.load(sumsq + p0 + offs_p, mask=p0 + offs_p < num_parts, other=0.0)
+        squares = tl.sum(total, axis=0)
+    else:
+        total = tl.zeros([BLOCK_M, CHUNK], dtype=tl.float32)
+        for p0 in range(0, num_parts, CHUNK):
+            total += tl.load(sumsq + rows[:, None] * num_parts + p0 + offs_p[None, :],
+                             mask=(p0 + offs_p < num_parts)[None, :], other=0.0)
+        squares = tl.sum(total, axis=1)
+    # as kernels/norm_triton.py's rms_norm computes it from its own sum
+    return 1.0 / tl.sqrt(squares / K + eps)
+
+
+@triton.jit
+def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
+                  SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr):
+    """Store the output block (summed over its splits first where K is split: _split_total). RESIDUAL: the block
+    stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
+    as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
+    (m_q: the rows that exist), for the next GEMV's NORM."""
+    if RESIDUAL:
+        total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
+        y = total.to(p_o.dtype.element_ty).to(tl.float32)
+        # (tl.where: see _split_total)
+        r = (tl.load(p_r, mask=tl.where(last, mask, False), other=0.0).to(tl.float32) + y).to(p_o.dtype.element_ty)
+        tl.store(p_o, r, mask=tl.where(last, mask, False))
+        r = tl.where(mask, r.to(tl.float32), 0.0)
+        tl.store(p_q, tl.sum(r * r, axis=N_AXIS), mask=tl.where(last, m_q, False))
+    else:
+        _finish_split(acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
+
+
+# num_parts (NORM: the blocks of the GEMV before; RESIDUAL: this one's) is no specialisation key: 160 and 40 blocks
+# would be two compiles of the same kernel (Triton keys integer arguments on divisibility by 16).
+@triton.jit(do_not_specialize=["num_parts"])
 def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
+    res, sumsq, num_parts, stride_rm, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -212,7 +281,12 @@ def gemv_fwd_kernel(
     (row, weight row) a thread holds: 77 instructions a weight element at 8 rows of 32 x 256 (1792 SHFLs a tile,
     spills), a fallback for tiles too large, not a contender. PREFETCH (1, 2 or 4; GemvConfig.prefetch): weight
     tiles loaded before the PDL wait, then multiplied in order before the loop takes the rest (the same sums, in
-    the same order, as PREFETCH 1)."""
+    the same order, as PREFETCH 1). NORM (RMSNorm fused in front, normed_gemv): x is the residual stream and `up`
+    the norm's weight [K] (stride_um 0: every row reads the same), sumsq the [M, num_parts] partial sums of squares
+    of x's rows; each x tile is normed as it is loaded (UNIT_OFFSET: Qwen3.5's 1 + weight). RESIDUAL (the
+    residual add fused behind, residual_gemv): out = res + x @ w.T (res row stride stride_rm), and each output
+    block's sums of squares of out's rows at sumsq[m, block] (num_parts blocks): the next GEMV's NORM input.
+    Not both in one launch (sumsq is the one's input or the other's output)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -266,46 +340,60 @@ def gemv_fwd_kernel(
             b_w3 = _weight_tile(p_w, 3 * BLOCK_U, offs_u, k_hi - k_lo - 3 * BLOCK_K, EVEN_K, UNIT)
         if PDL:
             gdc_wait()
-        acc = _multiply_add(acc, b_w0, p_x, p_u, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+    # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait)
+    if NORM:
+        rstd = _row_rstd(sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
+        if BLOCK_M > 1:
+            rstd = rstd[:, None]
+    else:
+        rstd = 1.0
+    if PDL or PREFETCH > 1:
+        acc = _multiply_add(acc, b_w0, p_x, p_u, rstd, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
+                            SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
         if PREFETCH > 1:
-            acc = _multiply_add(acc, b_w1, p_x, p_u, BLOCK_U, offs_u, m_m, k_hi - k_lo - BLOCK_K, BLOCK_M, EVEN_K,
-                                PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+            acc = _multiply_add(acc, b_w1, p_x, p_u, rstd, BLOCK_U, offs_u, m_m, k_hi - k_lo - BLOCK_K, BLOCK_M,
+                                EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
         if PREFETCH > 2:
-            acc = _multiply_add(acc, b_w2, p_x, p_u, 2 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 2 * BLOCK_K, BLOCK_M,
-                                EVEN_K, PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
-            acc = _multiply_add(acc, b_w3, p_x, p_u, 3 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 3 * BLOCK_K, BLOCK_M,
-                                EVEN_K, PAIRS, UNIT, SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+            acc = _multiply_add(acc, b_w2, p_x, p_u, rstd, 2 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 2 * BLOCK_K,
+                                BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS,
+                                ROW_SUM)
+            acc = _multiply_add(acc, b_w3, p_x, p_u, rstd, 3 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 3 * BLOCK_K,
+                                BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS,
+                                ROW_SUM)
         k_first = k_lo + PREFETCH * BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
-        acc = _multiply_add(acc, b_w, p_x, p_u, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, SWAP_AB, CORE_ROWS, ROW_SUM)
+        acc = _multiply_add(acc, b_w, p_x, p_u, rstd, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
+                            SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
+    # RESIDUAL: this block's sums of squares at sumsq[m, pid_n]
+    p_q = sumsq + offs_m * num_parts + pid_n
     if BLOCK_M == 1:
-        _finish_split(tl.sum(acc, axis=1), out + offs_n, ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
-                      SPLIT)
+        _finish_block(tl.sum(acc, axis=1), out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0, ws, counters,
+                      pid_n, offs_n, m_n, num_splits, pid_s, N, SPLIT, RESIDUAL, 0)
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
-        _finish_split(acc, out + offs_m[None, :] * stride_om + offs_n[:, None], ws, counters, pid_n,
+        _finish_block(acc, out + offs_m[None, :] * stride_om + offs_n[:, None],
+                      res + offs_m[None, :] * stride_rm + offs_n[:, None], p_q, m_m, ws, counters, pid_n,
                       offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N,
-                      SPLIT)
+                      SPLIT, RESIDUAL, 0)
     else:
         if CORE_ROWS and not ROW_SUM:
             # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
             # SWAP_AB with CORE_ROWS), stored the same way
             acc = tl.sum(acc, axis=2)
-        _finish_split(acc, out + offs_m[:, None] * stride_om + offs_n[None, :], ws, counters, pid_n,
+        _finish_block(acc, out + offs_m[:, None] * stride_om + offs_n[None, :],
+                      res + offs_m[:, None] * stride_rm + offs_n[None, :], p_q, m_m, ws, counters, pid_n,
                       offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
-                      SPLIT)
+                      SPLIT, RESIDUAL, 1)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16 (2 to 8 on
     the CUDA cores with config.rows_on_cores). One launch also with a split over K: the last split of an output
     block to finish sums the others' fp32 partials."""
-    return _launch(x, None, w, config)
+    return _launch(x, None, w, config)[0]
 
 
 def silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor,
@@ -315,10 +403,8 @@ def silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor,
     contiguous last dim: the column views of MergedLinear's one gate|up output (row stride 2K), or two tensors.
     Equal to gemv(silu_mul(gate, up), w, config) (the activation rounded as silu_mul rounds it; naive_silu_mul_gemv
     is the torch reference)."""
-    if up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
-        raise ValueError(f"silu_mul_gemv: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [M, K] "
-                         "shape and dtype with a contiguous last dimension")
-    return _launch(gate, up, w, config)
+    _check_silu_mul(gate, up)
+    return _launch(gate, up, w, config)[0]
 
 
 def naive_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -328,13 +414,86 @@ def naive_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -
     return torch.nn.functional.linear(naive_silu_mul(gate, up), w)
 
 
-def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
-    """gemv (up None) or silu_mul_gemv (x the gate)."""
+@dataclass(frozen=True)
+class RowNorm:
+    """The RMSNorm normed_gemv applies to its input rows as it loads them: the norm's weight [K] (the rows' dtype),
+    eps, Qwen3.5's unit offset ((1 + weight) * x), and the rows' partial sums of squares [M, parts] fp32 that the
+    residual_gemv writing the rows left (any number of parts: they are summed in order)."""
+
+    sumsq: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    unit_offset: bool
+
+
+def normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
+    """rms_norm(x) @ w [N, K].T -> [M, N] in one launch: the decoder's norm fused in front of the projection that
+    reads it (no norm kernel, no [M, K] normed rows written and read back). x [M, K] is the residual stream as
+    residual_gemv left it, norm.sumsq its rows' sums of squares from the same launch. Each tile is normed and
+    rounded as kernels/norm_triton.py's rms_norm would have stored it; the rows' 1 / rms comes from the parts'
+    sum rather than the norm kernel's own, so it can differ from it in the last bit (naive_normed_gemv is the
+    reference)."""
+    num_rows, k = x.shape
+    if norm.weight.shape != (k,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
+        raise ValueError(f"normed_gemv: the norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} must be "
+                         f"[{k}] contiguous in the rows' dtype {x.dtype}")
+    if norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32 \
+            or not norm.sumsq.is_contiguous():
+        raise ValueError(f"normed_gemv: sums of squares {tuple(norm.sumsq.shape)} {norm.sumsq.dtype} must be "
+                         f"[{num_rows}, parts] contiguous float32, one row for each of x's")
+    return _launch(x, None, w, config, norm=norm)[0]
+
+
+def naive_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.Tensor:
+    """The reference of normed_gemv: rms_norm's reference (its own sums), then F.linear."""
+    from headroom.kernels.norm import naive_rms_norm
+
+    return torch.nn.functional.linear(naive_rms_norm(x, norm.weight, norm.eps, norm.unit_offset), w)
+
+
+def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, config: GemvConfig = GemvConfig(),
+                  up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x @ w [N, K].T, its rows' partial sums of squares [M, blocks] fp32) in one launch: the decoder's
+    residual add fused behind a layer's last projection (up: SwiGLU's down projection, x the gate, as
+    silu_mul_gemv), with what the next normed_gemv needs to norm the sum. The product is rounded to the rows' dtype
+    before the add, as F.linear and then the add round them. residual [M, N] in x's dtype, unit last stride."""
+    num_rows, n = x.shape[0], w.shape[0]
+    if residual.shape != (num_rows, n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError(f"residual_gemv: the residual {tuple(residual.shape)} {residual.dtype} must be [{num_rows}, "
+                         f"{n}] in x's dtype {x.dtype} with a contiguous last dimension")
+    if up is not None:
+        _check_silu_mul(x, up)
+    out, sumsq = _launch(x, up, w, config, residual=residual)
+    assert sumsq is not None
+    return out, sumsq
+
+
+def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                        up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of residual_gemv: the projection (naive_silu_mul_gemv with up), the add, and each row's sum of
+    squares as one part [M, 1]."""
+    y = torch.nn.functional.linear(x, w) if up is None else naive_silu_mul_gemv(x, up, w)
+    out = residual + y
+    return out, out.float().pow(2).sum(-1, keepdim=True)
+
+
+def _check_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> None:
+    if up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
+        raise ValueError(f"silu_mul_gemv: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [M, K] "
+                         "shape and dtype with a contiguous last dimension")
+
+
+def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
+            norm: RowNorm | None = None,
+            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm) or residual_gemv (residual, with or without
+    up): (out, the sums of squares residual_gemv writes, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
                          "(contiguous [N, K])")
+    assert norm is None or (up is None and residual is None), "a norm in front is neither SILU_MUL nor RESIDUAL"
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
     split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
@@ -342,18 +501,25 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     split = triton.cdiv(k, k_per_split)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
     core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
     block_m = 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
-    # and several rows need even row strides too
+    # and several rows need even row strides too (the norm's weight is one row, read by every row)
     operands = (x, w) if up is None else (x, up, w)
     pairs = (num_rows == 1 or core_rows) and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 \
-        and all(t.data_ptr() % 4 == 0 for t in operands) \
+        and all(t.data_ptr() % 4 == 0 for t in operands + ((norm.weight,) if norm is not None else ())) \
         and (num_rows == 1 or all(t.stride(0) % 2 == 0 for t in operands))
     # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
     x_arg = (x[0] if num_rows == 1 else x).view(torch.int32) if pairs else x
-    up_arg = x_arg if up is None else (up[0] if num_rows == 1 else up).view(torch.int32) if pairs else up
+    if norm is not None:
+        # every row reads the same weight (row stride 0)
+        up_arg, stride_u = norm.weight.view(torch.int32) if pairs else norm.weight, 0
+    elif up is not None:
+        up_arg, stride_u = (up[0] if num_rows == 1 else up).view(torch.int32) if pairs else up, up.stride(0)
+    else:
+        up_arg, stride_u = x_arg, x.stride(0)
     if config.prefetch not in (1, 2, 4):
         raise ValueError(f"gemv: prefetch={config.prefetch} must be 1, 2 or 4 weight tiles")
     # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
@@ -361,19 +527,24 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     prefetch = max(p for p in (1, 2, 4) if p == 1 or (p <= config.prefetch and p * config.block_k <= last_split))
     # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
     acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
+    # NORM reads the parts of the GEMV before; RESIDUAL writes its own (one an output block)
+    parts = norm.sumsq if norm is not None else sumsq if sumsq is not None else out
     gemv_fwd_kernel[(blocks, split)](
         # counters only for a split (a launch without one never touches them, nor allocates them)
         x_arg, up_arg, w.view(torch.int32) if pairs else w, out, ws,
         _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0),
-        x.stride(0) if up is None else up.stride(0), w.stride(0), out.stride(0),
+        stride_u, w.stride(0), out.stride(0),
+        residual if residual is not None else out, parts, parts.shape[1] if parts.dim() == 2 else 0,
+        residual.stride(0) if residual is not None else 0, norm.eps if norm is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
-        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, **pdl_launch(x.device),
+        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
+        UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, **pdl_launch(x.device),
     )
-    return out
+    return out, sumsq
 
 
 def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
@@ -391,6 +562,31 @@ def tuned_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -
     if config is None or up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
         return None
     return silu_mul_gemv(gate, up, w, config)
+
+
+def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.Tensor | None:
+    """normed_gemv with the plain shape's shipped configuration (the norm adds no weight bytes: the same tiles
+    stream), or None where none is shipped or the norm's weight is not [K] in the rows' dtype: the caller norms
+    first and then runs its linear."""
+    config = _tuned_config(x, w, PLAIN_INPUT)
+    if config is None or norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype \
+            or not norm.weight.is_contiguous():
+        return None
+    return normed_gemv(x, norm, w, config)
+
+
+def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                        up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """residual_gemv with the shipped configuration of the projection it ends (plain, or with up the fused down
+    projection's), or None where none is shipped or the residual is not [M, N] in x's dtype with unit last stride:
+    the caller projects and adds apart."""
+    config = _tuned_config(x, w, PLAIN_INPUT if up is None else SILU_MUL_INPUT)
+    if config is None or residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype \
+            or residual.stride(-1) != 1:
+        return None
+    if up is not None and (up.shape != x.shape or up.dtype != x.dtype or up.stride(-1) != 1):
+        return None
+    return residual_gemv(x, w, residual, config, up)
 
 
 def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | None:

@@ -67,23 +67,35 @@ def _weight_tile(
 
 
 @triton.jit
-def _finish_split(
-    b_acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT: tl.constexpr,
-):
-    """Store b_acc at p_o, or (split K) park it in the workspace; the tile's last split to arrive sums all of
-    them into p_o and resets the tile's counter. offsets: the elements' offsets inside one split's [M, N]."""
+def _split_total(b_acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT: tl.constexpr):
+    """(b_acc summed over the tile's splits, whether this program holds that sum): without a split b_acc itself;
+    with one (split K) b_acc is parked in the workspace and the tile's last split to arrive sums all of them and
+    resets the tile's counter (the others' loads are masked off). offsets: the elements' offsets inside one
+    split's [M, N]. (A mask and the scalar `last` combine by tl.where: `mask & last` is an integer tensor in
+    Triton's interpreter, which its loads and stores refuse as a mask.)"""
     if SPLIT:
         tl.store(ws + i_s * split_numel + offsets, b_acc, mask=mask)
         tl.debug_barrier()
         arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            b_sum = tl.zeros(b_acc.shape, dtype=tl.float32)
-            for j in range(0, num_splits):
-                b_sum += tl.load(ws + j * split_numel + offsets, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(p_o, b_sum.to(p_o.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(counters + tile, 0)
+        last = arrived == num_splits - 1
+        b_sum = tl.zeros(b_acc.shape, dtype=tl.float32)
+        for j in range(0, num_splits):
+            b_sum += tl.load(ws + j * split_numel + offsets, mask=tl.where(last, mask, False), other=0.0,
+                             cache_modifier=".cg")
+        tl.atomic_xchg(counters + tile, 0, mask=last)
     else:
-        tl.store(p_o, b_acc.to(p_o.dtype.element_ty), mask=mask)
+        b_sum = b_acc
+        last = tile >= 0
+    return b_sum, last
+
+
+@triton.jit
+def _finish_split(
+    b_acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT: tl.constexpr,
+):
+    """Store b_acc at p_o, summed over the tile's splits first where K is split (_split_total)."""
+    b_sum, last = _split_total(b_acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
+    tl.store(p_o, b_sum.to(p_o.dtype.element_ty), mask=tl.where(last, mask, False))
 
 
 @triton.jit

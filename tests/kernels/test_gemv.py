@@ -447,3 +447,197 @@ def test_a_prefetch_outside_1_2_4_is_refused():
     x, w = _case(1, 1, 8, 256)
     with pytest.raises(ValueError, match="prefetch=3 must be 1, 2 or 4"):
         gemv(x, w, GemvConfig(block_n=16, block_k=64, prefetch=3))
+
+
+def _exact_norm(x: torch.Tensor, sumsq: torch.Tensor, weight: torch.Tensor, eps: float,
+                unit_offset: bool) -> torch.Tensor:
+    """The rows normed as normed_gemv norms them, from one part per row (so the rows' sum is that part, exactly):
+    1 / rms as norm_triton's rms_norm computes it from a sum, then its rounding."""
+    rstd = 1.0 / torch.sqrt(sumsq[:, :1] / x.shape[1] + eps)
+    if unit_offset:
+        return (x.float() * rstd * (1.0 + weight.float())).to(x.dtype)
+    return ((x.float() * rstd).to(x.dtype).float() * weight.float()).to(x.dtype)
+
+
+def _norm_case(seed: int, rows: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, k, generator=gen) * 3).to(dtype)
+    return x, (torch.randn(k, generator=gen) * 0.1).to(dtype)
+
+
+def _assert_rounding_apart(got: torch.Tensor, want: torch.Tensor, roundings: int = 1) -> None:
+    """Equal in fp32; in bf16 at most a unit in the last place apart for each rounding on the way: Triton's
+    interpreter casts fp32 to bf16 by truncation (its cast has no rounding mode), torch and the GPU round to
+    nearest even."""
+    if got.dtype == torch.float32:
+        assert torch.equal(got, want)
+        return
+    ulp = roundings * torch.finfo(got.dtype).eps * want.float().abs().clamp_min(torch.finfo(got.dtype).tiny)
+    assert ((got.float() - want.float()).abs() <= ulp).all(), (got.float() - want.float()).abs().max()
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+@pytest.mark.parametrize(("rows", "k", "block_k", "split", "rows_on_cores", "dtype"), [
+    (1, 512, 128, 1, False, torch.bfloat16),  # one row as pairs, K a multiple of the tile
+    (1, 328, 64, 2, False, torch.bfloat16),  # a ragged pair tail, split over K
+    (1, 203, 64, 2, False, torch.bfloat16),  # odd K: no pairs
+    (1, 200, 64, 2, False, torch.float32),  # one row in fp32 (exact)
+    (4, 512, 128, 3, True, torch.bfloat16),  # rows on the CUDA cores as pairs
+    (3, 200, 64, 1, True, torch.float32),  # ... in fp32, rows past M repeat the last
+    (16, 328, 64, 2, False, torch.float32),  # the tensor cores (fp32: the interpreter's bf16 dot is garbage)
+])
+def test_normed_gemv_is_the_norm_then_gemv(unit_offset, rows, k, block_k, split, rows_on_cores, dtype):
+    """normed_gemv norms each tile as it loads it, as rms_norm stores the rows: with one part a row (its sum then
+    exact) through an identity weight it gives those normed rows (rounding apart; equal in fp32), Qwen3.5's unit
+    offset and Qwen3's order alike, and against a real weight what gemv gives on them (equal in fp32)."""
+    from headroom.kernels.gemv import RowNorm, naive_normed_gemv, normed_gemv
+
+    x, weight = _norm_case(rows * 31 + k + split, rows, k, dtype)
+    sumsq = x.float().pow(2).sum(-1, keepdim=True)
+    norm = RowNorm(sumsq, weight, 1e-6, unit_offset)
+    normed = _exact_norm(x, sumsq, weight, 1e-6, unit_offset)
+    config = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores)
+    # (Qwen3's order rounds twice: the normed x, then its product with the weight)
+    _assert_rounding_apart(normed_gemv(x, norm, torch.eye(k, dtype=dtype), config), normed, 1 if unit_offset else 2)
+    w = (torch.randn(40, k, generator=torch.Generator().manual_seed(k)) * 0.05).to(dtype)
+    got = normed_gemv(x, norm, w, config)
+    if dtype == torch.float32:
+        assert torch.equal(got, gemv(normed, w, config))
+    _check(got, normed, w)
+    torch.testing.assert_close(got.float(), naive_normed_gemv(x, norm, w).float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16])
+def test_normed_gemv_sums_many_parts_in_chunks(rows):
+    """More parts than one chunk of the kernel's sum (150 here; 320 for the 4B model's hidden size in blocks of 8):
+    the rows' 1 / rms from all of them, whatever their count, within rounding of the reference norm."""
+    from headroom.kernels.gemv import RowNorm, naive_normed_gemv, normed_gemv
+
+    dtype = torch.bfloat16 if rows < 16 else torch.float32
+    x, weight = _norm_case(rows, rows, 300, dtype)
+    w = (torch.randn(24, 300, generator=torch.Generator().manual_seed(3)) * 0.05).to(dtype)
+    parts = x.float().pow(2).view(rows, 150, 2).sum(-1)
+    norm = RowNorm(parts.contiguous(), weight, 1e-6, True)
+    config = GemvConfig(block_n=8, block_k=64, split=1, num_stages=2, rows_on_cores=rows == 2)
+    got = normed_gemv(x, norm, w, config)
+    torch.testing.assert_close(got.float(), naive_normed_gemv(x, norm, w).float(), atol=0.03, rtol=0.02)
+    # the parts really decide the norm: a quarter of their sum doubles every output
+    quarter = normed_gemv(x, RowNorm(parts.contiguous() / 4, weight, 1e-6, True), w, config)
+    torch.testing.assert_close(quarter.float(), 2 * got.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab"), [
+    (1, 70, 512, 16, 128, 1, False, False),  # one row, the last block partial
+    (1, 40, 328, 16, 64, 3, False, False),  # split over K with a ragged tail: the block's last split adds
+    (4, 40, 256, 8, 128, 2, True, False),  # rows on the CUDA cores
+    (16, 130, 256, 64, 64, 2, False, True),  # swapped tensor-core tiles (fp32)
+    (16, 40, 256, 32, 64, 1, False, False),  # unswapped tensor-core tiles (fp32)
+])
+def test_residual_gemv_adds_the_product_and_sums_its_squares(silu_mul, rows, n, k, block_n, block_k, split,
+                                                             rows_on_cores, swap_ab):
+    """residual_gemv: out = residual + gemv(x) (or silu_mul_gemv) bit for bit, the product rounded first as F.linear
+    rounds it; sumsq [M, blocks] each block's sum of out's squares, within fp32 rounding of the reference."""
+    from headroom.kernels.gemv import naive_residual_gemv, residual_gemv, silu_mul_gemv
+
+    x, w = _case(rows * 13 + n + split, rows, n, k)
+    gen = torch.Generator().manual_seed(n)
+    residual = (torch.randn(rows, n, generator=gen) * 2).to(x.dtype)
+    up = (torch.randn(rows, k, generator=gen)).to(x.dtype) if silu_mul else None
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
+    out, sumsq = residual_gemv(x, w, residual, config, up=up)
+    product = gemv(x, w, config) if up is None else silu_mul_gemv(x, up, w, config)
+    _assert_rounding_apart(out, residual + product)
+    blocks = -(-n // block_n)
+    assert sumsq.shape == (rows, blocks) and sumsq.dtype == torch.float32
+    padded = torch.nn.functional.pad(out.float(), (0, blocks * block_n - n))
+    torch.testing.assert_close(sumsq, padded.pow(2).view(rows, blocks, block_n).sum(-1), atol=1e-3, rtol=1e-5)
+    ref_out, ref_sumsq = naive_residual_gemv(x, w, residual, up=up)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(sumsq.sum(-1, keepdim=True), ref_sumsq, atol=0.5, rtol=1e-2)
+
+
+def test_residual_then_normed_gemv_is_the_decoders_add_norm_and_projection():
+    """The decode chain the fusion replaces: a projection, the residual add with RMSNorm (add_rms_norm's
+    reference), the next projection; through residual_gemv then normed_gemv with the first's parts."""
+    from headroom.kernels.gemv import RowNorm, normed_gemv, residual_gemv
+    from headroom.kernels.norm import naive_add_rms_norm
+
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(1, 256, generator=gen).bfloat16()
+    w_out = (torch.randn(96, 256, generator=gen) * 0.05).bfloat16()
+    residual = (torch.randn(1, 96, generator=gen) * 4).bfloat16()
+    norm_weight = (torch.randn(96, generator=gen) * 0.1).bfloat16()
+    w_next = (torch.randn(50, 96, generator=gen) * 0.05).bfloat16()
+    config = GemvConfig(block_n=8, block_k=64, split=2, num_stages=2)
+    summed, sumsq = residual_gemv(a, w_out, residual, config)
+    got = normed_gemv(summed, RowNorm(sumsq, norm_weight, 1e-6, True), w_next, config)
+    # the same product (gemv's) into the reference add: the sums then differ by the add's rounding alone
+    normed, ref_summed = naive_add_rms_norm(gemv(a, w_out, config), residual, norm_weight, 1e-6, True)
+    _assert_rounding_apart(summed, ref_summed)
+    torch.testing.assert_close(got.float(), F.linear(normed, w_next).float(), atol=0.03, rtol=0.02)
+
+
+def test_normed_and_residual_gemv_refuse_mismatched_operands():
+    from headroom.kernels.gemv import RowNorm, normed_gemv, residual_gemv
+
+    x, w = _case(2, 1, 8, 64)
+    good = torch.ones(1, 4)
+    with pytest.raises(ValueError, match=r"the norm's weight \(32,\) torch.bfloat16 must be \[64\]"):
+        normed_gemv(x, RowNorm(good, torch.ones(32).bfloat16(), 1e-6, True), w)
+    with pytest.raises(ValueError, match=r"sums of squares \(2, 4\) torch.float32 must be \[1, parts\]"):
+        normed_gemv(x, RowNorm(torch.ones(2, 4), torch.ones(64).bfloat16(), 1e-6, True), w)
+    with pytest.raises(ValueError, match=r"the residual \(1, 7\) torch.bfloat16 must be \[1, 8\]"):
+        residual_gemv(x, w, torch.ones(1, 7).bfloat16())
+
+
+def test_tuned_normed_and_residual_gemv_take_the_projections_own_entries(monkeypatch):
+    """The fused variants run with the plain (or, for the down projection, the silu_mul) shape's shipped config, and
+    not where the table has none (the caller then norms or adds apart)."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import RowNorm, tuned_normed_gemv, tuned_residual_gemv
+
+    x, w = _case(4, 1, 24, 128)
+    config = GemvConfig(block_n=8, block_k=64, split=1, num_stages=2)
+    monkeypatch.setattr(gemv_module, "_tuned", {(24, 128, 1, "x"): config, (128, 24, 1, "x"): config})
+    residual = torch.randn(1, 24).bfloat16()
+    out, sumsq = tuned_residual_gemv(x, w, residual)
+    assert sumsq.shape == (1, 3)
+    _assert_rounding_apart(out, residual + gemv(x, w, config))
+    norm = RowNorm(sumsq, torch.ones(24).bfloat16(), 1e-6, True)
+    assert tuned_normed_gemv(out, norm, w.T.contiguous()) is not None
+    assert tuned_residual_gemv(x, w, residual, up=x) is None  # no silu_mul entry for this shape
+    assert tuned_normed_gemv(x, RowNorm(torch.ones(1, 1), torch.ones(128), 1e-6, True), w.T.contiguous()) is None
+    assert tuned_normed_gemv(x.repeat(2, 1), RowNorm(torch.ones(2, 1), torch.ones(128).bfloat16(), 1e-6, True),
+                             w.T.contiguous()) is None  # no 2-row entry
+
+
+def test_normed_and_residual_variants_compile_for_the_h200():
+    """NORM (one row as pairs with PDL and tiles before the wait, 8 rows on the CUDA cores, 16 swapped) and RESIDUAL
+    (one row with a split, plain and with SiLU fused, 8 rows on the CUDA cores, 16 swapped with a split) compile
+    for sm_90; a NORM kernel takes its square root after the PDL wait (the sums it reads are the kernel before's),
+    and only NORM kernels take one."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for rows, block_n, block_k, pairs, swap, cores, split, norm, silu_mul, prefetch in (
+            (1, 8, 512, True, False, False, False, True, False, 1), (1, 8, 512, True, False, False, False, True, False, 2),
+            (8, 8, 512, True, False, True, False, True, False, 1), (16, 64, 128, False, True, False, False, True, False, 1),
+            (1, 16, 512, True, False, False, True, False, False, 1), (1, 16, 512, True, False, False, True, False, True, 1),
+            (8, 8, 256, True, False, True, True, False, True, 1), (16, 64, 256, False, True, False, True, False, False, 1)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                    "sumsq": "*fp32", "eps": "fp32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "PREFETCH": prefetch, "NORM": norm, "UNIT_OFFSET": norm, "RESIDUAL": not norm}))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        ptx = result["ptx"]
+        assert ("sqrt" in ptx) == constants["NORM"], constants
+        if constants["NORM"]:
+            assert ptx.index("griddepcontrol.wait") < ptx.index("sqrt"), constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in ptx, constants
