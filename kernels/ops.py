@@ -43,7 +43,8 @@ kivi_dequantize_values = naive_kivi_dequantize_values
 __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
-    "kivi_quantize_keys", "kivi_quantize_values", "prefix_attention", "quant_linear", "rms_norm", "rms_norm_rotary",
+    "kivi_quantize_keys", "kivi_quantize_values", "normed_dense_linear", "prefix_attention", "quant_linear",
+    "residual_dense_linear", "rms_norm", "rms_norm_rotary",
     "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear", "TailIndex",
 ]
 
@@ -163,6 +164,31 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
         from headroom.kernels.gemv import tuned_silu_mul_gemv
 
         return tuned_silu_mul_gemv(gate, up, weight)
+    return None
+
+
+def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                          up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(residual + a @ weight.T, the sum's rows' partial sums of squares [N, parts] fp32) in one GEMV launch
+    (kernels/gemv.py residual_gemv; up: SwiGLU's down projection, a the gate, as silu_mul_dense_linear): on CUDA,
+    decode-sized, where the GEMV table has the projection's shape. None everywhere else, and whenever the residual
+    norm, the linear or (with up) silu_mul runs its reference: the caller projects, then add_rms_norm."""
+    if a.dim() == 2 and a.shape[0] <= 16 and _fused(a, "dense_linear") and _fused(a, "add_rms_norm") \
+            and (up is None or _fused(a, "silu_mul")):
+        from headroom.kernels.gemv import tuned_residual_gemv
+
+        return tuned_residual_gemv(a, weight, residual, up)
+    return None
+
+
+def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        unit_offset: bool, weight: torch.Tensor) -> torch.Tensor | None:
+    """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):
+    kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere (the caller norms first)."""
+    if x.dim() == 2 and x.shape[0] <= 16 and _fused(x, "dense_linear") and _fused(x, "add_rms_norm"):
+        from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
+
+        return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)
     return None
 
 

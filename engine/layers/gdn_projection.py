@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
+from headroom.engine.layers.normed_rows import NormedRows
 from headroom.engine.models.config import ModelConfig
 
 # (mixed_qkv [N, 2*Hk*Dk + Hv*Dv] in conv-channel order q|k|v, z [N, Hv, Dv], b [N, Hv], a [N, Hv])
@@ -25,7 +26,7 @@ class SplitProjection:
         else:
             self.parts = [MergedLinear(config, weights, modules[:2]), MergedLinear(config, weights, modules[2:])]
 
-    def __call__(self, x: torch.Tensor) -> Projected:
+    def __call__(self, x: torch.Tensor | NormedRows) -> Projected:
         """x [N, hidden] -> Projected."""
         cfg = self.config
         mixed, z, b, a = (out for part in self.parts for out in part(x))
@@ -43,7 +44,7 @@ class FusedGroupedProjection:
         self.in_proj_qkvz = linear_weight(config, weights, prefix + "in_proj_qkvz")
         self.in_proj_ba = linear_weight(config, weights, prefix + "in_proj_ba")
 
-    def __call__(self, x: torch.Tensor) -> Projected:
+    def __call__(self, x: torch.Tensor | NormedRows) -> Projected:
         """x [N, hidden] -> Projected."""
         cfg = self.config
         n, hk, dk, dv = x.shape[0], cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim

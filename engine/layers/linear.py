@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import TypeAlias
 
 import torch
+from headroom.engine.layers.normed_rows import NormedRows
 from headroom.engine.models.config import ModelConfig
 from headroom.kernels import ops
 from headroom.kernels.quant_weight import QuantizedWeight
@@ -13,8 +14,15 @@ from headroom.kernels.quant_weight import QuantizedWeight
 LinearWeight: TypeAlias = torch.Tensor | QuantizedWeight
 
 
-def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K].T (+ bias) -> [..., N]."""
+def linear(x: torch.Tensor | NormedRows, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias) -> [..., N]. NormedRows: their norm in the same GEMV where one runs
+    it (decode-sized, dense, no bias: ops.normed_dense_linear), else normed first."""
+    if isinstance(x, NormedRows):
+        if bias is None and isinstance(weight, torch.Tensor):
+            out = ops.normed_dense_linear(x.x, x.sumsq, x.weight, x.eps, x.unit_offset, weight)
+            if out is not None:
+                return out
+        x = x.tensor()
     if isinstance(weight, QuantizedWeight):
         return ops.quant_linear(x, weight, bias)
     return ops.dense_linear(x, weight, bias)
@@ -86,7 +94,7 @@ class MergedLinear:
     def device(self) -> torch.device:
         return self.weights[0].device
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor | NormedRows) -> list[torch.Tensor]:
         """x [..., K] -> one [..., N_i] per part (views of one GEMM's output when merged)."""
         if len(self.weights) == 1 and len(self.sizes) > 1:
             return list(torch.split(linear(x, self.weights[0], self.biases[0]), self.sizes, dim=-1))

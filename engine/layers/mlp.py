@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
+from headroom.engine.layers.normed_rows import NormedRows
+from headroom.engine.layers.residual import Projection
 from headroom.engine.models.config import ModelConfig
-from headroom.kernels import ops
 
 __all__ = ["SwiGLU", "linear"]
 
@@ -15,13 +16,11 @@ class SwiGLU:
         self.gate_up = MergedLinear(config, weights, [prefix + "gate_proj", prefix + "up_proj"])
         self.down = linear_weight(config, weights, prefix + "down_proj")
 
+    def projection(self, x: torch.Tensor | NormedRows) -> Projection:
+        """x [N, hidden] -> the down projection still to run (the decoder layer adds it to the residual)."""
+        gate, up = self.gate_up(x)
+        return Projection(gate, self.down, up=up)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]."""
-        gate, up = self.gate_up(x)
-        if isinstance(self.down, torch.Tensor):
-            # Decode on CUDA where the GEMV table has the fused shape: the activation is made inside the down
-            # projection's GEMV (no silu_mul launch, no [N, I] activation written and read back).
-            out = ops.silu_mul_dense_linear(gate, up, self.down)
-            if out is not None:
-                return out
-        return linear(ops.silu_mul(gate, up), self.down)
+        return self.projection(x).run()

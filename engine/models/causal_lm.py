@@ -11,13 +11,13 @@ from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
+from headroom.engine.layers.residual import Projection, add_and_norm, as_tensor
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import check_weights
 from headroom.engine.runtime.parallel import TensorParallel, vocab_parallel_embedding
 from headroom.engine.runtime.ssm_pool import SSMPool
-from headroom.kernels import ops
 
 
 class DecoderLayer:
@@ -41,28 +41,25 @@ class DecoderLayer:
             self.mlp = SwiGLU(config, weights, prefix + "mlp.")
 
     def __call__(
-        self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch, kv_pool: KVPool | None,
+        self, x: torch.Tensor, delta: torch.Tensor | Projection | None, batch: ForwardBatch, kv_pool: KVPool | None,
         ssm_pool: SSMPool | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | Projection]:
         """(residual x, the previous layer's MLP output or None) [N, hidden] -> the same pair for the next layer.
-        The residual add is left to the next norm, which fuses it (ops.add_rms_norm)."""
+        The residual add is left to the next norm (layers/residual.py add_and_norm), and a module's output
+        projection to that add (a Projection), so that decode runs both in the GEMVs around them."""
         cfg = self.config
-        if delta is None:
-            h = ops.rms_norm(x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        else:
-            h, x = ops.add_rms_norm(delta, x, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
+        reduce = None if self.tp is None else self.tp.all_reduce
+        h, x = add_and_norm(x, delta, self.input_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
         if isinstance(self.mixer, GatedDeltaNet):
             assert ssm_pool is not None
-            h = self.mixer(h, batch, ssm_pool)
+            out = self.mixer(h, batch, ssm_pool)
         else:
             assert kv_pool is not None
-            h = self.mixer(h, batch, kv_pool)
-        h, x = ops.add_rms_norm(self._reduce(h), x, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
-        return x, self._reduce(self.mlp(h))
-
-    def _reduce(self, h: torch.Tensor) -> torch.Tensor:
-        """Tensor parallel: the mixer's and the MLP's outputs are each rank's partial sums (row-parallel)."""
-        return h if self.tp is None else self.tp.all_reduce(h)
+            out = self.mixer(h, batch, kv_pool)
+        h, x = add_and_norm(x, out, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
+        if isinstance(self.mlp, SwiGLU):
+            return x, self.mlp.projection(h)
+        return x, self.mlp(as_tensor(h))
 
 
 class CausalLM:
@@ -103,7 +100,12 @@ class CausalLM:
             if between_layers is not None and index < last:
                 between_layers()
         assert delta is not None, "a model has at least one layer"
-        if not all_positions:
+        if not all_positions and not batch.is_decode_only:
+            # (a decode pass's last rows are all its rows, in order: the add and norm then stay fused)
+            if isinstance(delta, Projection):
+                delta = delta.run()
             x, delta = x[batch.last_rows], delta[batch.last_rows]
-        last, _ = ops.add_rms_norm(delta, x, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset)
+        reduce = None if self.tp is None else self.tp.all_reduce
+        last, _ = add_and_norm(x, delta, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset,
+                               reduce)
         return linear(last, self.lm_head).float()

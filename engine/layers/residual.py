@@ -1,0 +1,77 @@
+"""The residual stream between two projections: a layer's last linear, the residual add, the next RMSNorm and the
+next linear. At decode (at most 16 rows) the add rides on the first GEMV and the norm on the second
+(kernels/gemv.py RESIDUAL and NORM) where the GEMV table has both shapes, so no norm kernel runs between them: 64
+launches a step fewer on the 4B model, whose 65 norms took 0.138 of a 2.78 ms step on the H200 (session 16's
+profile_decode_batches). Everywhere else (prefill, cuBLAS shapes, quantized weights, a bias, tensor parallel, the
+CPU) the same objects run the unfused ops, so callers need not know which path ran.
+
+Mixers and the MLP hand back their last linear as a Projection, not its output; the decoder layer adds it to the
+residual (add_and_norm) and hands the next module NormedRows, which its first linear norms as it loads them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from headroom.engine.layers.linear import LinearWeight, linear
+from headroom.engine.layers.normed_rows import NormedRows
+from headroom.kernels import ops
+
+# Off with HEADROOM_FUSED_RESIDUAL=0 (the add and the norm then run as add_rms_norm between the GEMVs).
+FUSED_RESIDUAL = os.environ.get("HEADROOM_FUSED_RESIDUAL", "1") == "1"
+
+
+@dataclass(frozen=True)
+class Projection:
+    """weight @ a (+ bias) not yet computed: a mixer's or MLP's out-projection. up: SwiGLU's down projection, whose
+    input is silu(a) * up (a the gate half)."""
+
+    a: torch.Tensor
+    weight: LinearWeight
+    bias: torch.Tensor | None = None
+    up: torch.Tensor | None = None
+
+    def run(self) -> torch.Tensor:
+        """The projection's output [N, out] on its own (the unfused path)."""
+        if self.up is None:
+            return linear(self.a, self.weight, self.bias)
+        if isinstance(self.weight, torch.Tensor) and self.bias is None:
+            # Decode on CUDA where the GEMV table has the fused shape: the activation is made inside the down
+            # projection's GEMV (no silu_mul launch, no [N, I] activation written and read back).
+            out = ops.silu_mul_dense_linear(self.a, self.up, self.weight)
+            if out is not None:
+                return out
+        return linear(ops.silu_mul(self.a, self.up), self.weight, self.bias)
+
+
+def add_and_norm(
+    x: torch.Tensor, delta: torch.Tensor | Projection | None, weight: torch.Tensor, eps: float, unit_offset: bool,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
+    """The decoder's residual step: (rms_norm(x + delta), x + delta); delta None: (rms_norm(x), x). A Projection
+    delta is added in its own GEMV where one runs it (decode-sized, dense, no bias, the table's shape) and the norm
+    is then left to the next linear (NormedRows). reduce (tensor parallel's all-reduce of a row-parallel output)
+    runs on the projection's output first, so it takes the unfused path."""
+    if isinstance(delta, Projection):
+        fused = _add_projection(delta, x) if reduce is None else None
+        if fused is not None:
+            summed, sumsq = fused
+            return NormedRows(summed, sumsq, weight, eps, unit_offset), summed
+        delta = delta.run()
+    if delta is None:
+        return ops.rms_norm(x, weight, eps, unit_offset), x
+    return ops.add_rms_norm(reduce(delta) if reduce is not None else delta, x, weight, eps, unit_offset)
+
+
+def as_tensor(rows: torch.Tensor | NormedRows) -> torch.Tensor:
+    """The normed rows as a tensor, for modules that read them other than through their first linear (MoE)."""
+    return rows.tensor() if isinstance(rows, NormedRows) else rows
+
+
+def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(residual + p's output, its rows' partial sums of squares) in p's GEMV, or None where that does not run."""
+    if not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
+        return None
+    return ops.residual_dense_linear(p.a, p.weight, residual, p.up)

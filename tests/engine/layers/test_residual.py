@@ -1,0 +1,171 @@
+"""The residual stream between projections (engine/layers/residual.py): at decode the add rides on a layer's last GEMV
+and the RMSNorm on the next one's first (kernels/gemv.py RESIDUAL and NORM), elsewhere the unfused ops run. On the
+CPU the GEMV kernels run in Triton's interpreter, with a GEMV table made for the tiny model's shapes."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from headroom.engine.layers import residual  # noqa: E402
+from headroom.engine.layers.normed_rows import NormedRows  # noqa: E402
+from headroom.engine.layers.residual import Projection, add_and_norm  # noqa: E402
+from headroom.engine.llm import LLM  # noqa: E402
+from headroom.kernels import ops  # noqa: E402
+from headroom.kernels.norm import naive_add_rms_norm, naive_rms_norm  # noqa: E402
+
+from tests.engine.helpers import random_prompt  # noqa: E402
+
+
+class _EveryShape(dict):
+    """A GEMV table with an entry for every shape and input kind at the given row counts: one row as bf16 pairs,
+    several on the CUDA cores (the interpreter's bf16 dot is garbage)."""
+
+    def __init__(self, rows: tuple[int, ...]):
+        super().__init__()
+        self.rows = rows
+
+    def get(self, key, default=None):
+        from headroom.kernels.gemv import GemvConfig
+
+        if key[2] not in self.rows:
+            return default
+        return GemvConfig(block_n=16, block_k=32, split=2, num_stages=2, rows_on_cores=key[2] > 1)
+
+
+def _generate(model_dir, vocab: int):
+    llm = LLM(str(model_dir), dtype="bfloat16", max_total_tokens=512, ssm_slots=8, chunked_prefill_size=64,
+              max_running_requests=2, cuda_graph_max_batch=0)
+    prompts = [random_prompt(vocab, n, seed=n) for n in (5, 9)]
+    return llm.generate(prompts, max_new_tokens=5, ignore_eos=True)
+
+
+def _decode_logits(monkeypatch) -> list[torch.Tensor]:
+    """Every decode pass's logits, recorded as the model returns them."""
+    from headroom.engine.models.causal_lm import CausalLM
+
+    logits: list[torch.Tensor] = []
+    run = CausalLM.__call__
+
+    def recorded(self, batch, *args, **kwargs):
+        out = run(self, batch, *args, **kwargs)
+        if batch.is_decode_only:
+            logits.append(out.clone())
+        return out
+
+    monkeypatch.setattr(CausalLM, "__call__", recorded)
+    return logits
+
+
+def _count(monkeypatch, module, names: tuple[str, ...]) -> dict[str, list[int]]:
+    """Each call of module.<name> recorded with its rows."""
+    calls: dict[str, list[int]] = {name: [] for name in names}
+    for name in names:
+        def counted(*args, _run=getattr(module, name), _name=name, **kwargs):
+            calls[_name].append(args[0].shape[0])
+            return _run(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch):
+    """A decode step with every projection in the GEMV table: the add rides on each out/down projection and the norm
+    on the next projection (one norm kernel a step, the first layer's, against one a layer's norm before), the same
+    tokens as with HEADROOM_FUSED_RESIDUAL=0, and logits within bf16 rounding of them."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels import norm_triton
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
+    unfused_norms = _count(monkeypatch, norm_triton, ("rms_norm",))
+    unfused_logits = _decode_logits(monkeypatch)
+    unfused = _generate(model_dir, vocab)
+    monkeypatch.undo()
+
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
+    norms = _count(monkeypatch, norm_triton, ("rms_norm",))
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
+    fused_logits = _decode_logits(monkeypatch)
+    fused = _generate(model_dir, vocab)
+    layers = reference.config.num_hidden_layers
+    # Decode passes have 1 or 2 rows (so does a two-prompt prefill's final norm, in both runs alike).
+    decode_norms = [rows for rows in norms["rms_norm"] if rows <= 2]
+    unfused_decode_norms = [rows for rows in unfused_norms["rms_norm"] if rows <= 2]
+    # every out-projection and down projection added its residual; the norms after them ran in the next GEMV
+    # (each layer's first projection but the first layer's, and lm_head)
+    assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"])
+    steps, leftover = divmod(len(gemvs["residual_gemv"]), 2 * layers)
+    assert steps >= 4 and leftover == 0
+    assert len(unfused_decode_norms) - len(decode_norms) == steps * 2 * layers
+    for a, b in zip(unfused, fused, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.0, rtol=0.0)  # prefill: unfused both
+    assert len(fused_logits) == len(unfused_logits) == steps
+    worst = max((f - u).abs().max().item() for f, u in zip(fused_logits, unfused_logits, strict=True))
+    # (equal on this machine; the rows' 1 / rms is summed in another order, which may move a last bit; a residual
+    # scaled by 0.99 in the add moves them by 0.1)
+    assert worst <= 0.02
+
+
+def test_fused_residual_off_or_outside_the_table_runs_the_norm_kernels(tiny_model_factory, monkeypatch):
+    """HEADROOM_FUSED_RESIDUAL=0, or no table entry for two rows: no fused GEMV runs, the add and norm are
+    add_rms_norm between the projections."""
+    from headroom.kernels import gemv as gemv_module
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 3)))  # the two-row decode steps have no entry
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "gemv"))
+    _generate(model_dir, reference.config.vocab_size)
+    assert gemvs["residual_gemv"] == gemvs["normed_gemv"] == []
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((2,)))
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
+    _generate(model_dir, reference.config.vocab_size)
+    assert gemvs["residual_gemv"] == gemvs["normed_gemv"] == [] and 2 in gemvs["gemv"]  # plain GEMVs ran
+
+
+def test_add_and_norm_without_a_fused_gemv_is_add_rms_norm():
+    """On the CPU (no fused GEMV): a Projection delta is run, then added and normed; a bias, a plain tensor and no
+    delta at all take the same ops; tensor parallel's reduce runs on the projection's output first."""
+    gen = torch.Generator().manual_seed(0)
+    x, a = torch.randn(3, 8, generator=gen), torch.randn(3, 5, generator=gen)
+    w, bias, norm = torch.randn(8, 5, generator=gen), torch.randn(8, generator=gen), torch.randn(8, generator=gen)
+    h, summed = add_and_norm(x, Projection(a, w, bias), norm, 1e-6, True)
+    want_h, want_sum = naive_add_rms_norm(F.linear(a, w, bias), x, norm, 1e-6, True)
+    assert torch.equal(h, want_h) and torch.equal(summed, want_sum)
+    h, summed = add_and_norm(x, Projection(a, w), norm, 1e-6, False, reduce=lambda t: 2 * t)
+    want_h, want_sum = naive_add_rms_norm(2 * F.linear(a, w), x, norm, 1e-6, False)
+    assert torch.equal(h, want_h) and torch.equal(summed, want_sum)
+    h, same = add_and_norm(x, None, norm, 1e-6, True)
+    assert same is x and torch.equal(h, naive_rms_norm(x, norm, 1e-6, True))
+
+
+def test_normed_rows_stand_in_for_the_normed_tensor():
+    """NormedRows: the residual's shape, dtype and device; a linear with no fused GEMV norms them first (once)."""
+    from headroom.engine.layers.linear import linear
+
+    gen = torch.Generator().manual_seed(1)
+    x, norm, w = torch.randn(2, 6, generator=gen), torch.randn(6, generator=gen), torch.randn(4, 6, generator=gen)
+    rows = NormedRows(x, x.pow(2).sum(-1, keepdim=True), norm, 1e-6, True)
+    assert rows.shape == x.shape and rows.dtype == x.dtype and rows.device == x.device and not rows.is_cuda
+    normed = naive_rms_norm(x, norm, 1e-6, True)
+    assert torch.equal(linear(rows, w), F.linear(normed, w))
+    assert rows.tensor() is rows.tensor()
+
+
+@pytest.mark.parametrize("up", [False, True])
+def test_projection_runs_the_down_projection_with_its_activation(up):
+    from headroom.kernels.gates import naive_silu_mul
+
+    gen = torch.Generator().manual_seed(2)
+    a, u, w = torch.randn(2, 6, generator=gen), torch.randn(2, 6, generator=gen), torch.randn(3, 6, generator=gen)
+    out = Projection(a, w, up=u if up else None).run()
+    assert torch.equal(out, F.linear(naive_silu_mul(a, u) if up else a, w))
