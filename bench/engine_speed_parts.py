@@ -206,6 +206,7 @@ def kernel_checks() -> dict:
     out["gdn_tail"] = _gdn_tail_check()
     out["gdn_rows"] = _gdn_rows_check()
     out["gemv"] = _gemv_check()
+    out["fused_residual_gemv"] = _fused_residual_gemv_check()
     out["dense_attention"] = _dense_attention_check()
     out["fla_chunk_index"] = _fla_chunk_index_check()
     return out
@@ -317,6 +318,53 @@ def _gemv_check() -> list[dict]:
         want = x.float() @ w.float().t()
         rows.append({"n": n, "k": k, "m": m, "gemv": _diff(gemv(x, w, config), want),
                      "cublas": _diff(F.linear(x, w), want)})
+    return rows
+
+
+def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
+    """The decode GEMVs with the residual add behind (residual_gemv: the out/down projections, [*, hidden] out)
+    and the RMSNorm in front (normed_gemv: the projections reading the hidden rows) at every (shape, rows) of the
+    shipped table they run at: residual_gemv against residual + the same GEMV (equal bit for bit: the product is
+    rounded, then the add, as there) and its sums of squares against fp32's; normed_gemv, with those sums,
+    against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV)."""
+    import torch.nn.functional as F
+    from headroom.kernels.gemv import (
+        SILU_MUL_INPUT,
+        RowNorm,
+        gemv,
+        load_tuned_configs,
+        normed_gemv,
+        residual_gemv,
+        silu_mul_gemv,
+    )
+    from headroom.kernels.norm_triton import rms_norm
+
+    rows = []
+    for (n, k, m, kind), config in sorted(load_tuned_configs(DEV).items()):
+        w = (torch.randn(n, k, device=DEV) * 0.02).bfloat16()
+        if n == hidden:
+            residual = (torch.randn(m, n, device=DEV) * 4).bfloat16()
+            if kind == SILU_MUL_INPUT:
+                gate, up = torch.randn(m, 2 * k, device=DEV).bfloat16().split([k, k], dim=-1)
+                summed, sumsq = residual_gemv(gate, w, residual, config, up=up)
+                product = silu_mul_gemv(gate, up, w, config)
+            else:
+                x = torch.randn(m, k, device=DEV).bfloat16()
+                summed, sumsq = residual_gemv(x, w, residual, config)
+                product = gemv(x, w, config)
+            rows.append({"n": n, "k": k, "m": m, "input": kind, "residual_gemv": _diff(summed, residual + product),
+                         "sums_of_squares": _diff(sumsq.sum(-1), summed.float().pow(2).sum(-1))})
+        if k == hidden and kind != SILU_MUL_INPUT:
+            x = (torch.randn(m, k, device=DEV) * 4).bfloat16()
+            weight = (0.1 * torch.randn(k, device=DEV)).bfloat16()  # Qwen3.5's: (1 + weight) * x
+            # the sums as a residual_gemv with 16-column blocks leaves them
+            norm = RowNorm(x.float().pow(2).view(m, -1, 16).sum(-1).contiguous(), weight, 1e-6, True)
+            normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight.float())
+            want = normed @ w.float().t()
+            got = normed_gemv(x, norm, w, config)
+            unfused = gemv(rms_norm(x, weight, 1e-6, True)[0], w, config)
+            rows.append({"n": n, "k": k, "m": m, "normed_gemv": _diff(got, want), "unfused": _diff(unfused, want),
+                         "vs_unfused": _diff(got, unfused)})
     return rows
 
 
@@ -1417,4 +1465,62 @@ def cudnn_dirty_memory(rows: int = 8192, fills: int = 4) -> dict:
             got, _ = dense._cudnn(q, k, v, causal, scale)
             case["dirty"].append({"vs_clean": _diff(got, clean), "vs_fp32": _diff(got, want)})
         out["causal" if causal else "prefix"] = case
+    return out
+
+
+def fused_residual_speed(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
+                         device: str = "cuda") -> dict:
+    """Graphed decode with the residual add and the RMSNorm inside the GEMVs (engine/layers/residual.py) against
+    HEADROOM_FUSED_RESIDUAL=0 (add_rms_norm between them), one engine after the other in this process, each
+    capturing its own graphs: per batch the median step (wall, as the decode rows time it), the graph replayed alone
+    (GPU time a step) and whether both engines chose the same greedy tokens (the rows' 1 / rms is summed in another
+    order fused, which may flip a near tie of a random model's logits, not more)."""
+    import gc
+    import statistics
+
+    from headroom.engine.layers import residual
+    from headroom.engine.llm import LLM
+
+    saved = residual.FUSED_RESIDUAL
+    out: dict = {}
+    tokens: dict[bool, dict[int, list[list[int]]]] = {}
+    try:
+        for fused in (True, False):
+            residual.FUSED_RESIDUAL = fused
+            llm = LLM(str(model), device=device, dtype="bfloat16", max_total_tokens=16384, ssm_slots=40,
+                      chunked_prefill_size=8192, context_length=4096, max_running_requests=16,
+                      enable_prefix_cache=False)
+            passes = time_passes(llm.runner)
+            rng = random.Random(9)
+            vocab = llm.runner.model_config.vocab_size
+            label = "fused" if fused else "unfused"
+            out[label], tokens[fused] = {}, {}
+            for batch in batches:
+                prompts = [[rng.randrange(vocab) for _ in range(256)] for _ in range(batch)]
+                llm.generate(prompts, max_new_tokens=8, ignore_eos=True)  # warm: this batch's graph and shapes
+                passes.clear()
+                results = llm.generate(prompts, max_new_tokens=steps + 1, ignore_eos=True)
+                timed = [p for p in passes if p["decode"] and "seconds" in p]
+                median = statistics.median(p["seconds"] for p in timed)
+                row = {"passes": len(timed), "graphed": all(p["graphed"] for p in timed),
+                       "median_step_ms": median * 1000, "tokens_per_s": batch / median}
+                graphs = llm.runner.decode_graphs
+                if graphs is not None and batch in graphs.captured_sizes:
+                    row["graph_replay_ms"] = graphs.replay_seconds(batch) * 1000
+                out[label][f"bs{batch}"] = row
+                tokens[fused][batch] = [r.token_ids for r in results]
+            del llm, passes
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        residual.FUSED_RESIDUAL = saved
+    for batch in batches:
+        fused_row, unfused_row = out["fused"][f"bs{batch}"], out["unfused"][f"bs{batch}"]
+        same = [a == b for a, b in zip(tokens[True][batch], tokens[False][batch], strict=True)]
+        out[f"bs{batch}"] = {"step_ratio_fused_to_unfused": fused_row["median_step_ms"] / unfused_row["median_step_ms"],
+                             "sequences_with_the_same_tokens": f"{sum(same)}/{len(same)}"}
+        if "graph_replay_ms" in fused_row and "graph_replay_ms" in unfused_row:
+            out[f"bs{batch}"]["replay_ratio_fused_to_unfused"] = \
+                fused_row["graph_replay_ms"] / unfused_row["graph_replay_ms"]
     return out

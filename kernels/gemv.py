@@ -577,14 +577,26 @@ def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.
 
 def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
                         up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """residual_gemv with the shipped configuration of the projection it ends (plain, or with up the fused down
-    projection's), or None where none is shipped or the residual is not [M, N] in x's dtype with unit last stride:
-    the caller projects and adds apart."""
-    config = _tuned_config(x, w, PLAIN_INPUT if up is None else SILU_MUL_INPUT)
-    if config is None or residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype \
-            or residual.stride(-1) != 1:
+    """residual_gemv with the shipped configuration of the projection it ends, or None where none is shipped or
+    the residual is not [M, N] in x's dtype with unit last stride: the caller projects and adds apart. With up
+    (SwiGLU's down projection) the fused shape's entry; at row counts where only the plain shape has one (the
+    sweep's fused shape lost there), silu_mul's kernel makes the activation first and the plain GEMV adds."""
+    if residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype or residual.stride(-1) != 1:
         return None
-    if up is not None and (up.shape != x.shape or up.dtype != x.dtype or up.stride(-1) != 1):
+    if up is None:
+        config = _tuned_config(x, w, PLAIN_INPUT)
+    else:
+        if up.shape != x.shape or up.dtype != x.dtype or up.stride(-1) != 1:
+            return None
+        config = _tuned_config(x, w, SILU_MUL_INPUT)
+        if config is None:
+            config = _tuned_config(x, w, PLAIN_INPUT)
+            if config is None:
+                return None
+            from headroom.kernels.gates_triton import silu_mul
+
+            x, up = silu_mul(x, up), None
+    if config is None:
         return None
     return residual_gemv(x, w, residual, config, up)
 

@@ -54,6 +54,8 @@ __all__ = [
 FUSED_OPS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "rms_norm_rotary", "silu_mul", "sigmoid_mul",
              "gdn_gates", "dense_linear", "gated_delta_decode", "gated_delta_tail", "causal_conv1d_varlen")
 _FUSED: dict = {"on": True, "off": frozenset()}
+# The most rows a pass's linears run through kernels/gemv.py (decode-sized; cuBLAS above).
+GEMV_ROWS = 16
 
 
 def set_fused(on: bool, off: tuple[str, ...] = ()) -> None:
@@ -146,7 +148,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """x [..., K] @ weight [N, K].T (+ bias): on CUDA, decode-sized products (at most 16 rows) through
     kernels/gemv.py where its shipped table has this GPU, shape and row count (measured faster than cuBLAS
     there); cuBLAS (torch's F.linear) everywhere else."""
-    if bias is None and x.dim() == 2 and x.shape[0] <= 16 and _fused(x, "dense_linear"):
+    if bias is None and x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear"):
         from headroom.kernels.gemv import tuned_gemv
 
         out = tuned_gemv(x, weight)
@@ -160,7 +162,7 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
     launch (kernels/gemv.py silu_mul_gemv): on CUDA, decode-sized (at most 16 rows), where the shipped table has
     the fused shape at this row count (measured faster than silu_mul + cuBLAS there). None everywhere else, and
     whenever silu_mul or dense_linear runs its reference (set_fused): the caller runs silu_mul, then its linear."""
-    if gate.dim() == 2 and gate.shape[0] <= 16 and _fused(gate, "silu_mul") and _fused(gate, "dense_linear"):
+    if gate.dim() == 2 and gate.shape[0] <= GEMV_ROWS and _fused(gate, "silu_mul") and _fused(gate, "dense_linear"):
         from headroom.kernels.gemv import tuned_silu_mul_gemv
 
         return tuned_silu_mul_gemv(gate, up, weight)
@@ -173,7 +175,7 @@ def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch
     (kernels/gemv.py residual_gemv; up: SwiGLU's down projection, a the gate, as silu_mul_dense_linear): on CUDA,
     decode-sized, where the GEMV table has the projection's shape. None everywhere else, and whenever the residual
     norm, the linear or (with up) silu_mul runs its reference: the caller projects, then add_rms_norm."""
-    if a.dim() == 2 and a.shape[0] <= 16 and _fused(a, "dense_linear") and _fused(a, "add_rms_norm") \
+    if a.dim() == 2 and a.shape[0] <= GEMV_ROWS and _fused(a, "dense_linear") and _fused(a, "add_rms_norm") \
             and (up is None or _fused(a, "silu_mul")):
         from headroom.kernels.gemv import tuned_residual_gemv
 
@@ -185,7 +187,7 @@ def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch
                         unit_offset: bool, weight: torch.Tensor) -> torch.Tensor | None:
     """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):
     kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere (the caller norms first)."""
-    if x.dim() == 2 and x.shape[0] <= 16 and _fused(x, "dense_linear") and _fused(x, "add_rms_norm"):
+    if x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear") and _fused(x, "add_rms_norm"):
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
         return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)

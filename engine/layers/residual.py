@@ -70,6 +70,13 @@ def as_tensor(rows: torch.Tensor | NormedRows) -> torch.Tensor:
     return rows.tensor() if isinstance(rows, NormedRows) else rows
 
 
+def take_rows(rows: torch.Tensor | NormedRows, index: torch.Tensor) -> torch.Tensor | NormedRows:
+    """rows[index], normed or still to norm (each row's sums of squares go with it)."""
+    if isinstance(rows, NormedRows):
+        return NormedRows(rows.x[index], rows.sumsq[index], rows.weight, rows.eps, rows.unit_offset)
+    return rows[index]
+
+
 def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(residual + p's output, its rows' partial sums of squares) in p's GEMV, or None where that does not run."""
     if not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):

@@ -11,13 +11,14 @@ from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
-from headroom.engine.layers.residual import Projection, add_and_norm, as_tensor
+from headroom.engine.layers.residual import Projection, add_and_norm, as_tensor, take_rows
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import check_weights
 from headroom.engine.runtime.parallel import TensorParallel, vocab_parallel_embedding
 from headroom.engine.runtime.ssm_pool import SSMPool
+from headroom.kernels import ops
 
 
 class DecoderLayer:
@@ -100,12 +101,19 @@ class CausalLM:
             if between_layers is not None and index < last:
                 between_layers()
         assert delta is not None, "a model has at least one layer"
-        if not all_positions and not batch.is_decode_only:
-            # (a decode pass's last rows are all its rows, in order: the add and norm then stay fused)
+        cfg = self.config
+        reduce = None if self.tp is None else self.tp.all_reduce
+        if all_positions or batch.is_decode_only:
+            # (a decode pass's last rows are all its rows, in order)
+            last, _ = add_and_norm(x, delta, self.final_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
+        elif isinstance(delta, Projection) and x.shape[0] <= ops.GEMV_ROWS:
+            # A short pass adds and norms in the GEMVs as a decode step of its rows does (the same kernel variants,
+            # so a short prompt compiles nothing the warm-up's steps did not), then takes its last rows.
+            last, _ = add_and_norm(x, delta, self.final_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
+            last = take_rows(last, batch.last_rows)
+        else:
             if isinstance(delta, Projection):
                 delta = delta.run()
-            x, delta = x[batch.last_rows], delta[batch.last_rows]
-        reduce = None if self.tp is None else self.tp.all_reduce
-        last, _ = add_and_norm(x, delta, self.final_norm, self.config.rms_norm_eps, self.config.norm_unit_offset,
-                               reduce)
+            last, _ = add_and_norm(x[batch.last_rows], delta[batch.last_rows], self.final_norm, cfg.rms_norm_eps,
+                                   cfg.norm_unit_offset, reduce)
         return linear(last, self.lm_head).float()

@@ -593,10 +593,11 @@ def test_normed_and_residual_gemv_refuse_mismatched_operands():
 
 
 def test_tuned_normed_and_residual_gemv_take_the_projections_own_entries(monkeypatch):
-    """The fused variants run with the plain (or, for the down projection, the silu_mul) shape's shipped config, and
-    not where the table has none (the caller then norms or adds apart)."""
+    """The fused variants run with the plain (or, for the down projection, the silu_mul) shape's shipped config (a
+    down projection without its own entry: silu_mul, then the plain one), and not where the table has none (the
+    caller then norms or adds apart)."""
     from headroom.kernels import gemv as gemv_module
-    from headroom.kernels.gemv import RowNorm, tuned_normed_gemv, tuned_residual_gemv
+    from headroom.kernels.gemv import RowNorm, residual_gemv, tuned_normed_gemv, tuned_residual_gemv
 
     x, w = _case(4, 1, 24, 128)
     config = GemvConfig(block_n=8, block_k=64, split=1, num_stages=2)
@@ -607,7 +608,13 @@ def test_tuned_normed_and_residual_gemv_take_the_projections_own_entries(monkeyp
     _assert_rounding_apart(out, residual + gemv(x, w, config))
     norm = RowNorm(sumsq, torch.ones(24).bfloat16(), 1e-6, True)
     assert tuned_normed_gemv(out, norm, w.T.contiguous()) is not None
-    assert tuned_residual_gemv(x, w, residual, up=x) is None  # no silu_mul entry for this shape
+    # no fused down-projection entry at this row count: silu_mul's kernel first, then the plain entry adds
+    from headroom.kernels.gates_triton import silu_mul
+
+    up = torch.randn(1, 128).bfloat16()
+    out, _ = tuned_residual_gemv(x, w, residual, up=up)
+    assert torch.equal(out, residual_gemv(silu_mul(x, up), w, residual, config)[0])
+    assert tuned_residual_gemv(x.repeat(2, 1), w, residual.repeat(2, 1)) is None  # no 2-row entry at all
     assert tuned_normed_gemv(x, RowNorm(torch.ones(1, 1), torch.ones(128), 1e-6, True), w.T.contiguous()) is None
     assert tuned_normed_gemv(x.repeat(2, 1), RowNorm(torch.ones(2, 1), torch.ones(128).bfloat16(), 1e-6, True),
                              w.T.contiguous()) is None  # no 2-row entry

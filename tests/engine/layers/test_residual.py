@@ -169,3 +169,32 @@ def test_projection_runs_the_down_projection_with_its_activation(up):
     a, u, w = torch.randn(2, 6, generator=gen), torch.randn(2, 6, generator=gen), torch.randn(3, 6, generator=gen)
     out = Projection(a, w, up=u if up else None).run()
     assert torch.equal(out, F.linear(naive_silu_mul(a, u) if up else a, w))
+
+
+def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_model_factory, monkeypatch):
+    """A prefill pass of at most 16 rows (two prompts of 3 and 4 tokens: 7 rows) runs the same fused GEMVs as a
+    decode step of 7 rows, its final norm included; lm_head then reads the two last rows (with their sums of
+    squares). Its prompt logits are the unfused pass's within bf16 rounding, its tokens the same."""
+    from headroom.kernels import gemv as gemv_module
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+
+    def generate():
+        llm = LLM(str(model_dir), dtype="bfloat16", max_total_tokens=512, ssm_slots=8, chunked_prefill_size=64,
+                  max_running_requests=2, cuda_graph_max_batch=0)
+        return llm.generate([random_prompt(vocab, n, seed=n) for n in (3, 4)], max_new_tokens=3, ignore_eos=True)
+
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2, 7)))
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
+    unfused = generate()
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", True)
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
+    fused = generate()
+    layers = reference.config.num_hidden_layers
+    assert gemvs["residual_gemv"].count(7) == 2 * layers
+    assert gemvs["normed_gemv"].count(7) == 2 * layers - 1 and gemvs["normed_gemv"].count(2) >= 1  # lm_head
+    for a, b in zip(unfused, fused, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.02, rtol=0.0)
