@@ -3,7 +3,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
 
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL]] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
@@ -22,7 +22,8 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
   counts here is the registers a thread (programs a multiprocessor) beside the instructions an element.
 - gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
   4B decode shape), compiled without a split over K (a split changes only the epilogue, whose loop over the
-  splits' partials can outgrow a short main loop and be counted instead). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
+  splits' partials can outgrow a short main loop and be counted instead). FUSE 1 counts the RMSNorm fused in
+  front (each x unit normed in the loop), 2 the residual add behind (epilogue only: the loop as plain). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
   instructions issued, so here the count matters less than for int4, but every instruction in the loop is one the
   warp issues instead of a load.
 
@@ -72,17 +73,23 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     # PREFETCH and PDL, a sixth and seventh field (1 and 0 when left out): weight tiles before the PDL wait.
     prefetch = fields[5] if len(fields) > 5 else 1
     pdl = bool(fields[6]) if len(fields) > 6 else False
+    # FUSE, an eighth field (0 when left out): 1 the RMSNorm in front (NORM, Qwen3.5's unit offset), 2 the residual
+    # add behind (RESIDUAL).
+    fuse = fields[7] if len(fields) > 7 else 0
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
     pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
-                "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+                "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32",
+                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32"}
     # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
                  "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": pdl,
-                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch}
+                 "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch,
+                 "NORM": fuse == 1, "UNIT_OFFSET": fuse == 1, "RESIDUAL": fuse == 2}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
+    # (num_parts is no specialisation key: the launcher's kernel does not specialize it)
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
-            block_n * block_k / (32 * warps), {"M", "num_splits"})
+            block_n * block_k / (32 * warps), {"M", "num_splits", "num_parts"})
 
 
 def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, mask_split: bool = False,
@@ -233,7 +240,7 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL]]",
+              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]]",
               "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
