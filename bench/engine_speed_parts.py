@@ -325,19 +325,24 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
     """The decode GEMVs with the residual add behind (residual_gemv: the out/down projections, [*, hidden] out)
     and the RMSNorm in front (normed_gemv: the projections reading the hidden rows) at every (shape, rows) of the
     shipped table they run at: residual_gemv against residual + the same GEMV (equal bit for bit: the product is
-    rounded, then the add, as there) and its sums of squares against fp32's; normed_gemv, with those sums,
+    rounded, then the add, as there) and its sums of squares against fp32's, also with Gated DeltaNet's output
+    norm in front (against gated_rms_norm's kernel then the GEMV, and fp32); normed_gemv, with those sums,
     against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV)."""
-    import torch.nn.functional as F
     from headroom.kernels.gemv import (
         SILU_MUL_INPUT,
+        GatedNorm,
         RowNorm,
+        gated_gemv_fits,
         gemv,
         load_tuned_configs,
+        naive_gated_gemv,
         normed_gemv,
         residual_gemv,
         silu_mul_gemv,
     )
-    from headroom.kernels.norm_triton import rms_norm
+    from headroom.kernels.norm_triton import gated_rms_norm, rms_norm
+
+    head = 128  # the 4B model's value heads
 
     rows = []
     for (n, k, m, kind), config in sorted(load_tuned_configs(DEV).items()):
@@ -354,6 +359,16 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
                 product = gemv(x, w, config)
             rows.append({"n": n, "k": k, "m": m, "input": kind, "residual_gemv": _diff(summed, residual + product),
                          "sums_of_squares": _diff(sumsq.sum(-1), summed.float().pow(2).sum(-1))})
+            if kind != SILU_MUL_INPUT and gated_gemv_fits(k, head, config):
+                # Gated DeltaNet's out-projection (the attention o_proj's shape): its output norm in front too
+                core, z = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(m, k + 64, device=DEV).bfloat16()
+                gated = GatedNorm(z[:, 64:], (1 + 0.1 * torch.randn(head, device=DEV)).bfloat16(), 1e-6)
+                summed, sumsq = residual_gemv(core, w, residual, config, gated=gated)
+                normed = gated_rms_norm(core.view(m, -1, head), gated.gate.view(m, -1, head), gated.weight, 1e-6)
+                rows.append({"n": n, "k": k, "m": m, "input": "gated", "residual_gemv": _diff(
+                    summed, residual + gemv(normed.reshape(m, k), w, config)),
+                    "vs_fp32": _diff(summed, residual.float() + naive_gated_gemv(
+                        core.float(), GatedNorm(gated.gate.float(), gated.weight.float(), 1e-6), w.float()))})
         if k == hidden and kind != SILU_MUL_INPUT:
             x = (torch.randn(m, k, device=DEV) * 4).bfloat16()
             weight = (0.1 * torch.randn(k, device=DEV)).bfloat16()  # Qwen3.5's: (1 + weight) * x

@@ -23,7 +23,8 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
 - gemv: the bf16 decode GEMV (kernels/gemv.py), instructions per weight element, at K a multiple of BLOCK_K (every
   4B decode shape), compiled without a split over K (a split changes only the epilogue, whose loop over the
   splits' partials can outgrow a short main loop and be counted instead). FUSE 1 counts the RMSNorm fused in
-  front (each x unit normed in the loop), 2 the residual add behind (epilogue only: the loop as plain). bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
+  front (each x unit normed in the loop), 2 the residual add behind (epilogue only: the loop as plain), 3 Gated
+  DeltaNet's output norm in front (each tile's heads normed and gated in the loop), 4 that and the residual add. bf16 at 4.3 TB/s is 8 weight elements a cycle an SM against 128 lane
   instructions issued, so here the count matters less than for int4, but every instruction in the loop is one the
   warp issues instead of a load.
 
@@ -74,18 +75,19 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     prefetch = fields[5] if len(fields) > 5 else 1
     pdl = bool(fields[6]) if len(fields) > 6 else False
     # FUSE, an eighth field (0 when left out): 1 the RMSNorm in front (NORM, Qwen3.5's unit offset), 2 the residual
-    # add behind (RESIDUAL).
+    # add behind (RESIDUAL), 3 Gated DeltaNet's output norm in front (GATED, heads of 128), 4 GATED and RESIDUAL.
     fuse = fields[7] if len(fields) > 7 else 0
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
     pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
                 "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32",
-                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32"}
+                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32", "norm_w": "*i32" if pairs else "*bf16"}
     # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
                  "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": pdl,
                  "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch,
-                 "NORM": fuse == 1, "UNIT_OFFSET": fuse == 1, "RESIDUAL": fuse == 2}
+                 "NORM": fuse == 1, "UNIT_OFFSET": fuse == 1, "RESIDUAL": fuse in (2, 4), "GATED": fuse in (3, 4),
+                 "HEAD": 128}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     # (num_parts is no specialisation key: the launcher's kernel does not specialize it)
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},

@@ -120,15 +120,44 @@ def _rms_normed(x, g, rstd, UNIT_OFFSET: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
-                UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
+def _head_rstd(squares, eps, HEAD: tl.constexpr, HEAD_UNITS: tl.constexpr, ROWS: tl.constexpr):
+    """Each head's 1 / rms at every unit of it: squares [units] (ROWS: [BLOCK_M, units]) of a tile that starts on
+    a head and holds whole heads of HEAD elements, HEAD_UNITS units each; as norm_triton's gated_rms_norm computes
+    it from a head's sum."""
+    if ROWS:
+        rows: tl.constexpr = squares.shape[0]
+        heads: tl.constexpr = squares.shape[1] // HEAD_UNITS
+        per_head = tl.sum(tl.reshape(squares, [rows, heads, HEAD_UNITS]), axis=2)
+        rstd = 1.0 / tl.sqrt(per_head / HEAD + eps)
+        return tl.reshape(tl.broadcast_to(rstd[:, :, None], [rows, heads, HEAD_UNITS]), [rows, heads * HEAD_UNITS])
+    else:
+        heads: tl.constexpr = squares.shape[0] // HEAD_UNITS
+        per_head = tl.sum(tl.reshape(squares, [heads, HEAD_UNITS]), axis=1)
+        rstd = 1.0 / tl.sqrt(per_head / HEAD + eps)
+        return tl.reshape(tl.broadcast_to(rstd[:, None], [heads, HEAD_UNITS]), [heads * HEAD_UNITS])
+
+
+@triton.jit
+def _gated_normed(x, z, g, rstd, dtype: tl.constexpr):
+    """fp32 x's head norm with weight g, times silu(z), rounded to dtype (back in fp32) where and as
+    norm_triton's gated_rms_norm rounds it (Gated DeltaNet's output norm: norm before gate)."""
+    y = (x * rstd).to(dtype).to(tl.float32) * g
+    y = y.to(dtype).to(tl.float32)
+    return (y * (z / (1.0 + tl.exp(-z)))).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _accumulate(acc, b_w, b_x, b_u, rstd, b_g, eps, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr,
+                NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, GATED: tl.constexpr, HEAD: tl.constexpr,
+                ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
     """acc plus the products of weight tile b_w and x b_x ([units] for one row, ROWS: [BLOCK_M, units]; see
     _products), an FFMA each. PAIRS: both are bf16 pairs read as int32 (low element in the low half), and a bf16
     is the top half of an fp32: the high element is one mask, the low one a shift (a bf16 -> fp32 conversion of
     the high element costs ptxas two, PRMT and shift); a weight pair is unpacked once however many rows use it.
     SILU_MUL: b_x is the gate and b_u the up half of the same units; x is silu(gate) * up (see _silu_mul).
     NORM: b_u is the norm's weight at the same units and rstd the rows' 1 / rms (a scalar for one row, ROWS:
-    [BLOCK_M, 1]); x is b_x normed (see _rms_normed)."""
+    [BLOCK_M, 1]); x is b_x normed (see _rms_normed). GATED: b_u is the gate z at the same units and b_g the head
+    norm's weight at them; x is b_x's gated head norm (see _gated_normed), each head's 1 / rms from the tile."""
     if PAIRS:
         w_lo = (b_w << 16).to(tl.float32, bitcast=True)
         w_hi = (b_w & -65536).to(tl.float32, bitcast=True)
@@ -140,6 +169,12 @@ def _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS: tl.constexpr, SILU_MUL: tl.cons
         if NORM:
             x_lo = _rms_normed(x_lo, (b_u << 16).to(tl.float32, bitcast=True), rstd, UNIT_OFFSET, tl.bfloat16)
             x_hi = _rms_normed(x_hi, (b_u & -65536).to(tl.float32, bitcast=True), rstd, UNIT_OFFSET, tl.bfloat16)
+        if GATED:
+            head_rstd = _head_rstd(x_lo * x_lo + x_hi * x_hi, eps, HEAD, HEAD // 2, ROWS)
+            x_lo = _gated_normed(x_lo, (b_u << 16).to(tl.float32, bitcast=True),
+                                 (b_g << 16).to(tl.float32, bitcast=True), head_rstd, tl.bfloat16)
+            x_hi = _gated_normed(x_hi, (b_u & -65536).to(tl.float32, bitcast=True),
+                                 (b_g & -65536).to(tl.float32, bitcast=True), head_rstd, tl.bfloat16)
         acc = _products(acc, w_lo, x_lo, w_hi, x_hi, True, ROWS, ROW_SUM)
     else:
         # (if/else, not an early return: see _multiply_add)
@@ -148,6 +183,9 @@ def _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS: tl.constexpr, SILU_MUL: tl.cons
             x = _silu_mul(x, b_u.to(tl.float32), b_x.dtype)
         if NORM:
             x = _rms_normed(x, b_u.to(tl.float32), rstd, UNIT_OFFSET, b_x.dtype)
+        if GATED:
+            x = _gated_normed(x, b_u.to(tl.float32), b_g.to(tl.float32), _head_rstd(x * x, eps, HEAD, HEAD, ROWS),
+                              b_x.dtype)
         w = b_w.to(tl.float32)
         acc = _products(acc, w, x, w, x, False, ROWS, ROW_SUM)
     return acc
@@ -176,26 +214,28 @@ def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
 
 
 @triton.jit
-def _multiply_add(acc, b_w, p_x, p_u, rstd, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr,
+def _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, remaining, BLOCK_M: tl.constexpr,
                   EVEN_K: tl.constexpr, PAIRS: tl.constexpr, UNIT: tl.constexpr, SILU_MUL: tl.constexpr,
-                  NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr,
-                  ROW_SUM: tl.constexpr):
+                  NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, GATED: tl.constexpr, HEAD: tl.constexpr,
+                  SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr):
     """acc plus x's matching tile times b_w: CUDA-core products for one row and for CORE_ROWS, the tensor cores
     for more (SWAP_AB: acc [BLOCK_N, BLOCK_M] += w-tile @ x-tile.T, else acc [BLOCK_M, BLOCK_N] += x-tile @
     w-tile.T). SILU_MUL: x is silu(gate) * up of the tiles at p_x (gate) and p_u (up), computed here (masked
     units are 0: silu(0) is). NORM: x is the RMSNorm of p_x's tile with the weight at p_u (every row's pointers
-    the same units of it) and the rows' rstd (masked units are 0: their norm is)."""
+    the same units of it) and the rows' rstd (masked units are 0: their norm is). GATED: x is the gated head norm
+    of p_x's tile with the gate at p_u and the head weight b_g (the same at every tile: tiles start on heads)."""
     # if/else, not an early return: Triton 3.6 compiles the code after a returning constexpr branch too.
     m_u = offs_u < remaining // UNIT
     if BLOCK_M == 1 or CORE_ROWS:
         # CORE_ROWS: p_x's rows past M repeat row M - 1 (see gemv_fwd_kernel), so only K masks
         mask = m_u if BLOCK_M == 1 else m_u[None, :]
         b_x = _x_tile(p_x, step, mask, EVEN_K, False)
-        if SILU_MUL or NORM:
+        if SILU_MUL or NORM or GATED:
             b_u = _x_tile(p_u, step, mask, EVEN_K, False)
         else:
             b_u = b_x
-        acc = _accumulate(acc, b_w, b_x, b_u, rstd, PAIRS, SILU_MUL, NORM, UNIT_OFFSET, CORE_ROWS, ROW_SUM)
+        acc = _accumulate(acc, b_w, b_x, b_u, rstd, b_g, eps, PAIRS, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD,
+                          CORE_ROWS, ROW_SUM)
     else:
         mask = m_m[:, None] if EVEN_K else m_m[:, None] & m_u[None, :]
         b_x = _x_tile(p_x, step, mask, EVEN_K, True)
@@ -205,6 +245,11 @@ def _multiply_add(acc, b_w, p_x, p_u, rstd, step, offs_u, m_m, remaining, BLOCK_
         if NORM:
             b_u = _x_tile(p_u, step, mask, EVEN_K, True)
             b_x = _rms_normed(b_x.to(tl.float32), b_u.to(tl.float32), rstd, UNIT_OFFSET, b_x.dtype).to(b_x.dtype)
+        if GATED:
+            b_u = _x_tile(p_u, step, mask, EVEN_K, True)
+            x = b_x.to(tl.float32)
+            b_x = _gated_normed(x, b_u.to(tl.float32), b_g.to(tl.float32), _head_rstd(x * x, eps, HEAD, HEAD, True),
+                                b_x.dtype).to(b_x.dtype)
         if SWAP_AB:
             acc = tl.dot(b_w, tl.trans(b_x), acc)
         else:
@@ -258,11 +303,12 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
 @triton.jit(do_not_specialize=["num_parts"])
 def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
-    res, sumsq, num_parts, stride_rm, eps,
+    res, sumsq, num_parts, stride_rm, eps, norm_w,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+    GATED: tl.constexpr = False, HEAD: tl.constexpr = 1,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -286,7 +332,10 @@ def gemv_fwd_kernel(
     of x's rows; each x tile is normed as it is loaded (UNIT_OFFSET: Qwen3.5's 1 + weight). RESIDUAL (the
     residual add fused behind, residual_gemv): out = res + x @ w.T (res row stride stride_rm), and each output
     block's sums of squares of out's rows at sumsq[m, block] (num_parts blocks): the next GEMV's NORM input.
-    Not both in one launch (sumsq is the one's input or the other's output)."""
+    Not both in one launch (sumsq is the one's input or the other's output). GATED (Gated DeltaNet's output norm
+    fused in front, gated_gemv): x is the delta rule's output, `up` the gate z (row stride stride_um), norm_w the
+    head norm's weight [HEAD]; x is normed by heads of HEAD elements, times silu(z), as each tile is loaded (every
+    tile and split starts on a head and holds whole heads; RESIDUAL may join it)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -325,6 +374,14 @@ def gemv_fwd_kernel(
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:
+        # the head weight at each unit of a tile: the same at every tile (tiles start on heads; a model weight, so
+        # loaded before the PDL wait)
+        b_g = tl.load(norm_w + offs_u % (HEAD // UNIT))
+        if BLOCK_M > 1:
+            b_g = b_g[None, :]
+    else:
+        b_g = 0
     k_first = k_lo
     if PDL or PREFETCH > 1:
         # Programmatic dependent launch (kernels/pdl.py): the weights do not depend on the kernel before this one,
@@ -348,24 +405,25 @@ def gemv_fwd_kernel(
     else:
         rstd = 1.0
     if PDL or PREFETCH > 1:
-        acc = _multiply_add(acc, b_w0, p_x, p_u, rstd, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
+        acc = _multiply_add(acc, b_w0, p_x, p_u, rstd, b_g, eps, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS,
+                            UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
         if PREFETCH > 1:
-            acc = _multiply_add(acc, b_w1, p_x, p_u, rstd, BLOCK_U, offs_u, m_m, k_hi - k_lo - BLOCK_K, BLOCK_M,
-                                EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
+            acc = _multiply_add(acc, b_w1, p_x, p_u, rstd, b_g, eps, BLOCK_U, offs_u, m_m, k_hi - k_lo - BLOCK_K,
+                                BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB,
+                                CORE_ROWS, ROW_SUM)
         if PREFETCH > 2:
-            acc = _multiply_add(acc, b_w2, p_x, p_u, rstd, 2 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 2 * BLOCK_K,
-                                BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS,
-                                ROW_SUM)
-            acc = _multiply_add(acc, b_w3, p_x, p_u, rstd, 3 * BLOCK_U, offs_u, m_m, k_hi - k_lo - 3 * BLOCK_K,
-                                BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS,
-                                ROW_SUM)
+            acc = _multiply_add(acc, b_w2, p_x, p_u, rstd, b_g, eps, 2 * BLOCK_U, offs_u, m_m,
+                                k_hi - k_lo - 2 * BLOCK_K, BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET,
+                                GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
+            acc = _multiply_add(acc, b_w3, p_x, p_u, rstd, b_g, eps, 3 * BLOCK_U, offs_u, m_m,
+                                k_hi - k_lo - 3 * BLOCK_K, BLOCK_M, EVEN_K, PAIRS, UNIT, SILU_MUL, NORM, UNIT_OFFSET,
+                                GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
         k_first = k_lo + PREFETCH * BLOCK_K
     for k0 in tl.range(k_first, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         step = (k0 - k_lo) // UNIT
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
-        acc = _multiply_add(acc, b_w, p_x, p_u, rstd, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS, UNIT,
-                            SILU_MUL, NORM, UNIT_OFFSET, SWAP_AB, CORE_ROWS, ROW_SUM)
+        acc = _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS,
+                            UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
     # RESIDUAL: this block's sums of squares at sumsq[m, pid_n]
     p_q = sumsq + offs_m * num_parts + pid_n
     if BLOCK_M == 1:
@@ -451,28 +509,86 @@ def naive_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.
     return torch.nn.functional.linear(naive_rms_norm(x, norm.weight, norm.eps, norm.unit_offset), w)
 
 
+@dataclass(frozen=True)
+class GatedNorm:
+    """Gated DeltaNet's output norm, which gated_gemv applies to its input as it loads it: weight [head] (the
+    rows' dtype) normed over each head of `head` elements, then times silu(gate) (gate [M, K], unit last stride:
+    the z columns of the in-projection's output); eps."""
+
+    gate: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
+def gated_gemv(x: torch.Tensor, gated: GatedNorm, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
+    """gated_rms_norm(x, gate) @ w [N, K].T -> [M, N] in one launch: Gated DeltaNet's output norm fused in front of
+    its out-projection (no norm kernel, no [M, K] normed rows written and read back). x [M, K] the delta rule's
+    output, K whole heads of gated.weight's length; each head's 1 / rms comes from the tile that holds it (the
+    config's block_k a power-of-2 multiple of the head, so tiles and splits start on heads), each element rounded as
+    norm_triton's gated_rms_norm stores it (naive_gated_gemv is the reference)."""
+    return _launch(x, None, w, config, gated=_check_gated(x, gated, config))[0]
+
+
+def naive_gated_gemv(x: torch.Tensor, gated: GatedNorm, w: torch.Tensor) -> torch.Tensor:
+    """The reference of gated_gemv: gated_rms_norm's reference by heads, then F.linear."""
+    from headroom.kernels.norm import naive_gated_rms_norm
+
+    rows, k = x.shape
+    head = gated.weight.shape[0]
+    normed = naive_gated_rms_norm(x.reshape(rows, k // head, head), gated.gate.reshape(rows, k // head, head),
+                                  gated.weight, gated.eps)
+    return torch.nn.functional.linear(normed.reshape(rows, k), w)
+
+
+def gated_gemv_fits(k: int, head: int, config: GemvConfig) -> bool:
+    """Whether a GEMV of this K and config can norm heads of `head` elements as it loads them: every tile holds a
+    power of 2 of whole heads (so does every split, a whole number of tiles)."""
+    heads = config.block_k // head if head > 0 else 0
+    return head > 0 and head % 2 == 0 and k % head == 0 and config.block_k % head == 0 and heads & (heads - 1) == 0 \
+        and head & (head - 1) == 0
+
+
+def _check_gated(x: torch.Tensor, gated: GatedNorm, config: GemvConfig) -> GatedNorm:
+    head = gated.weight.shape[0] if gated.weight.dim() == 1 else 0
+    if not gated_gemv_fits(x.shape[1], head, config):
+        raise ValueError(f"gated_gemv: heads of {tuple(gated.weight.shape)} elements must be a power of 2 dividing "
+                         f"K={x.shape[1]} and the tile's block_k={config.block_k} a power of 2 of them")
+    if gated.gate.shape != x.shape or gated.gate.dtype != x.dtype or gated.gate.stride(-1) != 1 \
+            or gated.weight.dtype != x.dtype or not gated.weight.is_contiguous():
+        raise ValueError(f"gated_gemv: the gate {tuple(gated.gate.shape)} {gated.gate.dtype} must be x's "
+                         f"{tuple(x.shape)} {x.dtype} with a contiguous last dimension, the weight contiguous in "
+                         f"x's dtype (got {gated.weight.dtype})")
+    return gated
+
+
 def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, config: GemvConfig = GemvConfig(),
-                  up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  up: torch.Tensor | None = None, gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + x @ w [N, K].T, its rows' partial sums of squares [M, blocks] fp32) in one launch: the decoder's
     residual add fused behind a layer's last projection (up: SwiGLU's down projection, x the gate, as
-    silu_mul_gemv), with what the next normed_gemv needs to norm the sum. The product is rounded to the rows' dtype
-    before the add, as F.linear and then the add round them. residual [M, N] in x's dtype, unit last stride."""
+    silu_mul_gemv; gated: Gated DeltaNet's out-projection, x normed first as gated_gemv norms it), with what the
+    next normed_gemv needs to norm the sum. The product is rounded to the rows' dtype before the add, as F.linear
+    and then the add round them. residual [M, N] in x's dtype, unit last stride."""
     num_rows, n = x.shape[0], w.shape[0]
     if residual.shape != (num_rows, n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
         raise ValueError(f"residual_gemv: the residual {tuple(residual.shape)} {residual.dtype} must be [{num_rows}, "
                          f"{n}] in x's dtype {x.dtype} with a contiguous last dimension")
     if up is not None:
         _check_silu_mul(x, up)
-    out, sumsq = _launch(x, up, w, config, residual=residual)
+    if gated is not None:
+        _check_gated(x, gated, config)
+    out, sumsq = _launch(x, up, w, config, residual=residual, gated=gated)
     assert sumsq is not None
     return out, sumsq
 
 
-def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
-                        up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference of residual_gemv: the projection (naive_silu_mul_gemv with up), the add, and each row's sum of
-    squares as one part [M, 1]."""
-    y = torch.nn.functional.linear(x, w) if up is None else naive_silu_mul_gemv(x, up, w)
+def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None = None,
+                        gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of residual_gemv: the projection (naive_silu_mul_gemv with up, naive_gated_gemv with gated),
+    the add, and each row's sum of squares as one part [M, 1]."""
+    if gated is not None:
+        y = naive_gated_gemv(x, gated, w)
+    else:
+        y = torch.nn.functional.linear(x, w) if up is None else naive_silu_mul_gemv(x, up, w)
     out = residual + y
     return out, out.float().pow(2).sum(-1, keepdim=True)
 
@@ -484,16 +600,17 @@ def _check_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> None:
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
-            norm: RowNorm | None = None,
-            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm) or residual_gemv (residual, with or without
-    up): (out, the sums of squares residual_gemv writes, else None)."""
+            norm: RowNorm | None = None, residual: torch.Tensor | None = None,
+            gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated) or residual_gemv
+    (residual, with up, gated or neither): (out, the sums of squares residual_gemv writes, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
                          "(contiguous [N, K])")
-    assert norm is None or (up is None and residual is None), "a norm in front is neither SILU_MUL nor RESIDUAL"
+    assert norm is None or (up is None and residual is None and gated is None), "NORM joins no other variant"
+    assert gated is None or up is None, "GATED's up operand is the gate"
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
     split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
@@ -507,17 +624,20 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
     # and several rows need even row strides too (the norm's weight is one row, read by every row)
-    operands = (x, w) if up is None else (x, up, w)
+    operands = (x, w) + ((up,) if up is not None else ()) + ((gated.gate,) if gated is not None else ())
+    norm_weights = (norm.weight,) if norm is not None else (gated.weight,) if gated is not None else ()
     pairs = (num_rows == 1 or core_rows) and x.dtype == w.dtype == torch.bfloat16 and k % 2 == 0 \
-        and all(t.data_ptr() % 4 == 0 for t in operands + ((norm.weight,) if norm is not None else ())) \
+        and all(t.data_ptr() % 4 == 0 for t in operands + norm_weights) \
         and (num_rows == 1 or all(t.stride(0) % 2 == 0 for t in operands))
     # (x[0]: the one row's view, whatever the row stride; an odd stride could not be viewed as pairs)
     x_arg = (x[0] if num_rows == 1 else x).view(torch.int32) if pairs else x
     if norm is not None:
         # every row reads the same weight (row stride 0)
         up_arg, stride_u = norm.weight.view(torch.int32) if pairs else norm.weight, 0
-    elif up is not None:
-        up_arg, stride_u = (up[0] if num_rows == 1 else up).view(torch.int32) if pairs else up, up.stride(0)
+    elif up is not None or gated is not None:
+        second = up if up is not None else gated.gate  # type: ignore[union-attr]
+        up_arg = (second[0] if num_rows == 1 else second).view(torch.int32) if pairs else second
+        stride_u = second.stride(0)
     else:
         up_arg, stride_u = x_arg, x.stride(0)
     if config.prefetch not in (1, 2, 4):
@@ -535,14 +655,17 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         _counters(x.device) if split > 1 else out, num_rows, n, k, k_per_split, split, x.stride(0),
         stride_u, w.stride(0), out.stride(0),
         residual if residual is not None else out, parts, parts.shape[1] if parts.dim() == 2 else 0,
-        residual.stride(0) if residual is not None else 0, norm.eps if norm is not None else 0.0,
+        residual.stride(0) if residual is not None else 0,
+        norm.eps if norm is not None else gated.eps if gated is not None else 0.0,
+        (gated.weight.view(torch.int32) if pairs else gated.weight) if gated is not None else out,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
         ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
-        UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, **pdl_launch(x.device),
+        UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, GATED=gated is not None,
+        HEAD=gated.weight.shape[0] if gated is not None else 1, **pdl_launch(x.device),
     )
     return out, sumsq
 
@@ -575,14 +698,22 @@ def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.
     return normed_gemv(x, norm, w, config)
 
 
-def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
-                        up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None = None,
+                        gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """residual_gemv with the shipped configuration of the projection it ends, or None where none is shipped or
     the residual is not [M, N] in x's dtype with unit last stride: the caller projects and adds apart. With up
     (SwiGLU's down projection) the fused shape's entry; at row counts where only the plain shape has one (the
-    sweep's fused shape lost there), silu_mul's kernel makes the activation first and the plain GEMV adds."""
+    sweep's fused shape lost there), silu_mul's kernel makes the activation first and the plain GEMV adds. With
+    gated (Gated DeltaNet's out-projection) the plain entry, where its tiles hold whole heads (gated_gemv_fits)."""
     if residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype or residual.stride(-1) != 1:
         return None
+    if gated is not None:
+        config = _tuned_config(x, w, PLAIN_INPUT)
+        if config is None or gated.weight.dim() != 1 or not gated_gemv_fits(x.shape[1], gated.weight.shape[0], config) \
+                or gated.gate.shape != x.shape or gated.gate.dtype != x.dtype or gated.gate.stride(-1) != 1 \
+                or gated.weight.dtype != x.dtype or not gated.weight.is_contiguous():
+            return None
+        return residual_gemv(x, w, residual, config, gated=gated)
     if up is None:
         config = _tuned_config(x, w, PLAIN_INPUT)
     else:

@@ -169,17 +169,21 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
     return None
 
 
-def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                          up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None = None,
+                          gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(residual + a @ weight.T, the sum's rows' partial sums of squares [N, parts] fp32) in one GEMV launch
-    (kernels/gemv.py residual_gemv; up: SwiGLU's down projection, a the gate, as silu_mul_dense_linear): on CUDA,
-    decode-sized, where the GEMV table has the projection's shape. None everywhere else, and whenever the residual
-    norm, the linear or (with up) silu_mul runs its reference: the caller projects, then add_rms_norm."""
+    (kernels/gemv.py residual_gemv; up: SwiGLU's down projection, a the gate, as silu_mul_dense_linear; gate_norm
+    (z, norm weight [head], eps): Gated DeltaNet's out-projection, a = gated_rms_norm(a, z) by heads first): on
+    CUDA, decode-sized, where the GEMV table has the projection's shape. None everywhere else, and whenever the
+    residual norm, the linear, silu_mul (with up) or gated_rms_norm (with gate_norm) runs its reference: the caller
+    projects, then add_rms_norm."""
     if a.dim() == 2 and a.shape[0] <= GEMV_ROWS and _fused(a, "dense_linear") and _fused(a, "add_rms_norm") \
-            and (up is None or _fused(a, "silu_mul")):
-        from headroom.kernels.gemv import tuned_residual_gemv
+            and (up is None or _fused(a, "silu_mul")) and (gate_norm is None or _fused(a, "gated_rms_norm")):
+        from headroom.kernels.gemv import GatedNorm, tuned_residual_gemv
 
-        return tuned_residual_gemv(a, weight, residual, up)
+        gated = GatedNorm(*gate_norm) if gate_norm is not None else None
+        return tuned_residual_gemv(a, weight, residual, up, gated)
     return None
 
 

@@ -78,8 +78,9 @@ class GatedDeltaNet:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device), qk_normed)
         if core is None:
             core = self._varlen(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
-        normed = ops.gated_rms_norm(core, z, self.norm, cfg.rms_norm_eps)
-        return Projection(normed.reshape(n, hv * dv), self.out_proj)
+        # The gated norm goes with the out-projection: at decode both run in its GEMV, with the residual add.
+        return Projection(core.reshape(n, hv * dv), self.out_proj,
+                          gate_norm=(z.reshape(n, hv * dv), self.norm, cfg.rms_norm_eps))
 
     def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
         """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence.

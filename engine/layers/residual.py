@@ -26,15 +26,22 @@ FUSED_RESIDUAL = os.environ.get("HEADROOM_FUSED_RESIDUAL", "1") == "1"
 @dataclass(frozen=True)
 class Projection:
     """weight @ a (+ bias) not yet computed: a mixer's or MLP's out-projection. up: SwiGLU's down projection, whose
-    input is silu(a) * up (a the gate half)."""
+    input is silu(a) * up (a the gate half). gate_norm (z [N, K], weight [head], eps): Gated DeltaNet's
+    out-projection, whose input is gated_rms_norm(a, z) over heads of `head` channels."""
 
     a: torch.Tensor
     weight: LinearWeight
     bias: torch.Tensor | None = None
     up: torch.Tensor | None = None
+    gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
     def run(self) -> torch.Tensor:
         """The projection's output [N, out] on its own (the unfused path)."""
+        if self.gate_norm is not None:
+            z, weight, eps = self.gate_norm
+            rows, head = self.a.shape[0], weight.shape[0]
+            normed = ops.gated_rms_norm(self.a.view(rows, -1, head), z.view(rows, -1, head), weight, eps)
+            return linear(normed.reshape(rows, -1), self.weight, self.bias)
         if self.up is None:
             return linear(self.a, self.weight, self.bias)
         if isinstance(self.weight, torch.Tensor) and self.bias is None:
@@ -81,4 +88,4 @@ def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor
     """(residual + p's output, its rows' partial sums of squares) in p's GEMV, or None where that does not run."""
     if not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
         return None
-    return ops.residual_dense_linear(p.a, p.weight, residual, p.up)
+    return ops.residual_dense_linear(p.a, p.weight, residual, p.up, p.gate_norm)

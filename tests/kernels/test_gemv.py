@@ -648,3 +648,98 @@ def test_normed_and_residual_variants_compile_for_the_h200():
             assert ptx.index("griddepcontrol.wait") < ptx.index("sqrt"), constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in ptx, constants
+
+
+@pytest.mark.parametrize(("rows", "k", "head", "block_k", "split", "rows_on_cores", "dtype"), [
+    (1, 512, 32, 64, 1, False, torch.bfloat16),  # one row as pairs: two heads a tile
+    (1, 512, 64, 256, 2, False, torch.bfloat16),  # four heads a tile, split over K (each split whole tiles)
+    (1, 384, 32, 128, 1, False, torch.float32),  # one row in fp32 (exact), three tiles of four heads
+    (1, 384, 64, 256, 1, False, torch.bfloat16),  # a last tile of two heads and two masked ones
+    (4, 512, 32, 64, 2, True, torch.bfloat16),  # rows on the CUDA cores as pairs
+    (3, 256, 16, 32, 1, True, torch.float32),  # ... in fp32, rows past M repeat the last
+    (16, 512, 32, 128, 2, False, torch.float32),  # the tensor cores (fp32: the interpreter's bf16 dot is garbage)
+])
+def test_gated_gemv_is_the_gated_norm_then_gemv(rows, k, head, block_k, split, rows_on_cores, dtype):
+    """gated_gemv norms each head of its tile and gates it by silu(z) as it loads it, as gated_rms_norm stores the
+    rows: through an identity weight the normed rows themselves (three roundings apart at most in bf16, where the
+    interpreter truncates; equal in fp32), against a real weight what gemv gives on the kernel-normed rows."""
+    from headroom.kernels.gemv import GatedNorm, gated_gemv, naive_gated_gemv
+    from headroom.kernels.norm_triton import gated_rms_norm
+
+    gen = torch.Generator().manual_seed(rows * 17 + k + head)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(dtype)
+    # the gate as a column view of a wider projection output (the in-projection's z)
+    z = (torch.randn(rows, k + 64, generator=gen) * 2).to(dtype)[:, 32:32 + k]
+    weight = (1 + 0.2 * torch.randn(head, generator=gen)).to(dtype)
+    gated = GatedNorm(z, weight, 1e-6)
+    config = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores)
+    normed = gated_rms_norm(x.view(rows, k // head, head), z.view(rows, k // head, head), weight, 1e-6)
+    normed = normed.reshape(rows, k)
+    _assert_rounding_apart(gated_gemv(x, gated, torch.eye(k, dtype=dtype), config), normed, 3)
+    w = (torch.randn(40, k, generator=gen) * 0.05).to(dtype)
+    got = gated_gemv(x, gated, w, config)
+    if dtype == torch.float32:
+        assert torch.equal(got, gemv(normed, w, config))
+    torch.testing.assert_close(got.float(), naive_gated_gemv(x, gated, w).float(), atol=0.05, rtol=0.02)
+
+
+def test_gated_gemv_with_the_residual_add_is_the_out_projection_step():
+    """GATED and RESIDUAL in one launch (Gated DeltaNet's out-projection at decode): residual + gated_gemv, and the
+    sum's sums of squares."""
+    from headroom.kernels.gemv import GatedNorm, gated_gemv, naive_residual_gemv, residual_gemv
+
+    gen = torch.Generator().manual_seed(11)
+    x, z = torch.randn(1, 256, generator=gen).bfloat16(), torch.randn(1, 256, generator=gen).bfloat16()
+    gated = GatedNorm(z, (1 + 0.2 * torch.randn(64, generator=gen)).bfloat16(), 1e-6)
+    w = (torch.randn(48, 256, generator=gen) * 0.05).bfloat16()
+    residual = torch.randn(1, 48, generator=gen).bfloat16()
+    config = GemvConfig(block_n=16, block_k=128, split=2, num_stages=2)
+    out, sumsq = residual_gemv(x, w, residual, config, gated=gated)
+    _assert_rounding_apart(out, residual + gated_gemv(x, gated, w, config))
+    want, want_sumsq = naive_residual_gemv(x, w, residual, gated=gated)
+    torch.testing.assert_close(out.float(), want.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(sumsq.sum(-1, keepdim=True), want_sumsq, atol=0.5, rtol=1e-2)
+
+
+def test_gated_gemv_refuses_tiles_that_split_heads():
+    from headroom.kernels.gemv import GatedNorm, gated_gemv, gated_gemv_fits
+
+    x = torch.randn(1, 256).bfloat16()
+    gated = GatedNorm(torch.randn(1, 256).bfloat16(), torch.ones(128).bfloat16(), 1e-6)
+    assert not gated_gemv_fits(256, 128, GemvConfig(block_k=64)) and not gated_gemv_fits(320, 128, GemvConfig())
+    assert not gated_gemv_fits(384, 96, GemvConfig(block_k=384)) and gated_gemv_fits(512, 128, GemvConfig())
+    assert gated_gemv_fits(384, 128, GemvConfig(block_k=256))  # a last tile of one head (the other masked: zeros)
+    with pytest.raises(ValueError, match=r"heads of \(128,\) elements must be a power of 2 dividing K=256 and the "
+                                         r"tile's block_k=64 a power of 2 of them"):
+        gated_gemv(x, gated, torch.randn(8, 256).bfloat16(), GemvConfig(block_k=64))
+    with pytest.raises(ValueError, match=r"the gate \(1, 128\) torch.bfloat16 must be x's \(1, 256\)"):
+        gated_gemv(x, GatedNorm(torch.randn(1, 128).bfloat16(), torch.ones(128).bfloat16(), 1e-6),
+                   torch.randn(8, 256).bfloat16(), GemvConfig())
+
+
+def test_gated_variants_compile_for_the_h200():
+    """GATED (Gated DeltaNet's out-projection: heads of 128) as the engine launches it at the shipped tiles: one row
+    as pairs (1024-wide tiles, 8 warps) with and without RESIDUAL, 8 and 16 rows swapped (256-wide tiles) with
+    RESIDUAL and a split, 8 rows on the CUDA cores; the gate's silu takes an exp."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants, warps = [], []
+    for rows, block_n, block_k, pairs, swap, cores, split, residual, num_warps in (
+            (1, 16, 1024, True, False, False, False, False, 8), (1, 16, 1024, True, False, False, False, True, 8),
+            (8, 64, 256, False, True, False, True, True, 4), (16, 64, 256, False, True, False, True, True, 4),
+            (8, 8, 256, True, False, True, False, True, 4)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                    "sumsq": "*fp32", "eps": "fp32", "norm_w": x}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "RESIDUAL": residual, "GATED": True, "HEAD": 128}))
+        warps.append(num_warps)
+    for num_warps in sorted(set(warps)):
+        chosen = [v for v, w in zip(variants, warps, strict=True) if w == num_warps]
+        for (_, _, _, constants), result in zip(chosen, compile_sm90(chosen, num_warps=num_warps), strict=True):
+            assert result["ok"], (constants, result.get("error"))
+            assert "ex2" in result["ptx"] and "sqrt" in result["ptx"], constants
+            if constants["SWAP_AB"]:
+                assert "wgmma.mma_async" in result["ptx"], constants

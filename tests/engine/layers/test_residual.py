@@ -73,29 +73,32 @@ def _count(monkeypatch, module, names: tuple[str, ...]) -> dict[str, list[int]]:
 
 
 def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch):
-    """A decode step with every projection in the GEMV table: the add rides on each out/down projection and the norm
-    on the next projection (one norm kernel a step, the first layer's, against one a layer's norm before), the same
-    tokens as with HEADROOM_FUSED_RESIDUAL=0, and logits within bf16 rounding of them."""
+    """A decode step with every projection in the GEMV table: the add rides on each out/down projection, Gated
+    DeltaNet's output norm on its out-projection, and the next RMSNorm on the next projection (one norm kernel a
+    step, the first layer's, against one a layer's norm before; no gated norm kernel), the same tokens as with
+    HEADROOM_FUSED_RESIDUAL=0, and decode logits within bf16 rounding of them. (Config 2: heads of 16 value channels,
+    whole heads in the table's 32-wide tiles.)"""
     from headroom.kernels import gemv as gemv_module
     from headroom.kernels import norm_triton
 
-    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
     vocab = reference.config.vocab_size
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
-    unfused_norms = _count(monkeypatch, norm_triton, ("rms_norm",))
+    unfused_norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     unfused_logits = _decode_logits(monkeypatch)
     unfused = _generate(model_dir, vocab)
     monkeypatch.undo()
 
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
-    norms = _count(monkeypatch, norm_triton, ("rms_norm",))
+    norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
     fused_logits = _decode_logits(monkeypatch)
     fused = _generate(model_dir, vocab)
     layers = reference.config.num_hidden_layers
+    gdn_layers = reference.config.layer_types.count("linear_attention")
     # Decode passes have 1 or 2 rows (so does a two-prompt prefill's final norm, in both runs alike).
     decode_norms = [rows for rows in norms["rms_norm"] if rows <= 2]
     unfused_decode_norms = [rows for rows in unfused_norms["rms_norm"] if rows <= 2]
@@ -105,6 +108,8 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     steps, leftover = divmod(len(gemvs["residual_gemv"]), 2 * layers)
     assert steps >= 4 and leftover == 0
     assert len(unfused_decode_norms) - len(decode_norms) == steps * 2 * layers
+    gated = [rows for rows in norms["gated_rms_norm"] if rows <= 2]
+    assert gated == [] and len([r for r in unfused_norms["gated_rms_norm"] if r <= 2]) == steps * gdn_layers
     for a, b in zip(unfused, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.0, rtol=0.0)  # prefill: unfused both
@@ -177,7 +182,7 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
     squares). Its prompt logits are the unfused pass's within bf16 rounding, its tokens the same."""
     from headroom.kernels import gemv as gemv_module
 
-    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
     vocab = reference.config.vocab_size
 
     def generate():
