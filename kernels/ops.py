@@ -190,8 +190,10 @@ def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch
 def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         unit_offset: bool, weight: torch.Tensor) -> torch.Tensor | None:
     """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):
-    kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere (the caller norms first)."""
-    if x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear") and _fused(x, "add_rms_norm"):
+    kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere and whenever rms_norm runs its
+    reference (the caller norms first, through ops.rms_norm)."""
+    if x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear") and _fused(x, "add_rms_norm") \
+            and _fused(x, "rms_norm"):
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
         return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)

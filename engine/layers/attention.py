@@ -6,7 +6,7 @@ import torch
 from headroom.engine.layers.linear import MergedLinear, linear_weight
 from headroom.engine.layers.normed_rows import NormedRows
 from headroom.engine.layers.paged_attention import paged_attention_over_pool
-from headroom.engine.layers.residual import Projection
+from headroom.engine.layers.residual import Projection, deferred
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import KIVI_WRITE, KV_WRITE_ROWS, ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
@@ -27,9 +27,9 @@ class FullAttention:
         self.inv_freq = ops.rotary_inv_freq(config.rotary_dim, config.rope_theta).to(self.qkv.device)
         self.scale = config.head_dim**-0.5
 
-    def __call__(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, kv_pool: KVPool) -> Projection:
-        """x [N, hidden] -> the o_proj still to run ([N, hidden]: the decoder layer adds it to the residual); writes
-        this layer's K/V of every item into the pool first."""
+    def __call__(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor | Projection:
+        """x [N, hidden] -> [N, hidden], or at decode the o_proj still to run (residual.deferred: the decoder layer
+        adds it to the residual in its GEMV); writes this layer's K/V of every item into the pool first."""
         cfg = self.config
         n = x.shape[0]
         q, k, v = self.qkv(x)
@@ -72,7 +72,7 @@ class FullAttention:
         attn = out.reshape(n, -1)
         if gate is not None:
             attn = ops.sigmoid_mul(attn, gate)
-        return Projection(attn, self.o_proj, self.o_bias)
+        return deferred(Projection(attn, self.o_proj, self.o_bias))
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool) -> None:
         """This layer's K/V of every item into an fp8 or KIVI pool."""

@@ -9,7 +9,7 @@ import torch
 from headroom.engine.layers.gdn_projection import gdn_projection
 from headroom.engine.layers.linear import linear_weight
 from headroom.engine.layers.normed_rows import NormedRows
-from headroom.engine.layers.residual import Projection
+from headroom.engine.layers.residual import Projection, deferred
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import GDN_BOUNDS, GDN_SEGMENTS, GDN_SLOTS, ForwardBatch
 from headroom.engine.runtime.ssm_pool import SSMPool
@@ -39,9 +39,9 @@ class GatedDeltaNet:
         self.out_proj = linear_weight(config, weights, prefix + "out_proj")
         self.key_dim = config.linear_num_key_heads * config.linear_key_head_dim
 
-    def __call__(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, ssm_pool: SSMPool) -> Projection:
-        """x [N, hidden] -> the out_proj still to run ([N, hidden]: the decoder layer adds it to the residual);
-        advances every item's SSM slot by its tokens."""
+    def __call__(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, ssm_pool: SSMPool) -> torch.Tensor | Projection:
+        """x [N, hidden] -> [N, hidden], or at decode the gated norm and out_proj still to run (residual.deferred:
+        the decoder layer adds them to the residual in one GEMV); advances every item's SSM slot by its tokens."""
         cfg = self.config
         n = x.shape[0]
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -79,8 +79,8 @@ class GatedDeltaNet:
         if core is None:
             core = self._varlen(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
         # The gated norm goes with the out-projection: at decode both run in its GEMV, with the residual add.
-        return Projection(core.reshape(n, hv * dv), self.out_proj,
-                          gate_norm=(z.reshape(n, hv * dv), self.norm, cfg.rms_norm_eps))
+        return deferred(Projection(core.reshape(n, hv * dv), self.out_proj,
+                                   gate_norm=(z.reshape(n, hv * dv), self.norm, cfg.rms_norm_eps)))
 
     def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
         """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence.

@@ -17,10 +17,10 @@ class SwiGLU:
         self.down = linear_weight(config, weights, prefix + "down_proj")
 
     def projection(self, x: torch.Tensor | NormedRows) -> Projection:
-        """x [N, hidden] -> the down projection still to run (the decoder layer adds it to the residual)."""
+        """x [N, hidden] -> the down projection still to run (the decoder layer's MLP: residual.deferred)."""
         gate, up = self.gate_up(x)
         return Projection(gate, self.down, up=up)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, hidden] -> [N, hidden]."""
+        """x [N, hidden] -> [N, hidden] (a MoE expert, the shared expert)."""
         return self.projection(x).run()

@@ -53,6 +53,16 @@ class Projection:
         return linear(ops.silu_mul(self.a, self.up), self.weight, self.bias)
 
 
+def deferred(p: Projection) -> torch.Tensor | Projection:
+    """p itself where the decoder layer may add it inside its GEMV (a decode-sized pass), else its output now: a
+    longer pass then frees p's input, and the tensors it views (a Gated DeltaNet layer's whole in-projection
+    output, through z), as its module returns, as before the fusion (8,192 rows of the 4B model hold about 0.5 GiB
+    of them)."""
+    if FUSED_RESIDUAL and p.a.shape[0] <= ops.GEMV_ROWS:
+        return p
+    return p.run()
+
+
 def add_and_norm(
     x: torch.Tensor, delta: torch.Tensor | Projection | None, weight: torch.Tensor, eps: float, unit_offset: bool,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,

@@ -11,14 +11,13 @@ from headroom.engine.layers.linear import linear, linear_weight
 from headroom.engine.layers.linear_attention import GatedDeltaNet
 from headroom.engine.layers.mlp import SwiGLU
 from headroom.engine.layers.moe import SparseMoE
-from headroom.engine.layers.residual import Projection, add_and_norm, as_tensor, take_rows
+from headroom.engine.layers.residual import Projection, add_and_norm, as_tensor, deferred, take_rows
 from headroom.engine.models.config import ModelConfig
 from headroom.engine.runtime.forward_batch import ForwardBatch
 from headroom.engine.runtime.kv_pool import KVPool
 from headroom.engine.runtime.loader import check_weights
 from headroom.engine.runtime.parallel import TensorParallel, vocab_parallel_embedding
 from headroom.engine.runtime.ssm_pool import SSMPool
-from headroom.kernels import ops
 
 
 class DecoderLayer:
@@ -58,8 +57,9 @@ class DecoderLayer:
             assert kv_pool is not None
             out = self.mixer(h, batch, kv_pool)
         h, x = add_and_norm(x, out, self.post_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
+        del out  # (the mixer's output, or the inputs of its projection: not held through the MLP)
         if isinstance(self.mlp, SwiGLU):
-            return x, self.mlp.projection(h)
+            return x, deferred(self.mlp.projection(h))
         return x, self.mlp(as_tensor(h))
 
 
@@ -106,14 +106,17 @@ class CausalLM:
         if all_positions or batch.is_decode_only:
             # (a decode pass's last rows are all its rows, in order)
             last, _ = add_and_norm(x, delta, self.final_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
-        elif isinstance(delta, Projection) and x.shape[0] <= ops.GEMV_ROWS:
-            # A short pass adds and norms in the GEMVs as a decode step of its rows does (the same kernel variants,
-            # so a short prompt compiles nothing the warm-up's steps did not), then takes its last rows.
-            last, _ = add_and_norm(x, delta, self.final_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, reduce)
+        elif isinstance(delta, Projection) and reduce is None:
+            # A short pass (residual.deferred left its projection) adds and norms in the GEMVs as a decode step of
+            # its rows does (the same kernel variants, so a short prompt compiles nothing the warm-up's steps did
+            # not), then takes its last rows.
+            last, _ = add_and_norm(x, delta, self.final_norm, cfg.rms_norm_eps, cfg.norm_unit_offset)
             last = take_rows(last, batch.last_rows)
         else:
             if isinstance(delta, Projection):
                 delta = delta.run()
+            if reduce is not None:
+                delta = reduce(delta)  # every row, as before the fusion (the collective's size and order)
             last, _ = add_and_norm(x[batch.last_rows], delta[batch.last_rows], self.final_norm, cfg.rms_norm_eps,
-                                   cfg.norm_unit_offset, reduce)
+                                   cfg.norm_unit_offset)
         return linear(last, self.lm_head).float()

@@ -99,17 +99,16 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     fused = _generate(model_dir, vocab)
     layers = reference.config.num_hidden_layers
     gdn_layers = reference.config.layer_types.count("linear_attention")
-    # Decode passes have 1 or 2 rows (so does a two-prompt prefill's final norm, in both runs alike).
-    decode_norms = [rows for rows in norms["rms_norm"] if rows <= 2]
-    unfused_decode_norms = [rows for rows in unfused_norms["rms_norm"] if rows <= 2]
     # every out-projection and down projection added its residual; the norms after them ran in the next GEMV
-    # (each layer's first projection but the first layer's, and lm_head)
+    # (each layer's first projection but the first layer's, and lm_head); the prefill pass (14 rows: no table
+    # entry) ran its norm kernels in both runs alike
     assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"])
     steps, leftover = divmod(len(gemvs["residual_gemv"]), 2 * layers)
     assert steps >= 4 and leftover == 0
-    assert len(unfused_decode_norms) - len(decode_norms) == steps * 2 * layers
-    gated = [rows for rows in norms["gated_rms_norm"] if rows <= 2]
-    assert gated == [] and len([r for r in unfused_norms["gated_rms_norm"] if r <= 2]) == steps * gdn_layers
+    assert len(unfused_norms["rms_norm"]) - len(norms["rms_norm"]) == steps * 2 * layers
+    decode_gated = [rows for rows in norms["gated_rms_norm"] if rows <= 2]
+    assert decode_gated == [] and \
+        len(unfused_norms["gated_rms_norm"]) - len(norms["gated_rms_norm"]) == steps * gdn_layers
     for a, b in zip(unfused, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.0, rtol=0.0)  # prefill: unfused both
@@ -203,3 +202,19 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
     for a, b in zip(unfused, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.02, rtol=0.0)
+
+
+def test_only_a_decode_sized_pass_defers_its_projection(monkeypatch):
+    """residual.deferred: a module's last linear is left to the decoder layer only for at most ops.GEMV_ROWS rows
+    (where its GEMV may add the residual); a longer pass, or the fusion off, runs it at once, so that its inputs
+    (and a Gated DeltaNet layer's in-projection output, which z views) are freed as the module returns."""
+    from headroom.engine.layers.residual import deferred
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(4, 6, generator=gen)
+    short, long = torch.randn(ops.GEMV_ROWS, 6, generator=gen), torch.randn(ops.GEMV_ROWS + 1, 6, generator=gen)
+    assert isinstance(deferred(Projection(short, w)), Projection)
+    ran = deferred(Projection(long, w))
+    assert isinstance(ran, torch.Tensor) and torch.equal(ran, F.linear(long, w))
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
+    assert isinstance(deferred(Projection(short, w)), torch.Tensor)
