@@ -21,7 +21,8 @@ without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 d
 captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), llm_bf16_loops / llm_int2_loops (the
 LLM API rows with the attention loop's variants on, beside the rows), profile_decode_batches (a graphed decode step's GPU time by kernel at batch 1, 8 and 16, PDL off),
 fused_residual (graphed decode at batch 1, 8 and 16 with the residual add and norm inside the GEMVs against
-HEADROOM_FUSED_RESIDUAL=0, one engine after the other: steps, graph replays, the same greedy tokens),
+HEADROOM_FUSED_RESIDUAL=0, one engine after the other: steps, graph replays, the same greedy tokens), gemv_fuzz (the
+GEMV's fused modes against the unfused kernels over random configurations),
 llm_int2_tuned (the int2 LLM API rows with the
 paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
 '{"d_chunks": 2}', beside the rows), gemv (kernels/gemv.py's
@@ -458,6 +459,7 @@ def main() -> None:
             "cudnn_layouts": lambda s: parts.cudnn_layout_check(), "cudnn_dirty": lambda s: parts.cudnn_dirty_memory(),
             "dense_pieces": lambda s: parts.dense_pieces(), "decode_window": lambda s: parts.decode_window_check(),
             "half_check": lambda s: __import__("gpu_kernels").check_half_tiles(),
+            "gemv_fuzz": lambda s: __import__("gpu_kernels").check_fused_gemv(),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}
     command = "python3 bench/engine_speed.py " + " ".join(sys.argv[1:])

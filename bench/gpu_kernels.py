@@ -164,6 +164,79 @@ def check_half_tiles() -> dict:
     return res
 
 
+def check_fused_gemv(cases: int = 40, seed: int = 2) -> dict:
+    """The decode GEMV's fused modes (kernels/gemv.py NORM, RESIDUAL, GATED; session 18) against the unfused kernels
+    they replace, compiled on this GPU, over random configurations (rows 1-16, splits, swapped and CUDA-core tiles,
+    tiles loaded before the PDL wait, ragged K): normed_gemv against rms_norm then gemv, residual_gemv (plain and with
+    SiLU) against the add after gemv (equal bit for bit: the same product, rounded, then the add), its sums of squares
+    against fp32's, gated_gemv (and with the residual) against gated_rms_norm then gemv. A case is "bad" where more
+    than 2% of the outputs differ or one differs by more than 5% of its size (the 1 / rms summed in another order
+    may move a rounding, not more); a race between programs would show as either."""
+    import random
+
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import (
+        GatedNorm,
+        GemvConfig,
+        RowNorm,
+        gated_gemv,
+        gated_gemv_fits,
+        gemv,
+        normed_gemv,
+        residual_gemv,
+    )
+    from headroom.kernels.norm_triton import gated_rms_norm, rms_norm
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    bad: list[dict] = []
+    worst = {"max_abs": 0.0, "frac_differing": 0.0}
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device=DEV) * scale).bfloat16()
+
+    def compare(name: str, got, want, exact: bool = False) -> None:
+        diff = (got.float() - want.float()).abs()
+        differing = float((got != want).float().mean())
+        relative = float((diff / (want.float().abs() + 1e-2)).max())
+        worst["max_abs"] = max(worst["max_abs"], float(diff.max()))
+        worst["frac_differing"] = max(worst["frac_differing"], differing)
+        if (exact and differing > 0) or relative > 0.05 or differing > 0.02:
+            bad.append({"case": name, "max_abs": float(diff.max()), "relative": relative, "differing": differing})
+
+    for case in range(cases):
+        m, n = rng.choice([1, 2, 3, 5, 8, 9, 16]), rng.choice([40, 130, 520])
+        k = rng.choice([256, 328, 512, 1024, 1536])
+        config = GemvConfig(block_n=rng.choice([8, 16, 64]), block_k=rng.choice([64, 128, 256, 512]),
+                            split=rng.choice([1, 2, 3]), num_stages=2, swap_ab=rng.random() < 0.5,
+                            rows_on_cores=rng.random() < 0.5, prefetch=rng.choice([1, 2]))
+        tag = f"{case}: m={m} n={n} k={k} {config}"
+        w, x, residual = rand(n, k, scale=0.05), rand(m, k, scale=2), rand(m, n, scale=2)
+        wide = rand(m, 2 * k)
+        for unit_offset in (True, False):
+            weight, squares = rand(k, scale=0.3), x.float().pow(2).sum(1, keepdim=True).contiguous()
+            compare(f"{tag} norm {unit_offset}", normed_gemv(x, RowNorm(squares, weight, 1e-6, unit_offset), w, config),
+                    gemv(rms_norm(x, weight, 1e-6, unit_offset)[0], w, config))
+        summed, parts = residual_gemv(x, w, residual, config)
+        compare(f"{tag} residual", summed, residual + gemv(x, w, config), exact=True)
+        blocks = -(-n // config.block_n)
+        padded = torch.nn.functional.pad(summed.float(), (0, blocks * config.block_n - n))
+        want_parts = padded.pow(2).view(m, blocks, -1).sum(-1)
+        if parts.shape != (m, blocks) or not torch.allclose(parts, want_parts, rtol=1e-4, atol=1e-3):
+            bad.append({"case": f"{tag} sums of squares", "max_abs": float((parts - want_parts).abs().max())})
+        summed, _ = residual_gemv(x, w, residual, config, up=wide[:, k:])
+        compare(f"{tag} residual silu", summed, residual + gemv(silu_mul(x, wide[:, k:]), w, config), exact=True)
+        head = rng.choice([32, 64, 128])
+        if gated_gemv_fits(k, head, config):
+            gate = wide[:, :k]
+            gated = GatedNorm(gate, (1 + 0.2 * torch.randn(head, device=DEV)).bfloat16(), 1e-6)
+            normed = gated_rms_norm(x.view(m, -1, head), gate.view(m, -1, head), gated.weight, 1e-6).reshape(m, k)
+            compare(f"{tag} gated {head}", gated_gemv(x, gated, w, config), gemv(normed, w, config))
+            summed, _ = residual_gemv(x, w, residual, config, gated=gated)
+            compare(f"{tag} residual gated {head}", summed, residual + gemv(normed, w, config))
+    return {"cases": cases, "bad": bad[:40], "bad_count": len(bad), "worst": worst}
+
+
 def time_attention() -> dict:
     res: dict = {}
     for name in KINDS:
