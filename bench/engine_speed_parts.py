@@ -1483,6 +1483,25 @@ def cudnn_dirty_memory(rows: int = 8192, fills: int = 4) -> dict:
     return out
 
 
+def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], unfused: list[list[int]],
+                       most: int = 4) -> list[dict]:
+    """Where the fused engine's greedy tokens first left the unfused one's, for up to `most` sequences: the step,
+    both tokens, and this (unfused) engine's logits at that step (a prefill over the common prefix): the top two
+    logits' margin and each chosen token's logit. A near tie (a margin of a rounding or two) is what the 1 / rms
+    summed in another order can flip; a wide margin would be a fault."""
+    found = []
+    for index, (a, b) in enumerate(zip(fused, unfused, strict=True)):
+        step = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if step is None or len(found) >= most:
+            continue
+        logits = llm.generate([prompts[index] + b[:step]], max_new_tokens=1, ignore_eos=True)[0].prompt_logits.float()
+        top = torch.topk(logits, 2).values
+        found.append({"sequence": index, "step": step, "fused_token": a[step], "unfused_token": b[step],
+                      "top2_margin": float(top[0] - top[1]), "fused_token_logit": float(logits[a[step]]),
+                      "unfused_token_logit": float(logits[b[step]]), "logit_scale": float(logits.abs().max())})
+    return found
+
+
 def fused_residual_speed(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
                          device: str = "cuda") -> dict:
     """Graphed decode with the residual add and the RMSNorm inside the GEMVs (engine/layers/residual.py) against
@@ -1524,6 +1543,8 @@ def fused_residual_speed(model: Path, batches: tuple[int, ...] = (1, 8, 16), ste
                     row["graph_replay_ms"] = graphs.replay_seconds(batch) * 1000
                 out[label][f"bs{batch}"] = row
                 tokens[fused][batch] = [r.token_ids for r in results]
+                if not fused:
+                    row["divergences"] = _first_divergences(llm, prompts, tokens[True][batch], tokens[False][batch])
             del llm, passes
             gc.collect()
             if device == "cuda":

@@ -164,7 +164,7 @@ def check_half_tiles() -> dict:
     return res
 
 
-def check_fused_gemv(cases: int = 40, seed: int = 2) -> dict:
+def check_fused_gemv(cases: int = 12, seed: int = 2) -> dict:
     """The decode GEMV's fused modes (kernels/gemv.py NORM, RESIDUAL, GATED; session 18) against the unfused kernels
     they replace, compiled on this GPU, over random configurations (rows 1-16, splits, swapped and CUDA-core tiles,
     tiles loaded before the PDL wait, ragged K): normed_gemv against rms_norm then gemv, residual_gemv (plain and with

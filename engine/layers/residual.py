@@ -1,7 +1,8 @@
 """The residual stream between two projections: a layer's last linear, the residual add, the next RMSNorm and the
-next linear. At decode (at most 16 rows) the add rides on the first GEMV and the norm on the second
-(kernels/gemv.py RESIDUAL and NORM) where the GEMV table has both shapes, so no norm kernel runs between them: 64
-launches a step fewer on the 4B model, whose 65 norms took 0.138 of a 2.78 ms step on the H200 (session 16's
+next linear. At decode (FUSED_ROWS: one row, where it was measured to win) the add rides on the first GEMV and the
+norm on the second (kernels/gemv.py RESIDUAL and NORM; Gated DeltaNet's output norm on its out-projection, GATED)
+where the GEMV table has both shapes, so no norm kernel runs between them: 88 launches a step fewer on the 4B
+model, whose 65 norms and 24 gated norms took 0.177 of a 2.78 ms step on the H200 (session 16's
 profile_decode_batches). Everywhere else (prefill, cuBLAS shapes, quantized weights, a bias, tensor parallel, the
 CPU) the same objects run the unfused ops, so callers need not know which path ran.
 
@@ -21,6 +22,11 @@ from headroom.kernels import ops
 
 # Off with HEADROOM_FUSED_RESIDUAL=0 (the add and the norm then run as add_rms_norm between the GEMVs).
 FUSED_RESIDUAL = os.environ.get("HEADROOM_FUSED_RESIDUAL", "1") == "1"
+# The most rows a pass fuses at (the GEMV runs up to ops.GEMV_ROWS). Measured on an H100 (session 18, graphed decode
+# of the 4B model with a GEMV table swept for it, bench/results/session18/): batch 1 1.5% faster a step fused
+# (3.503 against 3.557 ms), batch 8 6.7% and batch 16 22% slower: the fused tensor-core and CUDA-core tiles of
+# several rows lose more in their loops than the norm launches cost.
+FUSED_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -54,11 +60,11 @@ class Projection:
 
 
 def deferred(p: Projection) -> torch.Tensor | Projection:
-    """p itself where the decoder layer may add it inside its GEMV (a decode-sized pass), else its output now: a
-    longer pass then frees p's input, and the tensors it views (a Gated DeltaNet layer's whole in-projection
-    output, through z), as its module returns, as before the fusion (8,192 rows of the 4B model hold about 0.5 GiB
-    of them)."""
-    if FUSED_RESIDUAL and p.a.shape[0] <= ops.GEMV_ROWS:
+    """p itself where the decoder layer may add it inside its GEMV (a pass of at most FUSED_ROWS rows), else its
+    output now: a longer pass then frees p's input, and the tensors it views (a Gated DeltaNet layer's whole
+    in-projection output, through z), as its module returns, as before the fusion (8,192 rows of the 4B model
+    hold about 0.5 GiB of them)."""
+    if FUSED_RESIDUAL and p.a.shape[0] <= min(FUSED_ROWS, ops.GEMV_ROWS):
         return p
     return p.run()
 

@@ -86,6 +86,7 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
+    monkeypatch.setattr(residual, "FUSED_ROWS", 16)  # the mechanism at two rows (shipped at one: FUSED_ROWS)
     unfused_norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     unfused_logits = _decode_logits(monkeypatch)
     unfused = _generate(model_dir, vocab)
@@ -93,6 +94,7 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
 
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
+    monkeypatch.setattr(residual, "FUSED_ROWS", 16)
     norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
     fused_logits = _decode_logits(monkeypatch)
@@ -126,6 +128,7 @@ def test_fused_residual_off_or_outside_the_table_runs_the_norm_kernels(tiny_mode
 
     model_dir, reference = tiny_model_factory("qwen3_5", 0)
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(residual, "FUSED_ROWS", 16)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 3)))  # the two-row decode steps have no entry
     gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "gemv"))
     _generate(model_dir, reference.config.vocab_size)
@@ -134,6 +137,11 @@ def test_fused_residual_off_or_outside_the_table_runs_the_norm_kernels(tiny_mode
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     _generate(model_dir, reference.config.vocab_size)
     assert gemvs["residual_gemv"] == gemvs["normed_gemv"] == [] and 2 in gemvs["gemv"]  # plain GEMVs ran
+    # As shipped (FUSED_ROWS 1), two-row steps do not fuse though the table has them.
+    monkeypatch.setattr(residual, "FUSED_RESIDUAL", True)
+    monkeypatch.setattr(residual, "FUSED_ROWS", 1)
+    _generate(model_dir, reference.config.vocab_size)
+    assert gemvs["residual_gemv"] == gemvs["normed_gemv"] == []
 
 
 def test_add_and_norm_without_a_fused_gemv_is_add_rms_norm():
@@ -191,6 +199,7 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
 
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2, 7)))
+    monkeypatch.setattr(residual, "FUSED_ROWS", 16)
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     unfused = generate()
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", True)
@@ -205,16 +214,36 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
 
 
 def test_only_a_decode_sized_pass_defers_its_projection(monkeypatch):
-    """residual.deferred: a module's last linear is left to the decoder layer only for at most ops.GEMV_ROWS rows
-    (where its GEMV may add the residual); a longer pass, or the fusion off, runs it at once, so that its inputs
-    (and a Gated DeltaNet layer's in-projection output, which z views) are freed as the module returns."""
+    """residual.deferred: a module's last linear is left to the decoder layer only for at most FUSED_ROWS rows (one
+    as shipped; never more than ops.GEMV_ROWS), where its GEMV may add the residual; a longer pass, or the fusion
+    off, runs it at once, so that its inputs (and a Gated DeltaNet layer's in-projection output, which z views) are
+    freed as the module returns."""
     from headroom.engine.layers.residual import deferred
 
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(4, 6, generator=gen)
     short, long = torch.randn(ops.GEMV_ROWS, 6, generator=gen), torch.randn(ops.GEMV_ROWS + 1, 6, generator=gen)
+    assert isinstance(deferred(Projection(short[:residual.FUSED_ROWS], w)), Projection)
+    assert isinstance(deferred(Projection(short[:residual.FUSED_ROWS + 1], w)), torch.Tensor)
+    monkeypatch.setattr(residual, "FUSED_ROWS", ops.GEMV_ROWS)
     assert isinstance(deferred(Projection(short, w)), Projection)
     ran = deferred(Projection(long, w))
     assert isinstance(ran, torch.Tensor) and torch.equal(ran, F.linear(long, w))
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     assert isinstance(deferred(Projection(short, w)), torch.Tensor)
+
+
+def test_as_shipped_a_lone_sequences_decode_fuses(tiny_model_factory, monkeypatch):
+    """FUSED_ROWS as shipped (one row): a lone sequence's decode steps add and norm inside the GEMVs; its prefill (more
+    rows) does not."""
+    from headroom.kernels import gemv as gemv_module
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2, 6)))
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
+    llm = LLM(str(model_dir), dtype="bfloat16", max_total_tokens=512, ssm_slots=8, chunked_prefill_size=64,
+              max_running_requests=2, cuda_graph_max_batch=0)
+    llm.generate([random_prompt(reference.config.vocab_size, 6, seed=6)], max_new_tokens=4, ignore_eos=True)
+    layers = reference.config.num_hidden_layers
+    assert set(gemvs["residual_gemv"]) == {1} and len(gemvs["residual_gemv"]) == 3 * 2 * layers
