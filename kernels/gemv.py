@@ -461,7 +461,7 @@ def silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor,
     contiguous last dim: the column views of MergedLinear's one gate|up output (row stride 2K), or two tensors.
     Equal to gemv(silu_mul(gate, up), w, config) (the activation rounded as silu_mul rounds it; naive_silu_mul_gemv
     is the torch reference)."""
-    _check_silu_mul(gate, up)
+    _raise_if(_silu_mul_problem(gate, up))
     return _launch(gate, up, w, config)[0]
 
 
@@ -491,10 +491,8 @@ def normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor, config: GemvCon
     rounded as kernels/norm_triton.py's rms_norm would have stored it; the rows' 1 / rms comes from the parts'
     sum rather than the norm kernel's own, so it can differ from it in the last bit (naive_normed_gemv is the
     reference)."""
-    num_rows, k = x.shape
-    if norm.weight.shape != (k,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
-        raise ValueError(f"normed_gemv: the norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} must be "
-                         f"[{k}] contiguous in the rows' dtype {x.dtype}")
+    num_rows = x.shape[0]
+    _raise_if(_norm_weight_problem(x, norm))
     if norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32 \
             or not norm.sumsq.is_contiguous():
         raise ValueError(f"normed_gemv: sums of squares {tuple(norm.sumsq.shape)} {norm.sumsq.dtype} must be "
@@ -526,7 +524,8 @@ def gated_gemv(x: torch.Tensor, gated: GatedNorm, w: torch.Tensor, config: GemvC
     output, K whole heads of gated.weight's length; each head's 1 / rms comes from the tile that holds it (the
     config's block_k a power-of-2 multiple of the head, so tiles and splits start on heads), each element rounded as
     norm_triton's gated_rms_norm stores it (naive_gated_gemv is the reference)."""
-    return _launch(x, None, w, config, gated=_check_gated(x, gated, config))[0]
+    _raise_if(_gated_problem(x, gated, config))
+    return _launch(x, None, w, config, gated=gated)[0]
 
 
 def naive_gated_gemv(x: torch.Tensor, gated: GatedNorm, w: torch.Tensor) -> torch.Tensor:
@@ -548,19 +547,6 @@ def gated_gemv_fits(k: int, head: int, config: GemvConfig) -> bool:
         and head & (head - 1) == 0
 
 
-def _check_gated(x: torch.Tensor, gated: GatedNorm, config: GemvConfig) -> GatedNorm:
-    head = gated.weight.shape[0] if gated.weight.dim() == 1 else 0
-    if not gated_gemv_fits(x.shape[1], head, config):
-        raise ValueError(f"gated_gemv: heads of {tuple(gated.weight.shape)} elements must be a power of 2 dividing "
-                         f"K={x.shape[1]} and the tile's block_k={config.block_k} a power of 2 of them")
-    if gated.gate.shape != x.shape or gated.gate.dtype != x.dtype or gated.gate.stride(-1) != 1 \
-            or gated.weight.dtype != x.dtype or not gated.weight.is_contiguous():
-        raise ValueError(f"gated_gemv: the gate {tuple(gated.gate.shape)} {gated.gate.dtype} must be x's "
-                         f"{tuple(x.shape)} {x.dtype} with a contiguous last dimension, the weight contiguous in "
-                         f"x's dtype (got {gated.weight.dtype})")
-    return gated
-
-
 def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, config: GemvConfig = GemvConfig(),
                   up: torch.Tensor | None = None, gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + x @ w [N, K].T, its rows' partial sums of squares [M, blocks] fp32) in one launch: the decoder's
@@ -568,14 +554,11 @@ def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, conf
     silu_mul_gemv; gated: Gated DeltaNet's out-projection, x normed first as gated_gemv norms it), with what the
     next normed_gemv needs to norm the sum. The product is rounded to the rows' dtype before the add, as F.linear
     and then the add round them. residual [M, N] in x's dtype, unit last stride."""
-    num_rows, n = x.shape[0], w.shape[0]
-    if residual.shape != (num_rows, n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
-        raise ValueError(f"residual_gemv: the residual {tuple(residual.shape)} {residual.dtype} must be [{num_rows}, "
-                         f"{n}] in x's dtype {x.dtype} with a contiguous last dimension")
+    _raise_if(_residual_problem(x, w, residual))
     if up is not None:
-        _check_silu_mul(x, up)
+        _raise_if(_silu_mul_problem(x, up))
     if gated is not None:
-        _check_gated(x, gated, config)
+        _raise_if(_gated_problem(x, gated, config))
     out, sumsq = _launch(x, up, w, config, residual=residual, gated=gated)
     assert sumsq is not None
     return out, sumsq
@@ -593,10 +576,47 @@ def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return out, out.float().pow(2).sum(-1, keepdim=True)
 
 
-def _check_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> None:
+def _raise_if(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
+
+
+# Each operand check once, as its problem (None: none): the launchers raise it, the tuned_* variants fall back
+# (None) on it.
+def _silu_mul_problem(gate: torch.Tensor, up: torch.Tensor) -> str | None:
     if up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
-        raise ValueError(f"silu_mul_gemv: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [M, K] "
-                         "shape and dtype with a contiguous last dimension")
+        return (f"silu_mul_gemv: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [M, K] shape and "
+                "dtype with a contiguous last dimension")
+    return None
+
+
+def _norm_weight_problem(x: torch.Tensor, norm: RowNorm) -> str | None:
+    k = x.shape[1]
+    if norm.weight.shape != (k,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
+        return (f"normed_gemv: the norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} must be [{k}] "
+                f"contiguous in the rows' dtype {x.dtype}")
+    return None
+
+
+def _gated_problem(x: torch.Tensor, gated: GatedNorm, config: GemvConfig) -> str | None:
+    head = gated.weight.shape[0] if gated.weight.dim() == 1 else 0
+    if not gated_gemv_fits(x.shape[1], head, config):
+        return (f"gated_gemv: heads of {tuple(gated.weight.shape)} elements must be a power of 2 dividing "
+                f"K={x.shape[1]} and the tile's block_k={config.block_k} a power of 2 of them")
+    if gated.gate.shape != x.shape or gated.gate.dtype != x.dtype or gated.gate.stride(-1) != 1 \
+            or gated.weight.dtype != x.dtype or not gated.weight.is_contiguous():
+        return (f"gated_gemv: the gate {tuple(gated.gate.shape)} {gated.gate.dtype} must be x's {tuple(x.shape)} "
+                f"{x.dtype} with a contiguous last dimension, the weight contiguous in x's dtype (got "
+                f"{gated.weight.dtype})")
+    return None
+
+
+def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> str | None:
+    num_rows, n = x.shape[0], w.shape[0]
+    if residual.shape != (num_rows, n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        return (f"residual_gemv: the residual {tuple(residual.shape)} {residual.dtype} must be [{num_rows}, {n}] in "
+                f"x's dtype {x.dtype} with a contiguous last dimension")
+    return None
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
@@ -682,7 +702,7 @@ def tuned_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -
     entries, timed against silu_mul + cuBLAS) for this GPU, shape and row count; None where none is shipped: the
     caller runs silu_mul and then its linear."""
     config = _tuned_config(gate, w, SILU_MUL_INPUT)
-    if config is None or up.shape != gate.shape or up.dtype != gate.dtype or up.stride(-1) != 1:
+    if config is None or _silu_mul_problem(gate, up) is not None:
         return None
     return silu_mul_gemv(gate, up, w, config)
 
@@ -692,8 +712,7 @@ def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.
     stream), or None where none is shipped or the norm's weight is not [K] in the rows' dtype: the caller norms
     first and then runs its linear."""
     config = _tuned_config(x, w, PLAIN_INPUT)
-    if config is None or norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype \
-            or not norm.weight.is_contiguous():
+    if config is None or _norm_weight_problem(x, norm) is not None:
         return None
     return normed_gemv(x, norm, w, config)
 
@@ -705,31 +724,21 @@ def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     (SwiGLU's down projection) the fused shape's entry; at row counts where only the plain shape has one (the
     sweep's fused shape lost there), silu_mul's kernel makes the activation first and the plain GEMV adds. With
     gated (Gated DeltaNet's out-projection) the plain entry, where its tiles hold whole heads (gated_gemv_fits)."""
-    if residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype or residual.stride(-1) != 1:
+    if _residual_problem(x, w, residual) is not None or (up is not None and _silu_mul_problem(x, up) is not None):
         return None
-    if gated is not None:
-        config = _tuned_config(x, w, PLAIN_INPUT)
-        if config is None or gated.weight.dim() != 1 or not gated_gemv_fits(x.shape[1], gated.weight.shape[0], config) \
-                or gated.gate.shape != x.shape or gated.gate.dtype != x.dtype or gated.gate.stride(-1) != 1 \
-                or gated.weight.dtype != x.dtype or not gated.weight.is_contiguous():
+    config = _tuned_config(x, w, SILU_MUL_INPUT) if up is not None else None
+    if up is not None and config is None:
+        # no fused entry at this row count: the activation first, then the plain shape's entry adds
+        if _tuned_config(x, w, PLAIN_INPUT) is None:
             return None
-        return residual_gemv(x, w, residual, config, gated=gated)
+        from headroom.kernels.gates_triton import silu_mul
+
+        x, up = silu_mul(x, up), None
     if up is None:
         config = _tuned_config(x, w, PLAIN_INPUT)
-    else:
-        if up.shape != x.shape or up.dtype != x.dtype or up.stride(-1) != 1:
-            return None
-        config = _tuned_config(x, w, SILU_MUL_INPUT)
-        if config is None:
-            config = _tuned_config(x, w, PLAIN_INPUT)
-            if config is None:
-                return None
-            from headroom.kernels.gates_triton import silu_mul
-
-            x, up = silu_mul(x, up), None
-    if config is None:
+    if config is None or (gated is not None and _gated_problem(x, gated, config) is not None):
         return None
-    return residual_gemv(x, w, residual, config, up)
+    return residual_gemv(x, w, residual, config, up, gated)
 
 
 def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | None:

@@ -58,6 +58,11 @@ _FUSED: dict = {"on": True, "off": frozenset()}
 GEMV_ROWS = 16
 
 
+def _on_gemv(x: torch.Tensor, *ops: str) -> bool:
+    """Whether x's rows go through kernels/gemv.py: 2-D, decode-sized, and every op named fused (set_fused)."""
+    return x.dim() == 2 and x.shape[0] <= GEMV_ROWS and all(_fused(x, op) for op in ops)
+
+
 def set_fused(on: bool, off: tuple[str, ...] = ()) -> None:
     """Fused kernels on or off on CUDA; with on, the ops named in off still run their references."""
     unknown = sorted(set(off) - set(FUSED_OPS))
@@ -148,7 +153,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """x [..., K] @ weight [N, K].T (+ bias): on CUDA, decode-sized products (at most 16 rows) through
     kernels/gemv.py where its shipped table has this GPU, shape and row count (measured faster than cuBLAS
     there); cuBLAS (torch's F.linear) everywhere else."""
-    if bias is None and x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear"):
+    if bias is None and _on_gemv(x, "dense_linear"):
         from headroom.kernels.gemv import tuned_gemv
 
         out = tuned_gemv(x, weight)
@@ -162,7 +167,7 @@ def silu_mul_dense_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Te
     launch (kernels/gemv.py silu_mul_gemv): on CUDA, decode-sized (at most 16 rows), where the shipped table has
     the fused shape at this row count (measured faster than silu_mul + cuBLAS there). None everywhere else, and
     whenever silu_mul or dense_linear runs its reference (set_fused): the caller runs silu_mul, then its linear."""
-    if gate.dim() == 2 and gate.shape[0] <= GEMV_ROWS and _fused(gate, "silu_mul") and _fused(gate, "dense_linear"):
+    if _on_gemv(gate, "silu_mul", "dense_linear"):
         from headroom.kernels.gemv import tuned_silu_mul_gemv
 
         return tuned_silu_mul_gemv(gate, up, weight)
@@ -178,8 +183,8 @@ def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch
     CUDA, decode-sized, where the GEMV table has the projection's shape. None everywhere else, and whenever the
     residual norm, the linear, silu_mul (with up) or gated_rms_norm (with gate_norm) runs its reference: the caller
     projects, then add_rms_norm."""
-    if a.dim() == 2 and a.shape[0] <= GEMV_ROWS and _fused(a, "dense_linear") and _fused(a, "add_rms_norm") \
-            and (up is None or _fused(a, "silu_mul")) and (gate_norm is None or _fused(a, "gated_rms_norm")):
+    if _on_gemv(a, "dense_linear", "add_rms_norm") and (up is None or _fused(a, "silu_mul")) \
+            and (gate_norm is None or _fused(a, "gated_rms_norm")):
         from headroom.kernels.gemv import GatedNorm, tuned_residual_gemv
 
         gated = GatedNorm(*gate_norm) if gate_norm is not None else None
@@ -192,8 +197,7 @@ def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch
     """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):
     kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere and whenever rms_norm runs its
     reference (the caller norms first, through ops.rms_norm)."""
-    if x.dim() == 2 and x.shape[0] <= GEMV_ROWS and _fused(x, "dense_linear") and _fused(x, "add_rms_norm") \
-            and _fused(x, "rms_norm"):
+    if _on_gemv(x, "dense_linear", "add_rms_norm", "rms_norm"):
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
         return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)
