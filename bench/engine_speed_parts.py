@@ -207,6 +207,7 @@ def kernel_checks() -> dict:
     out["gdn_rows"] = _gdn_rows_check()
     out["gemv"] = _gemv_check()
     out["fused_residual_gemv"] = _fused_residual_gemv_check()
+    out["conv_gemv"] = _conv_gemv_check()
     out["dense_attention"] = _dense_attention_check()
     out["fla_chunk_index"] = _fla_chunk_index_check()
     return out
@@ -381,6 +382,58 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
             rows.append({"n": n, "k": k, "m": m, "normed_gemv": _diff(got, want), "unfused": _diff(unfused, want),
                          "vs_unfused": _diff(got, unfused)})
     return rows
+
+
+def _conv_gemv_check(conv_channels: int = 8192, taps: int = 4) -> list[dict]:
+    """Gated DeltaNet's in-projection with its decode conv in the epilogue (conv_gemv, the 4B model's q|k|v: the
+    first 8,192 of 12,352 columns) at every row count the shipped table has that shape for, against the GEMV and
+    then conv_update's kernel on its stored output (equal bit for bit expected: the same step on the same bf16
+    values), output and rolled states; also with the layer's RMSNorm in front (normed_gemv then the kernel), and
+    the time of each (the states reset before every call would cost more than the step: they roll on)."""
+    from headroom.kernels.conv_update import causal_conv1d_update
+    from headroom.kernels.gemv import (
+        PLAIN_INPUT,
+        ConvStep,
+        RowNorm,
+        conv_gemv,
+        gemv,
+        load_tuned_configs,
+        normed_gemv,
+    )
+
+    rows = []
+    for (n, k, m, kind), config in sorted(load_tuned_configs(DEV).items()):
+        if kind != PLAIN_INPUT or n < conv_channels + 4096 or n > 2 * conv_channels:
+            continue  # the in-projection's shapes only (q|k|v|z|b|a), not lm_head or the MLP
+        w = (torch.randn(n, k, device=DEV) * 0.02).bfloat16()
+        x = torch.randn(m, k, device=DEV).bfloat16()
+        weight = torch.randn(conv_channels, 1, taps, device=DEV).bfloat16()[:, 0, :]
+        states = torch.randn(48, conv_channels, taps - 1, device=DEV).bfloat16()
+        slots = torch.randperm(48, device=DEV)[:m].to(torch.int32)
+        norm = RowNorm(x.float().pow(2).view(m, -1, 16).sum(-1).contiguous(),
+                       (0.1 * torch.randn(k, device=DEV)).bfloat16(), 1e-6, True)
+        for normed in (False, True):
+            given = norm if normed else None
+            fused_states, apart_states = states.clone(), states.clone()
+            fused = functools.partial(conv_gemv, x, w, ConvStep(weight, fused_states, slots), config, given)
+            project = functools.partial(normed_gemv, x, norm, w, config) if normed \
+                else functools.partial(gemv, x, w, config)
+            got = fused()
+            want = project()
+            want[:, :conv_channels] = causal_conv1d_update(want[:, :conv_channels].contiguous(), weight,
+                                                           apart_states, slots)
+            apart = functools.partial(_project_then_convolve, project, weight, apart_states, slots)
+            rows.append({"n": n, "k": k, "m": m, "normed": normed, "output": _diff(got, want),
+                         "states": _diff(fused_states, apart_states), "ms": _bench(fused),
+                         "apart_ms": _bench(apart)})
+    return rows
+
+
+def _project_then_convolve(project, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    from headroom.kernels.conv_update import causal_conv1d_update
+
+    y = project()
+    return causal_conv1d_update(y[:, :weight.shape[0]], weight, states, slots)
 
 
 def _gdn_rows_check() -> dict:
@@ -1502,25 +1555,33 @@ def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], un
     return found
 
 
-def fused_residual_speed(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
-                         device: str = "cuda") -> dict:
-    """Graphed decode with the residual add and the RMSNorm inside the GEMVs (engine/layers/residual.py) against
-    HEADROOM_FUSED_RESIDUAL=0 (add_rms_norm between them), one engine after the other in this process, each
-    capturing its own graphs: per batch the median step (wall, as the decode rows time it), the graph replayed alone
-    (GPU time a step) and whether both engines chose the same greedy tokens (the rows' 1 / rms is summed in another
-    order fused, which may flip a near tie of a random model's logits, not more)."""
+# The decode fusions fusion_speed switches: name -> (module of headroom.engine.layers, its switch).
+FUSIONS = {"residual": ("residual", "FUSED_RESIDUAL"), "conv": ("linear_attention", "FUSED_CONV")}
+
+
+def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
+                 device: str = "cuda") -> dict:
+    """Graphed decode with a fusion on against off (FUSIONS: "residual", the residual add and the RMSNorm inside the
+    GEMVs, engine/layers/residual.py, against add_rms_norm between them; "conv", Gated DeltaNet's decode conv in the
+    in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel), one engine after the other
+    in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
+    the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
+    residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
+    more; the conv gives the same bits)."""
     import gc
+    import importlib
     import statistics
 
-    from headroom.engine.layers import residual
     from headroom.engine.llm import LLM
 
-    saved = residual.FUSED_RESIDUAL
-    out: dict = {}
+    module_name, switch = FUSIONS[fusion]
+    module = importlib.import_module(f"headroom.engine.layers.{module_name}")
+    saved = getattr(module, switch)
+    out: dict = {"fusion": fusion}
     tokens: dict[bool, dict[int, list[list[int]]]] = {}
     try:
         for fused in (True, False):
-            residual.FUSED_RESIDUAL = fused
+            setattr(module, switch, fused)
             llm = LLM(str(model), device=device, dtype="bfloat16", max_total_tokens=16384, ssm_slots=40,
                       chunked_prefill_size=8192, context_length=4096, max_running_requests=16,
                       enable_prefix_cache=False)
@@ -1550,7 +1611,7 @@ def fused_residual_speed(model: Path, batches: tuple[int, ...] = (1, 8, 16), ste
             if device == "cuda":
                 torch.cuda.empty_cache()
     finally:
-        residual.FUSED_RESIDUAL = saved
+        setattr(module, switch, saved)
     for batch in batches:
         fused_row, unfused_row = out["fused"][f"bs{batch}"], out["unfused"][f"bs{batch}"]
         same = [a == b for a, b in zip(tokens[True][batch], tokens[False][batch], strict=True)]

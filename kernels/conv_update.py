@@ -1,4 +1,6 @@
-"""Decode step of the short causal conv1d for many sequences at once, state updated in place in the SSM pool."""
+"""Decode step of the short causal conv1d for many sequences at once, state updated in place in the SSM pool.
+conv_step is the step itself, shared with kernels/gemv.py's CONV epilogue (Gated DeltaNet's in-projection GEMV
+convolving its own output), so both give the same bits."""
 
 from __future__ import annotations
 
@@ -9,6 +11,35 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
+def conv_step(x, p_state, p_w, mask, KERNEL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One token's causal conv at a tile of channels (any shape S): x fp32 [S] the new inputs (values the state's
+    dtype holds exactly), p_state [S] each channel's KERNEL - 1 carried inputs (oldest first, unit stride), p_w [S]
+    its KERNEL taps (unit stride), mask [S] the channels to step. Returns silu(conv) fp32 [S] and rolls the carried
+    inputs in place (the oldest out, x in). The taps' products are summed one at a time in tap order, whatever the
+    tile's layout, so every caller gets the same bits; every load comes before the barrier and every store after
+    it, since a tile may hold a channel in several threads (a reduction's output is replicated) and one thread's
+    store must not reach another's load."""
+    o_k = tl.arange(0, BLOCK_K)
+    p_s = tl.expand_dims(p_state, -1) + o_k
+    m = tl.expand_dims(mask, -1)
+    x_k = tl.expand_dims(x, -1)
+    # Window column j < KERNEL-1 is the j-th carried input, column KERNEL-1 the new token.
+    window = tl.load(p_s, mask=m & (o_k < KERNEL - 1), other=0).to(tl.float32)
+    window = tl.where(o_k == KERNEL - 1, x_k, window)
+    taps = tl.load(tl.expand_dims(p_w, -1) + o_k, mask=m & (o_k < KERNEL), other=0).to(tl.float32)
+    products = window * taps
+    acc = tl.sum(tl.where(o_k == 0, products, 0.0), -1)
+    for j in tl.static_range(1, KERNEL):
+        acc += tl.sum(tl.where(o_k == j, products, 0.0), -1)
+    # New state: the window shifted left by one (the oldest input drops out).
+    shifted = tl.load(p_s + 1, mask=m & (o_k + 1 < KERNEL - 1), other=0)
+    shifted = tl.where(o_k == KERNEL - 2, x_k.to(shifted.dtype), shifted)
+    tl.debug_barrier()
+    tl.store(p_s, shifted, mask=m & (o_k < KERNEL - 1))
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
 def causal_conv1d_update_fwd_kernel(
     x, weight, states, slots, out, stride_xb, stride_wc, stride_ss, stride_sc, stride_ob,
     CHANNELS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
@@ -16,25 +47,12 @@ def causal_conv1d_update_fwd_kernel(
     pdl_enter(PDL)
     i_b, i_c = tl.program_id(0), tl.program_id(1)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    o_k = tl.arange(0, BLOCK_K)
     m_c = o_c < CHANNELS
     i_slot = tl.load(slots + i_b).to(tl.int64)
     b_x = tl.load(x + i_b * stride_xb + o_c, mask=m_c, other=0).to(tl.float32)
-    p_state = states + i_slot * stride_ss + o_c[:, None] * stride_sc
-    # Window column j < K-1 is the j-th carried input, column K-1 the new token.
-    m_old = m_c[:, None] & (o_k < KERNEL - 1)[None, :]
-    b_window = tl.load(p_state + o_k[None, :], mask=m_old, other=0).to(tl.float32)
-    b_window = tl.where((o_k == KERNEL - 1)[None, :], b_x[:, None], b_window)
-    m_w = m_c[:, None] & (o_k < KERNEL)[None, :]
-    b_w = tl.load(weight + o_c[:, None] * stride_wc + o_k[None, :], mask=m_w, other=0).to(tl.float32)
-    b_acc = tl.sum(b_window * b_w, 1)
-    b_out = b_acc / (1.0 + tl.exp(-b_acc))
+    b_out = conv_step(b_x, states + i_slot * stride_ss + o_c * stride_sc, weight + o_c * stride_wc, m_c, KERNEL,
+                      BLOCK_K)
     tl.store(out + i_b * stride_ob + o_c, b_out.to(out.dtype.element_ty), mask=m_c)
-    # New state: the window shifted left by one (the oldest input drops out).
-    m_shift = m_c[:, None] & (o_k + 1 < KERNEL - 1)[None, :]
-    b_next = tl.load(p_state + o_k[None, :] + 1, mask=m_shift, other=0)
-    b_next = tl.where((o_k == KERNEL - 2)[None, :], b_x[:, None].to(b_next.dtype), b_next)
-    tl.store(p_state + o_k[None, :], b_next, mask=m_old)
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.conv_update import conv_step
 from headroom.kernels.pdl import pdl_launch
 from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters, _finish_split, _split_total
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -281,11 +282,16 @@ def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
-                  SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr):
+                  rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
+                  SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
+                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr):
     """Store the output block (summed over its splits first where K is split: _split_total). RESIDUAL: the block
     stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
     as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
-    (m_q: the rows that exist), for the next GEMV's NORM."""
+    (m_q: the rows that exist), for the next GEMV's NORM. CONV: the output columns below conv_channels are
+    silu(conv) of y (rounded to the output dtype first, as the conv kernel would have read it) with each row's
+    carried inputs (conv_states[conv_slots[row]], rolled in place) and conv_w's taps, by conv_update's own step;
+    rows, cols: each element's row and column."""
     if RESIDUAL:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
@@ -294,6 +300,16 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         tl.store(p_o, r, mask=tl.where(last, mask, False))
         r = tl.where(mask, r.to(tl.float32), 0.0)
         tl.store(p_q, tl.sum(r * r, axis=N_AXIS), mask=tl.where(last, m_q, False))
+    elif CONV:
+        total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
+        y = total.to(p_o.dtype.element_ty).to(tl.float32)
+        m_o = tl.where(last, mask, False)
+        in_conv = cols < conv_channels
+        m_c = tl.where(in_conv, m_o, False)
+        slot = tl.load(conv_slots + rows, mask=m_c, other=0).to(tl.int64)
+        stepped = conv_step(y, conv_states + slot * stride_cs + cols * stride_cc, conv_w + cols * stride_cw, m_c,
+                            CONV_TAPS, CONV_BLOCK)
+        tl.store(p_o, tl.where(in_conv, stepped, y).to(p_o.dtype.element_ty), mask=m_o)
     else:
         _finish_split(acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
 
@@ -303,12 +319,14 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
 @triton.jit(do_not_specialize=["num_parts"])
 def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
-    res, sumsq, num_parts, stride_rm, eps, norm_w,
+    res, sumsq, num_parts, stride_rm, eps, norm_w, conv_w, conv_states, conv_slots, conv_channels, stride_cw,
+    stride_cs, stride_cc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
-    GATED: tl.constexpr = False, HEAD: tl.constexpr = 1,
+    GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
+    CONV_BLOCK: tl.constexpr = 4,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -335,7 +353,11 @@ def gemv_fwd_kernel(
     Not both in one launch (sumsq is the one's input or the other's output). GATED (Gated DeltaNet's output norm
     fused in front, gated_gemv): x is the delta rule's output, `up` the gate z (row stride stride_um), norm_w the
     head norm's weight [HEAD]; x is normed by heads of HEAD elements, times silu(z), as each tile is loaded (every
-    tile and split starts on a head and holds whole heads; RESIDUAL may join it)."""
+    tile and split starts on a head and holds whole heads; RESIDUAL may join it). CONV (Gated DeltaNet's decode conv
+    fused behind its in-projection, conv_gemv): the first conv_channels output columns go through the conv step of
+    kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
+    in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM
+    may join it."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -428,14 +450,18 @@ def gemv_fwd_kernel(
     p_q = sumsq + offs_m * num_parts + pid_n
     if BLOCK_M == 1:
         _finish_block(tl.sum(acc, axis=1), out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0, ws, counters,
-                      pid_n, offs_n, m_n, num_splits, pid_s, N, SPLIT, RESIDUAL, 0)
+                      pid_n, offs_n, m_n, num_splits, pid_s, N, offs_n * 0, offs_n, conv_w, conv_states, conv_slots,
+                      conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 0, CONV, CONV_TAPS,
+                      CONV_BLOCK)
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
         _finish_block(acc, out + offs_m[None, :] * stride_om + offs_n[:, None],
                       res + offs_m[None, :] * stride_rm + offs_n[:, None], p_q, m_m, ws, counters, pid_n,
                       offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N,
-                      SPLIT, RESIDUAL, 0)
+                      offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0, conv_w,
+                      conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 0,
+                      CONV, CONV_TAPS, CONV_BLOCK)
     else:
         if CORE_ROWS and not ROW_SUM:
             # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
@@ -444,7 +470,9 @@ def gemv_fwd_kernel(
         _finish_block(acc, out + offs_m[:, None] * stride_om + offs_n[None, :],
                       res + offs_m[:, None] * stride_rm + offs_n[None, :], p_q, m_m, ws, counters, pid_n,
                       offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
-                      SPLIT, RESIDUAL, 1)
+                      offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0, conv_w,
+                      conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 1,
+                      CONV, CONV_TAPS, CONV_BLOCK)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
@@ -547,6 +575,41 @@ def gated_gemv_fits(k: int, head: int, config: GemvConfig) -> bool:
         and head & (head - 1) == 0
 
 
+@dataclass(frozen=True)
+class ConvStep:
+    """Gated DeltaNet's decode conv, which conv_gemv runs on the first channels of its output: taps weight [C, W]
+    (unit last stride), states [S, C, W - 1] the layer's carried inputs (the SSM pool's, unit last stride), rolled in
+    place at rows slots [M] (int32 or int64; distinct, as a pass's sequences are)."""
+
+    weight: torch.Tensor
+    states: torch.Tensor
+    slots: torch.Tensor
+
+
+def conv_gemv(x: torch.Tensor, w: torch.Tensor, conv: ConvStep, config: GemvConfig = GemvConfig(),
+              norm: RowNorm | None = None) -> torch.Tensor:
+    """x @ w [N, K].T -> [M, N] in one launch with its first C = conv.weight.shape[0] columns through the decode
+    conv step: silu(conv) of each row's projected channels and carried inputs, the states rolled in place, as
+    kernels/conv_update.py's causal_conv1d_update would have done to the stored output (the same step, the same
+    bits); the columns past C as gemv gives them. norm: x normed first, as normed_gemv norms it (a decode step's
+    in-projection reads the layer's normed input). naive_conv_gemv is the reference."""
+    _raise_if(_conv_problem(x, w, conv))
+    if norm is not None:
+        _raise_if(_norm_weight_problem(x, norm))
+    return _launch(x, None, w, config, norm=norm, conv=conv)[0]
+
+
+def naive_conv_gemv(x: torch.Tensor, w: torch.Tensor, conv: ConvStep, norm: RowNorm | None = None) -> torch.Tensor:
+    """The reference of conv_gemv: the projection (naive_normed_gemv with norm), then the conv reference on its
+    first C columns, which rolls conv.states."""
+    from headroom.kernels.conv import naive_causal_conv1d_update
+
+    out = naive_normed_gemv(x, norm, w) if norm is not None else torch.nn.functional.linear(x, w)
+    channels = conv.weight.shape[0]
+    out[:, :channels] = naive_causal_conv1d_update(out[:, :channels], conv.weight, conv.states, conv.slots)
+    return out
+
+
 def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, config: GemvConfig = GemvConfig(),
                   up: torch.Tensor | None = None, gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + x @ w [N, K].T, its rows' partial sums of squares [M, blocks] fp32) in one launch: the decoder's
@@ -611,6 +674,20 @@ def _gated_problem(x: torch.Tensor, gated: GatedNorm, config: GemvConfig) -> str
     return None
 
 
+def _conv_problem(x: torch.Tensor, w: torch.Tensor, conv: ConvStep) -> str | None:
+    taps, states, slots = conv.weight, conv.states, conv.slots
+    if taps.dim() != 2 or not 1 <= taps.shape[0] <= w.shape[0] or taps.shape[1] < 2 or taps.stride(-1) != 1:
+        return (f"conv_gemv: the conv's taps {tuple(taps.shape)} must be [C, W] with 1 <= C <= N={w.shape[0]}, "
+                "W >= 2 and a contiguous last dimension")
+    if states.dim() != 3 or states.shape[1:] != (taps.shape[0], taps.shape[1] - 1) or states.stride(-1) != 1:
+        return (f"conv_gemv: the conv states {tuple(states.shape)} must be [slots, {taps.shape[0]}, "
+                f"{taps.shape[1] - 1}] with a contiguous last dimension")
+    if slots.shape != (x.shape[0],) or slots.dtype not in (torch.int32, torch.int64):
+        return (f"conv_gemv: slots {tuple(slots.shape)} {slots.dtype} must be int32 or int64 [{x.shape[0]}], one for "
+                "each of x's rows")
+    return None
+
+
 def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> str | None:
     num_rows, n = x.shape[0], w.shape[0]
     if residual.shape != (num_rows, n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
@@ -621,15 +698,17 @@ def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
             norm: RowNorm | None = None, residual: torch.Tensor | None = None,
-            gated: GatedNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated) or residual_gemv
-    (residual, with up, gated or neither): (out, the sums of squares residual_gemv writes, else None)."""
+            gated: GatedNorm | None = None, conv: ConvStep | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated), residual_gemv
+    (residual, with up, gated or neither) or conv_gemv (conv, with norm or not): (out, the sums of squares
+    residual_gemv writes, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
                          "(contiguous [N, K])")
-    assert norm is None or (up is None and residual is None and gated is None), "NORM joins no other variant"
+    assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
+    assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
@@ -678,6 +757,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         residual.stride(0) if residual is not None else 0,
         norm.eps if norm is not None else gated.eps if gated is not None else 0.0,
         (gated.weight.view(torch.int32) if pairs else gated.weight) if gated is not None else out,
+        *_conv_arguments(conv, out),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
@@ -685,9 +765,20 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
         ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
         UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, GATED=gated is not None,
-        HEAD=gated.weight.shape[0] if gated is not None else 1, **pdl_launch(x.device),
+        HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
+        CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
+        CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4, **pdl_launch(x.device),
     )
     return out, sumsq
+
+
+def _conv_arguments(conv: ConvStep | None, out: torch.Tensor) -> tuple:
+    """The kernel's conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc (out and zeros
+    without a conv: never read)."""
+    if conv is None:
+        return out, out, out, 0, 0, 0, 0
+    return (conv.weight, conv.states, conv.slots, conv.weight.shape[0], conv.weight.stride(0), conv.states.stride(0),
+            conv.states.stride(1))
 
 
 def tuned_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
@@ -715,6 +806,17 @@ def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.
     if config is None or _norm_weight_problem(x, norm) is not None:
         return None
     return normed_gemv(x, norm, w, config)
+
+
+def tuned_conv_gemv(x: torch.Tensor, w: torch.Tensor, conv: ConvStep, norm: RowNorm | None = None) -> torch.Tensor | None:
+    """conv_gemv with the plain shape's shipped configuration (the step adds a few loads a conv channel, no weight
+    bytes), or None where none is shipped or an operand does not fit (then nothing has run: the caller projects,
+    then runs the conv kernel)."""
+    config = _tuned_config(x, w, PLAIN_INPUT)
+    if config is None or _conv_problem(x, w, conv) is not None \
+            or (norm is not None and _norm_weight_problem(x, norm) is not None):
+        return None
+    return conv_gemv(x, w, conv, config, norm)
 
 
 def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None = None,

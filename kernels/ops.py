@@ -41,7 +41,7 @@ kivi_quantize_values = naive_kivi_quantize_values
 kivi_dequantize_values = naive_kivi_dequantize_values
 
 __all__ = [
-    "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
+    "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "conv_dense_linear", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "normed_dense_linear", "prefix_attention", "quant_linear",
     "residual_dense_linear", "rms_norm", "rms_norm_rotary",
@@ -201,6 +201,22 @@ def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
         return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)
+    return None
+
+
+def conv_dense_linear(x: torch.Tensor, weight: torch.Tensor, conv_weight: torch.Tensor, conv_states: torch.Tensor,
+                      slots: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float, bool] | None = None
+                      ) -> torch.Tensor | None:
+    """x @ weight.T with its first conv_weight.shape[0] columns through the decode conv step (silu(conv), each
+    row's states rolled in place at conv_states[slots]) in one GEMV launch: kernels/gemv.py conv_gemv where the
+    table has the shape, None elsewhere (nothing has run: the caller projects, then runs causal_conv1d_update).
+    norm (sumsq, weight, eps, unit_offset): x is still to norm, as normed_dense_linear norms it."""
+    needed = ("dense_linear", "add_rms_norm", "rms_norm") if norm is not None else ("dense_linear",)
+    if _on_gemv(x, *needed):
+        from headroom.kernels.gemv import ConvStep, RowNorm, tuned_conv_gemv
+
+        return tuned_conv_gemv(x, weight, ConvStep(conv_weight, conv_states, slots),
+                               RowNorm(*norm) if norm is not None else None)
     return None
 
 

@@ -7,6 +7,7 @@ import torch
 from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
 from headroom.engine.layers.normed_rows import NormedRows
 from headroom.engine.models.config import ModelConfig
+from headroom.kernels import ops
 
 # (mixed_qkv [N, 2*Hk*Dk + Hv*Dv] in conv-channel order q|k|v, z [N, Hv, Dv], b [N, Hv], a [N, Hv])
 Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -32,6 +33,29 @@ class SplitProjection:
         mixed, z, b, a = (out for part in self.parts for out in part(x))
         return mixed, z.view(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim), b, a
 
+    def convolved(self, x: torch.Tensor | NormedRows, conv_weight: torch.Tensor, conv_states: torch.Tensor,
+                  slots: torch.Tensor) -> Projected | None:
+        """A decode step's Projected with mixed already through the conv step (silu(conv), the states at slots
+        rolled in place), the step in the epilogue of the projection's one GEMV (ops.conv_dense_linear: q|k|v are
+        its first output columns, so no conv kernel runs and the unconvolved mixed never goes to memory); None
+        where that GEMV does not run (two parts, no table entry, too many rows), nothing run: the caller projects
+        and convolves apart."""
+        part = self.parts[0]
+        weight = part.weights[0]
+        if len(self.parts) != 1 or len(part.weights) != 1 or part.biases[0] is not None \
+                or not isinstance(weight, torch.Tensor):
+            return None
+        if isinstance(x, NormedRows):
+            out = ops.conv_dense_linear(x.x, weight, conv_weight, conv_states, slots,
+                                        (x.sumsq, x.weight, x.eps, x.unit_offset))
+        else:
+            out = ops.conv_dense_linear(x, weight, conv_weight, conv_states, slots)
+        if out is None:
+            return None
+        cfg = self.config
+        mixed, z, b, a = torch.split(out, part.sizes, dim=-1)
+        return mixed, z.view(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim), b, a
+
 
 class FusedGroupedProjection:
     """Qwen3-Next: in_proj_qkvz's output rows are grouped per key head g as
@@ -54,6 +78,12 @@ class FusedGroupedProjection:
         mixed = torch.cat((q.reshape(n, hk * dk), k.reshape(n, hk * dk), v.reshape(n, -1)), dim=-1)
         b, a = torch.split(linear(x, self.in_proj_ba).view(n, hk, 2 * per_group), per_group, dim=-1)
         return mixed, z.reshape(n, cfg.linear_num_value_heads, dv), b.reshape(n, -1), a.reshape(n, -1)
+
+    def convolved(self, x: torch.Tensor | NormedRows, conv_weight: torch.Tensor, conv_states: torch.Tensor,
+                  slots: torch.Tensor) -> Projected | None:
+        """Never fused: q|k|v are not the first columns of in_proj_qkvz's output but interleaved per key head with
+        z, which the GEMV's conv epilogue does not map (Qwen3-Next is a sparse MoE, whose decode is not graphed)."""
+        return None
 
 
 def gdn_projection(config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str) -> SplitProjection | FusedGroupedProjection:

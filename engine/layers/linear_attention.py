@@ -3,6 +3,7 @@ gated RMSNorm, out-projection. Per-sequence conv and recurrent state live in the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,11 @@ from headroom.kernels.host_copy import to_device
 # four 30-token prompts 34.2 / 54.5. The recurrence is sequential in the rows (~2.7 us a row and layer), so long
 # chunks stay with fla.
 RECURRENT_ROWS = 256
+# A decode step's conv runs in the epilogue of the in-projection's GEMV (kernels/gemv.py CONV) where that GEMV runs:
+# a launch a layer fewer, 24 a step on the 4B model, whose conv launches took 0.047 / 0.054 / 0.064 ms of a 2.78 /
+# 3.29 / 3.67 ms graphed step at batch 1 / 8 / 16 on the H200 (session 16's profile_decode_batches). Off with
+# HEADROOM_FUSED_CONV=0.
+FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
 
 
 class GatedDeltaNet:
@@ -45,16 +51,20 @@ class GatedDeltaNet:
         cfg = self.config
         n = x.shape[0]
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed, z, b, a = self.project(x)
+        slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
+        conv_states = ssm_pool.conv[self.pool_layer]
+        # A decode step's conv in the in-projection's GEMV where it runs (FUSED_CONV), else its own kernel below.
+        convolved = self.project.convolved(x, self.conv_weight, conv_states, slots) \
+            if batch.is_decode_only and FUSED_CONV else None
+        mixed, z, b, a = convolved if convolved is not None else self.project(x)
         # A fused decode step makes its gates from the raw a and b itself (one launch a layer fewer).
         raw_gates = batch.is_decode_only and ops.decodes_with_raw_gates(x)
         beta, g = (b, a) if raw_gates else ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
-        slots = batch.cached(GDN_SLOTS, lambda: _slot_index(batch, x.device))
-        conv_states = ssm_pool.conv[self.pool_layer]
         qk_normed = False
         if batch.is_decode_only:
             # One token per sequence: one batched conv step over the pool's states, in place.
-            conv_out = ops.causal_conv1d_update(mixed, self.conv_weight, conv_states, slots)
+            conv_out = mixed if convolved is not None else ops.causal_conv1d_update(mixed, self.conv_weight,
+                                                                                    conv_states, slots)
             q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         else:
             if batch.has_captures:

@@ -743,3 +743,115 @@ def test_gated_variants_compile_for_the_h200():
             assert "ex2" in result["ptx"] and "sqrt" in result["ptx"], constants
             if constants["SWAP_AB"]:
                 assert "wgmma.mma_async" in result["ptx"], constants
+
+
+def _conv_case(seed: int, rows: int, channels: int, dtype: torch.dtype, taps: int = 4):
+    """A conv step's operands: taps [C, W] as a column view (the engine's conv1d.weight[:, 0, :]), the pool's
+    states for six slots, and the rows' distinct slots."""
+    from headroom.kernels.gemv import ConvStep
+
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(channels, 1, taps, generator=gen).to(dtype)[:, 0, :]
+    states = torch.randn(max(6, rows + 2), channels, taps - 1, generator=gen).to(dtype)
+    slots = torch.randperm(states.shape[0], generator=gen)[:rows].to(torch.int32)
+    return ConvStep(weight, states, slots)
+
+
+@pytest.mark.parametrize(("rows", "n", "channels", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab",
+                          "dtype", "taps"), [
+    (1, 48, 20, 256, 16, 64, 1, False, False, torch.bfloat16, 4),  # one row as pairs, a block across the boundary
+    (1, 48, 48, 328, 16, 64, 2, False, False, torch.bfloat16, 4),  # every column convolved, split over K
+    (1, 40, 24, 200, 8, 64, 2, False, False, torch.float32, 3),  # fp32 (exact), three taps
+    (3, 40, 17, 200, 8, 64, 1, True, False, torch.float32, 4),  # rows on the CUDA cores, rows past M repeat
+    (4, 48, 32, 256, 16, 128, 3, True, False, torch.bfloat16, 2),  # ... as pairs with a split, two taps
+    (16, 80, 40, 256, 32, 128, 2, False, True, torch.float32, 4),  # swapped tensor-core tile (fp32: see _case)
+    (11, 80, 40, 256, 32, 128, 1, False, False, torch.float32, 4),  # tensor cores unswapped, 11 of 16 rows
+])
+@pytest.mark.parametrize("normed", [False, True])
+def test_conv_gemv_is_gemv_then_the_conv_step(rows, n, channels, k, block_n, block_k, split, rows_on_cores, swap_ab,
+                                              dtype, taps, normed):
+    """conv_gemv's output and rolled states are, bit for bit, what the GEMV (normed_gemv with a norm) and then
+    conv_update's kernel give on its stored output: the columns below C convolved, the rest as projected, the rows'
+    slots rolled and every other slot untouched; and within rounding of the torch reference."""
+    from dataclasses import replace
+
+    from headroom.kernels.conv_update import causal_conv1d_update
+    from headroom.kernels.gemv import RowNorm, conv_gemv, naive_conv_gemv, normed_gemv
+
+    x, w = (t.to(dtype) for t in _case(rows * 7 + n + k, rows, n, k))
+    conv = _conv_case(rows + channels + split, rows, channels, dtype, taps)
+    norm = None
+    if normed:
+        x = x * 3
+        norm = RowNorm(x.float().pow(2).sum(-1, keepdim=True), (torch.randn(k) * 0.1).to(dtype), 1e-6, True)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
+    states_before = conv.states.clone()
+    want = normed_gemv(x, norm, w, config) if normed else gemv(x, w, config)
+    want_states = conv.states.clone()
+    want[:, :channels] = causal_conv1d_update(want[:, :channels].contiguous(), conv.weight, want_states, conv.slots)
+    got = conv_gemv(x, w, conv, config, norm)
+    assert torch.equal(got, want)
+    assert torch.equal(conv.states, want_states)
+    untouched = [s for s in range(conv.states.shape[0]) if s not in conv.slots.tolist()]
+    assert torch.equal(conv.states[untouched], states_before[untouched])
+    ref_states = states_before.clone()
+    ref = naive_conv_gemv(x, w, replace(conv, states=ref_states), norm)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(conv.states.float(), ref_states.float(), atol=0.02, rtol=0.01)
+
+
+def test_conv_gemv_refuses_mismatched_operands():
+    from headroom.kernels.gemv import ConvStep, conv_gemv, tuned_conv_gemv
+
+    x, w = _case(1, 1, 24, 64)
+    taps, states, slots = torch.randn(16, 4).bfloat16(), torch.randn(3, 16, 3).bfloat16(), torch.tensor([1])
+    with pytest.raises(ValueError, match=r"taps \(32, 4\) must be \[C, W\] with 1 <= C <= N=24"):
+        conv_gemv(x, w, ConvStep(torch.randn(32, 4).bfloat16(), states, slots))
+    with pytest.raises(ValueError, match=r"conv states \(3, 16, 4\) must be \[slots, 16, 3\]"):
+        conv_gemv(x, w, ConvStep(taps, torch.randn(3, 16, 4).bfloat16(), slots))
+    with pytest.raises(ValueError, match=r"slots \(2,\) torch.int64 must be int32 or int64 \[1\]"):
+        conv_gemv(x, w, ConvStep(taps, states, torch.tensor([0, 1])))
+    # the tuned variant falls back (None, nothing run) on the same problems
+    assert tuned_conv_gemv(x, w, ConvStep(taps, states, torch.tensor([0, 1]))) is None
+
+
+def test_tuned_conv_gemv_takes_the_plain_entry(monkeypatch):
+    """conv_gemv runs with the in-projection's plain entry, and not where the table has none (the caller then
+    projects and runs the conv kernel)."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import conv_gemv, tuned_conv_gemv
+
+    x, w = _case(5, 1, 24, 128)
+    config = GemvConfig(block_n=8, block_k=64, split=1, num_stages=2)
+    monkeypatch.setattr(gemv_module, "_tuned", {(24, 128, 1, "x"): config})
+    conv, again = _conv_case(3, 1, 16, torch.bfloat16), _conv_case(3, 1, 16, torch.bfloat16)
+    assert torch.equal(tuned_conv_gemv(x, w, conv), conv_gemv(x, w, again, config))
+    assert torch.equal(conv.states, again.states)
+    assert tuned_conv_gemv(x.repeat(2, 1), w, _conv_case(3, 2, 16, torch.bfloat16)) is None  # no 2-row entry
+
+
+def test_conv_variants_compile_for_the_h200():
+    """CONV as the engine launches it: one row as pairs (with NORM and PDL, and with a split), 8 rows on the CUDA
+    cores, 16 swapped with a split; its silu takes an exp and its loads come before the barrier that precedes its
+    state stores."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for rows, block_n, block_k, pairs, swap, cores, split, norm in (
+            (1, 16, 256, True, False, False, False, True), (1, 16, 256, True, False, False, True, False),
+            (8, 8, 512, True, False, True, False, False), (16, 64, 128, False, True, False, True, False)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                    "sumsq": "*fp32", "eps": "fp32", "conv_w": "*bf16", "conv_states": "*bf16",
+                    "conv_slots": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "NORM": norm, "UNIT_OFFSET": norm, "CONV": True}))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        ptx = result["ptx"]
+        assert "ex2" in ptx and "bar.sync" in ptx, constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in ptx, constants

@@ -96,15 +96,16 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_ROWS", 16)
     norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
-    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "conv_gemv"))
     fused_logits = _decode_logits(monkeypatch)
     fused = _generate(model_dir, vocab)
     layers = reference.config.num_hidden_layers
     gdn_layers = reference.config.layer_types.count("linear_attention")
     # every out-projection and down projection added its residual; the norms after them ran in the next GEMV
-    # (each layer's first projection but the first layer's, and lm_head); the prefill pass (14 rows: no table
-    # entry) ran its norm kernels in both runs alike
-    assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"])
+    # (each layer's first projection but the first layer's, and lm_head; a Gated DeltaNet layer's in-projection
+    # is a conv_gemv, which norms as normed_gemv does); the prefill pass (14 rows: no table entry) ran its norm
+    # kernels in both runs alike
+    assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"]) + len(gemvs["conv_gemv"])
     steps, leftover = divmod(len(gemvs["residual_gemv"]), 2 * layers)
     assert steps >= 4 and leftover == 0
     assert len(unfused_norms["rms_norm"]) - len(norms["rms_norm"]) == steps * 2 * layers

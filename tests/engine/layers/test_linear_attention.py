@@ -1,0 +1,75 @@
+"""Gated DeltaNet's decode step (engine/layers/linear_attention.py) with its conv in the in-projection's GEMV
+(kernels/gemv.py CONV) against the conv kernel after it; on the CPU the GEMVs run in Triton's interpreter with a
+GEMV table made for the tiny model's shapes (tests/engine/layers/test_residual.py's)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from headroom.engine.layers import linear_attention, residual  # noqa: E402
+from headroom.kernels import ops  # noqa: E402
+
+from tests.engine.helpers import random_prompt  # noqa: E402
+from tests.engine.layers.test_residual import _count, _decode_logits, _EveryShape  # noqa: E402
+
+
+def _generate(model_dir, vocab: int):
+    """Two requests decoding together (two-row steps), then one alone (one row: the residual fusion's NormedRows)."""
+    from headroom.engine.llm import LLM
+
+    llm = LLM(str(model_dir), dtype="bfloat16", max_total_tokens=512, ssm_slots=8, chunked_prefill_size=64,
+              max_running_requests=2, cuda_graph_max_batch=0)
+    together = llm.generate([random_prompt(vocab, n, seed=n) for n in (5, 9)], max_new_tokens=4, ignore_eos=True)
+    return together + llm.generate([random_prompt(vocab, 7, seed=7)], max_new_tokens=4, ignore_eos=True)
+
+
+def _run(monkeypatch, model_dir, vocab: int, fused_conv: bool, rows: tuple[int, ...] = (1, 2)):
+    from headroom.kernels import conv_update
+    from headroom.kernels import gemv as gemv_module
+
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", _EveryShape(rows))
+    monkeypatch.setattr(linear_attention, "FUSED_CONV", fused_conv)
+    # the conv kernel where the fused branches would run it on the GPU (on the CPU ops takes the reference)
+    monkeypatch.setattr(ops, "causal_conv1d_update", conv_update.causal_conv1d_update)
+    calls = _count(monkeypatch, gemv_module, ("conv_gemv",))
+    calls.update(_count(monkeypatch, ops, ("causal_conv1d_update",)))
+    logits = _decode_logits(monkeypatch)
+    outputs = _generate(model_dir, vocab)
+    monkeypatch.undo()
+    return outputs, logits, calls
+
+
+def test_decode_convolves_inside_the_in_projection(tiny_model_factory, monkeypatch):
+    """Every decode step's Gated DeltaNet layers run their conv in the in-projection's GEMV (one conv_gemv a layer,
+    normed at one row where the residual fusion leaves NormedRows, plain at two), no conv kernel at decode, and the
+    same tokens and decode logits, bit for bit, as the conv kernel after the GEMV (the step is that kernel's own)."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    gdn_layers = reference.config.layer_types.count("linear_attention")
+    apart, apart_logits, apart_calls = _run(monkeypatch, model_dir, vocab, fused_conv=False)
+    fused, fused_logits, fused_calls = _run(monkeypatch, model_dir, vocab, fused_conv=True)
+    steps = len(fused_logits)
+    assert steps >= 4 and len(apart_logits) == steps
+    assert apart_calls["conv_gemv"] == [] and len(apart_calls["causal_conv1d_update"]) == steps * gdn_layers
+    assert fused_calls["causal_conv1d_update"] == [] and len(fused_calls["conv_gemv"]) == steps * gdn_layers
+    assert set(fused_calls["conv_gemv"]) == {1, 2}
+    for a, b in zip(apart, fused, strict=True):
+        assert a.token_ids == b.token_ids
+    for a, b in zip(apart_logits, fused_logits, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_decode_without_a_table_entry_or_switched_off_runs_the_conv_kernel(tiny_model_factory, monkeypatch):
+    """No table entry at two rows, or HEADROOM_FUSED_CONV=0: the projection's GEMV (or cuBLAS) and then the conv
+    kernel, as before the fusion."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=True, rows=(1,))
+    assert set(calls["conv_gemv"]) == {1} and set(calls["causal_conv1d_update"]) == {2}
+    _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=False)
+    assert calls["conv_gemv"] == [] and calls["causal_conv1d_update"]
+    assert residual.FUSED_ROWS == 1  # (the normed case above is the shipped one-row fusion)
