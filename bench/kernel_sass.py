@@ -75,19 +75,21 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     prefetch = fields[5] if len(fields) > 5 else 1
     pdl = bool(fields[6]) if len(fields) > 6 else False
     # FUSE, an eighth field (0 when left out): 1 the RMSNorm in front (NORM, Qwen3.5's unit offset), 2 the residual
-    # add behind (RESIDUAL), 3 Gated DeltaNet's output norm in front (GATED, heads of 128), 4 GATED and RESIDUAL.
+    # add behind (RESIDUAL), 3 Gated DeltaNet's output norm in front (GATED, heads of 128), 4 GATED and RESIDUAL,
+    # 5 Gated DeltaNet's decode conv behind (CONV, four taps), 6 NORM and CONV (its in-projection at one row).
     fuse = fields[7] if len(fields) > 7 else 0
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
     pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
                 "w": "*i32" if pairs else "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32",
-                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32", "norm_w": "*i32" if pairs else "*bf16"}
+                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32", "norm_w": "*i32" if pairs else "*bf16",
+                "conv_w": "*bf16", "conv_states": "*bf16", "conv_slots": "*i32"}
     # The plain GEMV (the fused SwiGLU input is a variant of its own: SILU_MUL).
     constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": stages, "EVEN_K": True,
                  "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": pdl,
                  "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch,
-                 "NORM": fuse == 1, "UNIT_OFFSET": fuse == 1, "RESIDUAL": fuse in (2, 4), "GATED": fuse in (3, 4),
-                 "HEAD": 128}
+                 "NORM": fuse in (1, 6), "UNIT_OFFSET": fuse in (1, 6), "RESIDUAL": fuse in (2, 4),
+                 "GATED": fuse in (3, 4), "HEAD": 128, "CONV": fuse in (5, 6), "CONV_TAPS": 4, "CONV_BLOCK": 4}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     # (num_parts is no specialisation key: the launcher's kernel does not specialize it)
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
