@@ -165,7 +165,7 @@ def check_half_tiles() -> dict:
 
 
 def check_fused_gemv(cases: int = 12, seed: int = 2) -> dict:
-    """The decode GEMV's fused modes (kernels/gemv.py NORM, RESIDUAL, GATED; session 18) against the unfused kernels
+    """The decode GEMV's fused modes (kernels/gemv.py NORM, RESIDUAL, GATED; session 18; CONV, 19) against the unfused kernels
     they replace, compiled on this GPU, over random configurations (rows 1-16, splits, swapped and CUDA-core tiles,
     tiles loaded before the PDL wait, ragged K): normed_gemv against rms_norm then gemv, residual_gemv (plain and with
     SiLU) against the add after gemv (equal bit for bit: the same product, rounded, then the add), its sums of squares
@@ -174,11 +174,14 @@ def check_fused_gemv(cases: int = 12, seed: int = 2) -> dict:
     may move a rounding, not more); a race between programs would show as either."""
     import random
 
+    from headroom.kernels.conv_update import causal_conv1d_update
     from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import (
+        ConvStep,
         GatedNorm,
         GemvConfig,
         RowNorm,
+        conv_gemv,
         gated_gemv,
         gated_gemv_fits,
         gemv,
@@ -234,6 +237,17 @@ def check_fused_gemv(cases: int = 12, seed: int = 2) -> dict:
             compare(f"{tag} gated {head}", gated_gemv(x, gated, w, config), gemv(normed, w, config))
             summed, _ = residual_gemv(x, w, residual, config, gated=gated)
             compare(f"{tag} residual gated {head}", summed, residual + gemv(normed, w, config))
+        # CONV (session 19): the first channels through the decode conv step, against the GEMV then the conv
+        # kernel, output and rolled states bit for bit (a store of one thread reaching another's load of the
+        # same state would show here)
+        channels, taps = rng.choice([n // 2, n]), rng.choice([2, 4])
+        states = rand(2 * m + 3, channels, taps - 1)
+        conv = ConvStep(rand(channels, taps), states.clone(), torch.randperm(2 * m + 3, device=DEV)[:m])
+        kept = states.clone()
+        want = gemv(x, w, config)
+        want[:, :channels] = causal_conv1d_update(want[:, :channels].contiguous(), conv.weight, kept, conv.slots)
+        compare(f"{tag} conv {channels}x{taps}", conv_gemv(x, w, conv, config), want, exact=True)
+        compare(f"{tag} conv states", conv.states, kept, exact=True)
     return {"cases": cases, "bad": bad[:40], "bad_count": len(bad), "worst": worst}
 
 
