@@ -63,9 +63,12 @@ DECODE_TUNING: dict[str, int] = {}
 # - load_per_token with magic_register (KIVI tiles, both kinds of launch; a bf16 pool ignores them): the int2 extend
 #   tile 17.2 -> 14.4 ms, decode at batch 8 over 32K keys 0.404 -> 0.361 ms a layer, at batch 1 0.130 -> 0.119
 #   (call 3's kivi_load sweep). Either alone gained less or lost (load_per_token alone 17.7 / 0.417).
+# - half_tiles, decode only (session 19, H200, the int2 LLM API rows with it against without in one process): decode
+#   at 32K of context 1,361 against 1,301 tok/s at batch 8, 307.8 against 303.3 at batch 1; in extend launches it moved
+#   prefill by -2.7% (8K) to +0.4% (128K), so extend keeps the fp32 tiles.
 # A tuning of 0 times the plain loop (the sweeps' {"mask_split": 0}).
 EXTEND_DEFAULTS: dict[str, int] = {"mask_split": 1, "load_per_token": 1, "magic_register": 1}
-DECODE_DEFAULTS: dict[str, int] = {"load_per_token": 1, "magic_register": 1}
+DECODE_DEFAULTS: dict[str, int] = {"load_per_token": 1, "magic_register": 1, "half_tiles": 1}
 
 
 @contextlib.contextmanager

@@ -24,11 +24,15 @@ from headroom.kernels.host_copy import to_device
 # four 30-token prompts 34.2 / 54.5. The recurrence is sequential in the rows (~2.7 us a row and layer), so long
 # chunks stay with fla.
 RECURRENT_ROWS = 256
-# A decode step's conv runs in the epilogue of the in-projection's GEMV (kernels/gemv.py CONV) where that GEMV runs:
-# a launch a layer fewer, 24 a step on the 4B model, whose conv launches took 0.047 / 0.054 / 0.064 ms of a 2.78 /
-# 3.29 / 3.67 ms graphed step at batch 1 / 8 / 16 on the H200 (session 16's profile_decode_batches). Off with
-# HEADROOM_FUSED_CONV=0.
+# A decode step's conv runs in the epilogue of the in-projection's GEMV (kernels/gemv.py CONV) where that GEMV runs,
+# for passes of at most FUSED_CONV_ROWS rows: a launch a layer fewer, 24 a step on the 4B model, whose conv launches
+# took 0.047 / 0.054 / 0.064 ms of a 2.78 / 3.29 / 3.67 ms graphed step at batch 1 / 8 / 16 on the H200 (session 16's
+# profile_decode_batches). Measured on the H200 (session 19, bench/engine_speed.py fused_conv, graphed decode of the 4B
+# model, fused against not in one process, the same tokens): batch 1 0.9% faster a step (2.776 against 2.800 ms),
+# batch 8 1.6% and batch 16 0.6% slower (the epilogue on the tensor-core tiles costs more than the launch it saves).
+# Off with HEADROOM_FUSED_CONV=0.
 FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
+FUSED_CONV_ROWS = 1
 
 
 class GatedDeltaNet:
@@ -55,7 +59,7 @@ class GatedDeltaNet:
         conv_states = ssm_pool.conv[self.pool_layer]
         # A decode step's conv in the in-projection's GEMV where it runs (FUSED_CONV), else its own kernel below.
         convolved = self.project.convolved(x, self.conv_weight, conv_states, slots) \
-            if batch.is_decode_only and FUSED_CONV else None
+            if batch.is_decode_only and FUSED_CONV and n <= FUSED_CONV_ROWS else None
         mixed, z, b, a = convolved if convolved is not None else self.project(x)
         # A fused decode step makes its gates from the raw a and b itself (one launch a layer fewer).
         raw_gates = batch.is_decode_only and ops.decodes_with_raw_gates(x)

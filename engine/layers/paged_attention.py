@@ -30,16 +30,19 @@ from headroom.kernels.paged_kv import PagedKV, blockwise_supported, page_table, 
 # Spans of at least this many rows over a bf16 pool take the dense path (cuDNN; kernels/dense_attention.py): below
 # it the paged kernel's share of a pass is small, and cuDNN's fixed cost is not worth a launch of its own.
 DENSE_MIN_ROWS = 2048
-# Whether long spans take the dense path at all. Off: on the H200 (session 13, bench/results/session13/) the layer's
-# dense path gave outputs that differ between two identical calls by up to 0.1-0.7 at single elements, over a bf16
+# Whether long spans take the dense path at all (on since session 19). Off before: on the H200 (session 13,
+# bench/results/session13/) the layer's dense path gave outputs that differ between two identical calls by up to 0.1-0.7 at single elements, over a bf16
 # and a KIVI pool alike (an 8,192-token chunk after 24,576 cached tokens, the span alone in its pass, with PDL on and
 # off), where the paged passes are repeatable and match fp32 there, and where cuDNN's attention alone at the same
 # shapes is exact and repeatable. Session 16 found the cause (bench/results/session16, call 3's dense_pieces): the
 # pieces merged again outside the layer by merge_two in fp32 match the paged passes, by the in-place Triton pair merge
 # they do not, differently each run: the merge's warps could store the new lse before other warps had loaded the old
-# (kernels/attention_merge_triton.py now puts a barrier between). Until the H200 confirms the fix (dense_pieces, then
-# the dense path's speed) long spans take the paged kernel; HEADROOM_DENSE_ATTENTION=1 turns the dense path on.
-DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "0") == "1"
+# (kernels/attention_merge_triton.py now puts a barrier between). Session 19 on the H200 (bench/results/session19/):
+# with the barrier the layer's merged span is within bf16 rounding of the paged passes (0.016 on a bf16 pool, 0.008 on
+# int2) and the same in every run, every piece equal to its re-run; and prefill through the LLM API took 32K tokens at
+# 54,614 tok/s against 51,972 without it (128K 35,013 against 30,362; int2 32K 54,545 against 51,775), 8K unchanged.
+# HEADROOM_DENSE_ATTENTION=0 takes the paged kernel for every span.
+DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "1") == "1"
 # Whether a graphed KIVI decode step attends its residual windows in the pool pass's split merge (session 17: one
 # launch a layer fewer; checked on the CPU, in the interpreter and compiled for sm_90, not yet run on the H200) or in
 # a pass of their own as before; HEADROOM_WINDOW_MERGE=0 takes the pass.

@@ -147,8 +147,10 @@ def test_bad_shapes_name_the_field():
 
 # The KIVI loads against the plain whole-page tiles (one load per packed byte, the magic exponent a literal): the
 # per-element gather (page_tile 0), each packed byte loaded once per token it holds (load_per_token), that with the
-# magic exponent in a register (the defaults, DECODE_DEFAULTS / EXTEND_DEFAULTS).
-PLAIN_PAGES = {"load_per_token": 0, "magic_register": 0}
+# magic exponent in a register (the defaults, DECODE_DEFAULTS / EXTEND_DEFAULTS), all with fp32 tiles (decode's
+# default half_tiles rounds each element to fp16: test_half_tiles_match_the_fp32_tiles).
+FP32_TILES = {"half_tiles": 0}
+PLAIN_PAGES = {"load_per_token": 0, "magic_register": 0, **FP32_TILES}
 
 
 @pytest.mark.parametrize("tuning", [{"page_tile": 0}, {"load_per_token": 1, "magic_register": 0}, {}], ids=str)
@@ -166,7 +168,7 @@ def test_kivi_load_paths_agree_exactly(monkeypatch, tuning, bits, head_dim, kv_l
     with pa.tuned(extend=PLAIN_PAGES, decode=PLAIN_PAGES):
         want, want_lse = paged_attention(*args)
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
-        for key, value in tuning.items():
+        for key, value in {**tuning, **FP32_TILES}.items():
             monkeypatch.setitem(table_, key, value)
     got, got_lse = paged_attention(*args)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
@@ -289,8 +291,9 @@ def test_loop_variants_on_ranges_splits_and_continuations(monkeypatch, kind, bit
 @pytest.mark.parametrize("kind,bits", [("dense", 16), ("kivi", 2)])
 def test_the_defaults_reach_the_launches(monkeypatch, kind, bits):
     """EXTEND_DEFAULTS / DECODE_DEFAULTS: an extend launch with no tuning takes MASK_SPLIT (the H200's faster loop), a
-    decode launch the plain one; both take the KIVI loads LOAD_PER_TOKEN and MAGIC_IN_REGISTER; explicit zeros run the
-    plain loop and loads, bit for bit the same answer."""
+    decode launch the plain one; both take the KIVI loads LOAD_PER_TOKEN and MAGIC_IN_REGISTER, and a KIVI decode launch
+    HALF_TILES (its fp16 tiles; the interpreter's codes here); explicit zeros run the plain loop and loads, bit for bit
+    the same answer."""
     from headroom.kernels import paged_attention as pa
 
     kv, table = make_pool(kind, bits, 2, 64, [45, 70], torch.bfloat16)
@@ -301,13 +304,14 @@ def test_the_defaults_reach_the_launches(monkeypatch, kind, bits):
         return paged_attention(q, positions, offsets, table, torch.zeros(2, dtype=torch.int32), lens, kv, 0.125)
 
     launched: list = []
-    keys = ("MASK_SPLIT", "LOAD_PER_TOKEN", "MAGIC_IN_REGISTER")
+    keys = ("MASK_SPLIT", "LOAD_PER_TOKEN", "MAGIC_IN_REGISTER", "HALF_TILES")
     monkeypatch.setattr(pa, "paged_attention_fwd_kernel", Recording(pa.paged_attention_fwd_kernel, launched, keys))
     got, got_lse = run([1, 9])
     run([1, 1])
     with pa.tuned(extend={"mask_split": 0, "load_per_token": 0, "magic_register": 0}):
         want, want_lse = run([1, 9])
-    assert launched == [(True, True, True), (False, True, True), (False, False, False)]
+    half = 1 if kind == "kivi" else 0
+    assert launched == [(True, True, True, 0), (False, True, True, half), (False, False, False, 0)]
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
@@ -478,7 +482,8 @@ def test_half_tiles_match_the_fp32_tiles(monkeypatch, load_per_token, bits, head
     q, positions, offsets = _batch(kv_lens, q_lens, 4, head_dim, torch.bfloat16)
     args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
             torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
-    want, want_lse = paged_attention(*args)
+    with pa.tuned(extend=FP32_TILES, decode=FP32_TILES):
+        want, want_lse = paged_attention(*args)
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
         monkeypatch.setitem(table_, "half_tiles", 1)
         monkeypatch.setitem(table_, "load_per_token", load_per_token)
@@ -592,7 +597,8 @@ def test_the_gpu_half_tiles_match_the_fp32_tiles(monkeypatch, groups, bits, kv_l
     q, positions, offsets = _batch(kv_lens, q_lens, 4, head_dim, torch.bfloat16)
     args = (q, positions, offsets, table, torch.zeros(len(kv_lens), dtype=torch.int32),
             torch.tensor(kv_lens, dtype=torch.int32), kv, head_dim**-0.5)
-    want, want_lse = paged_attention(*args)
+    with pa.tuned(extend=FP32_TILES, decode=FP32_TILES):
+        want, want_lse = paged_attention(*args)
     monkeypatch.setattr(pa, "paged_attention_fwd_kernel", OnTheGpuBranch())
     for table_ in (pa.DECODE_TUNING, pa.EXTEND_TUNING):
         monkeypatch.setitem(table_, "half_tiles", 1)

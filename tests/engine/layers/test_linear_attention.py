@@ -26,13 +26,14 @@ def _generate(model_dir, vocab: int):
     return together + llm.generate([random_prompt(vocab, 7, seed=7)], max_new_tokens=4, ignore_eos=True)
 
 
-def _run(monkeypatch, model_dir, vocab: int, fused_conv: bool, rows: tuple[int, ...] = (1, 2)):
+def _run(monkeypatch, model_dir, vocab: int, fused_conv: bool, rows: tuple[int, ...] = (1, 2), conv_rows: int = 16):
     from headroom.kernels import conv_update
     from headroom.kernels import gemv as gemv_module
 
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape(rows))
     monkeypatch.setattr(linear_attention, "FUSED_CONV", fused_conv)
+    monkeypatch.setattr(linear_attention, "FUSED_CONV_ROWS", conv_rows)
     # the conv kernel where the fused branches would run it on the GPU (on the CPU ops takes the reference)
     monkeypatch.setattr(ops, "causal_conv1d_update", conv_update.causal_conv1d_update)
     calls = _count(monkeypatch, gemv_module, ("conv_gemv",))
@@ -64,12 +65,16 @@ def test_decode_convolves_inside_the_in_projection(tiny_model_factory, monkeypat
 
 
 def test_decode_without_a_table_entry_or_switched_off_runs_the_conv_kernel(tiny_model_factory, monkeypatch):
-    """No table entry at two rows, or HEADROOM_FUSED_CONV=0: the projection's GEMV (or cuBLAS) and then the conv
-    kernel, as before the fusion."""
+    """No table entry at two rows, HEADROOM_FUSED_CONV=0, or more rows than FUSED_CONV_ROWS: the projection's GEMV
+    (or cuBLAS) and then the conv kernel, as before the fusion."""
     model_dir, reference = tiny_model_factory("qwen3_5", 0)
     vocab = reference.config.vocab_size
     _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=True, rows=(1,))
     assert set(calls["conv_gemv"]) == {1} and set(calls["causal_conv1d_update"]) == {2}
     _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=False)
     assert calls["conv_gemv"] == [] and calls["causal_conv1d_update"]
-    assert residual.FUSED_ROWS == 1  # (the normed case above is the shipped one-row fusion)
+    # As shipped (FUSED_CONV_ROWS 1, where it was measured to win), two-row steps run the conv kernel though the
+    # table has their shape.
+    assert linear_attention.FUSED_CONV_ROWS == 1 and residual.FUSED_ROWS == 1
+    _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=True, conv_rows=1)
+    assert set(calls["conv_gemv"]) == {1} and set(calls["causal_conv1d_update"]) == {2}

@@ -3,6 +3,8 @@ prefix and the residual window chained, against plain attention over each sequen
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from headroom.engine.layers import paged_attention as layer
@@ -216,12 +218,13 @@ def test_long_kivi_spans_on_the_dense_path_equal_plain_attention(monkeypatch, kv
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int2"])
-def test_the_dense_path_is_off_by_default(monkeypatch, kv_dtype):
-    """Long spans take the paged kernel unless HEADROOM_DENSE_ATTENTION=1 (layer.DENSE_ATTENTION says why): no cuDNN
-    call, the same answer."""
+def test_the_dense_path_switched_off_takes_the_paged_kernel(monkeypatch, kv_dtype):
+    """The dense path is on by default (since session 19: layer.DENSE_ATTENTION says why); with
+    HEADROOM_DENSE_ATTENTION=0 long spans take the paged kernel: no cuDNN call, the same answer."""
     from headroom.kernels import dense_attention
 
-    assert layer.DENSE_ATTENTION is False
+    assert layer.DENSE_ATTENTION is (os.environ.get("HEADROOM_DENSE_ATTENTION", "1") == "1")
+    monkeypatch.setattr(layer, "DENSE_ATTENTION", False)
     monkeypatch.setattr(layer, "DENSE_MIN_ROWS", 8)
     monkeypatch.setattr(dense_attention, "available", lambda q, heads: True)
     calls = []
