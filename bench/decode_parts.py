@@ -92,6 +92,10 @@ GEMV_MMA_STAGES = (4, 3)
 # Several rows with swap_ab (the weight tile the MMA's M side, so 64-128 weight rows make a wgmma), timed before
 # GEMV_MMA_TILES: session 11's unswapped tiles were only level with cuBLAS at 8 and 16 rows.
 GEMV_SWAP_TILES = [(64, 128, 4), (128, 128, 4), (64, 256, 4), (128, 64, 4), (128, 128, 8)]
+# Stream-K (GemvConfig.stream, session 19): programs a multiprocessor, each the same share of the (block, K tile)
+# iterations, timed first for several rows with the swapped tiles: the grid's whole blocks balanced badly at the 4B
+# model's several-row shapes (2.3-3.5 TB/s where lm_head's 3,880 blocks reached 4.35, session 19's sweep).
+GEMV_STREAM = (1, 2)
 # Up to 8 rows on the CUDA cores (rows_on_cores: the one-row loop, an FFMA a row and weight), timed before the
 # tensor-core tiles: those reached only ~3.5 TB/s at 8 rows (session 12). Small tiles, as the accumulator is
 # [rows, BLOCK_N, BLOCK_K / 2] (each at most kernels/gemv.py's CORE_ROWS_ACC_REGS a thread at 8 rows: 206-254
@@ -129,9 +133,9 @@ def gemv_prefetches() -> list[int]:
 
 
 def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
-    """The GemvConfigs the sweep times at a shape and row count, most promising first (for up to 8 rows the
-    CUDA-core tiles first; then for several rows, at each stage count the swapped tiles, then the unswapped
-    ones), each with every prefetch of gemv_prefetches()."""
+    """The GemvConfigs the sweep times at a shape and row count, most promising first (for several rows the
+    stream-K swapped tiles, then for up to 8 rows the CUDA-core tiles, then at each stage count the swapped tiles
+    and the unswapped ones), each with every prefetch of gemv_prefetches()."""
     prefetches = gemv_prefetches()
     return [dataclasses.replace(config, prefetch=p) for config in _gemv_tiles(n, k, rows, sms) for p in prefetches]
 
@@ -146,10 +150,13 @@ def _gemv_tiles(n: int, k: int, rows: int, sms: int) -> list:
     if rows == 1:
         return configs(GEMV_ROW_STAGES, GEMV_ROW_TILES)
     cores = configs(GEMV_CORE_ROW_STAGES, GEMV_CORE_ROW_TILES, rows_on_cores=True) if rows <= CORE_ROWS_MAX else []
+    streamed = [GemvConfig(bn, bk, 1, warps, stage, swap_ab=True, stream=programs) for stage in GEMV_MMA_STAGES
+                for bn, bk, warps in GEMV_SWAP_TILES for programs in GEMV_STREAM]
     # Stage by stage, the swapped tiles then the unswapped (session 11's winners, 4 and 3 stages, so they are
-    # timed early whatever the budget leaves).
-    return cores + [config for stage in GEMV_MMA_STAGES
-                    for config in configs((stage,), GEMV_SWAP_TILES, swap_ab=True) + configs((stage,), GEMV_MMA_TILES)]
+    # timed early whatever the budget leaves); stream-K's swapped tiles before all of them.
+    return streamed + cores + [
+        config for stage in GEMV_MMA_STAGES
+        for config in configs((stage,), GEMV_SWAP_TILES, swap_ab=True) + configs((stage,), GEMV_MMA_TILES)]
 
 
 def gemv_batches() -> list[int]:

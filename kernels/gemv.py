@@ -58,6 +58,9 @@ class GemvConfig:
     # in a decode step the next GEMV's weights then stream while the small kernels between two GEMVs run
     # (bench/pdl_probe.py: a 4 MiB streaming kernel 3.19 us with PDL, 1.37 with all its weights loaded first).
     prefetch: int = 1
+    # Several rows on the tensor cores only: stream-K, `stream` programs a multiprocessor sharing the (output block,
+    # K tile) iterations evenly (gemv_stream_fwd_kernel), 0 for the grid of blocks x splits. split is then ignored.
+    stream: int = 0
 
 
 # The most rows CORE_ROWS takes: each row is another FFMA a weight element, and at 8 the loop already issues
@@ -475,6 +478,68 @@ def gemv_fwd_kernel(
                       CONV, CONV_TAPS, CONV_BLOCK)
 
 
+# per_program follows the shape and the GPU: no specialisation on it.
+@triton.jit(do_not_specialize=["per_program"])
+def gemv_stream_fwd_kernel(
+    x, up, w, out, ws, counters, M, N, K, k_tiles, per_program, stride_xm, stride_um, stride_wn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr, SWAP_AB: tl.constexpr,
+):
+    """Several rows on the tensor cores, stream-K: the (output block, K tile) iterations, block-major, are cut into
+    equal runs of per_program, one a program, so every multiprocessor streams the same weight bytes whatever the
+    block count (a grid of whole blocks leaves some multiprocessors a block more than others: 144 blocks of the
+    4B model's gate|up on 132, and the several-row shapes whose blocks balanced badly ran at 2.3-3.5 TB/s where
+    lm_head's 3,880 reached 4.35). A run ends a block, starts one, or both: a block whose K tiles fell to several
+    programs is finished as a split is (_split_total: each part parked in the workspace at its place among the
+    block's programs, the last to arrive sums them in order); a block one program holds whole is stored
+    directly. x, up (SILU_MUL), the tiles and the store are gemv_fwd_kernel's (BLOCK_M at least 16, SWAP_AB or
+    not)."""
+    pid = tl.program_id(0)
+    total = tl.cdiv(N, BLOCK_N) * k_tiles
+    it = pid * per_program
+    end = tl.minimum(it + per_program, total)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_u = tl.arange(0, BLOCK_K)
+    m_m = offs_m < M
+    p_x = x + offs_m[:, None] * stride_xm + offs_u[None, :]
+    p_u = up + offs_m[:, None] * stride_um + offs_u[None, :]
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    while it < end:
+        block = it // k_tiles
+        k_stop = tl.minimum(end - block * k_tiles, k_tiles)
+        offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_n = offs_n < N
+        # (rows past N read row N - 1 again, as in gemv_fwd_kernel)
+        p_w = w + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn + offs_u[None, :]
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in tl.range(it - block * k_tiles, k_stop, num_stages=NUM_STAGES):
+            step = kt * BLOCK_K
+            b_w = _weight_tile(p_w, step, offs_u, K - step, EVEN_K, 1)
+            acc = _multiply_add(acc, b_w, p_x, p_u, 1.0, 0, 0.0, step, offs_u, m_m, K - step, BLOCK_M, EVEN_K,
+                                False, 1, SILU_MUL, False, False, False, 1, SWAP_AB, False, False)
+        # the programs whose runs hold some of this block's K tiles, and this one's place among them
+        first = (block * k_tiles) // per_program
+        parts = ((block + 1) * k_tiles - 1) // per_program - first + 1
+        if SWAP_AB:
+            p_o = out + offs_m[None, :] * stride_om + offs_n[:, None]
+            offsets = offs_m[None, :] * N + offs_n[:, None]
+            mask = m_n[:, None] & m_m[None, :]
+        else:
+            p_o = out + offs_m[:, None] * stride_om + offs_n[None, :]
+            offsets = offs_m[:, None] * N + offs_n[None, :]
+            mask = m_m[:, None] & m_n[None, :]
+        if parts == 1:
+            tl.store(p_o, acc.to(p_o.dtype.element_ty), mask=mask)
+        else:
+            _finish_split(acc, p_o, ws, counters, block, offsets, mask, parts, pid - first, M * N, True)
+        it = block * k_tiles + k_stop
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """x [M, K] (rows contiguous in K) @ w [N, K].T (contiguous) -> [M, N] in x's dtype; M at most 16 (2 to 8 on
     the CUDA cores with config.rows_on_cores). One launch also with a split over K: the last split of an output
@@ -719,6 +784,9 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
     core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
+    if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
+            and conv is None:
+        return _launch_stream(x, up, w, config), None
     block_m = 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
@@ -770,6 +838,37 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4, **pdl_launch(x.device),
     )
     return out, sumsq
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The GPU's multiprocessor count (stream-K's grid is a multiple of it); 4 off the GPU (the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch_stream(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig) -> torch.Tensor:
+    """gemv / silu_mul_gemv of several rows by gemv_stream_fwd_kernel: config.stream programs a multiprocessor
+    (fewer where the iterations run out), each per_program (block, K tile) iterations."""
+    num_rows, k = x.shape
+    n = w.shape[0]
+    blocks, k_tiles = triton.cdiv(n, config.block_n), triton.cdiv(k, config.block_k)
+    total = blocks * k_tiles
+    per_program = triton.cdiv(total, config.stream * multiprocessors(x.device))
+    programs = triton.cdiv(total, per_program)
+    # a block's K tiles fall to at most this many programs' runs
+    most_parts = min(programs, triton.cdiv(k_tiles - 1, per_program) + 1)
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((most_parts, num_rows, n), dtype=torch.float32, device=x.device) if most_parts > 1 else out
+    second = up if up is not None else x
+    gemv_stream_fwd_kernel[(programs,)](
+        x, second, w, out, ws, _counters(x.device) if most_parts > 1 else out, num_rows, n, k, k_tiles, per_program,
+        x.stride(0), second.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k, NUM_STAGES=config.num_stages,
+        EVEN_K=k % config.block_k == 0, SILU_MUL=up is not None, SWAP_AB=config.swap_ab, num_warps=config.num_warps,
+        **pdl_launch(x.device),
+    )
+    return out
 
 
 def _conv_arguments(conv: ConvStep | None, out: torch.Tensor) -> tuple:
@@ -858,11 +957,12 @@ def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], 
     """The shipped table's entries for this GPU and Triton version (none for another version: timings differ),
     keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
     down projection) is a plain one, one without "swap_ab" (tables before it) is not swapped, one without
-    "rows_on_cores" runs several rows on the tensor cores, and one without "prefetch" loads one tile before its
-    PDL wait."""
+    "rows_on_cores" runs several rows on the tensor cores, one without "prefetch" loads one tile before its
+    PDL wait, and one without "stream" is a grid of blocks and splits."""
     from headroom.kernels.tuned_table import entries_for
 
     return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
             GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
-                       c.get("swap_ab", False), c.get("rows_on_cores", False), c.get("prefetch", 1))
+                       c.get("swap_ab", False), c.get("rows_on_cores", False), c.get("prefetch", 1),
+                       c.get("stream", 0))
             for c in entries_for(TUNED_CONFIGS, device)}

@@ -855,3 +855,83 @@ def test_conv_variants_compile_for_the_h200():
         assert "ex2" in ptx and "bar.sync" in ptx, constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in ptx, constants
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "stream", "swap_ab", "silu_mul"), [
+    (16, 80, 256, 32, 64, 1, True, False),  # 3 blocks x 4 tiles over 4 programs: runs of 3 cross blocks
+    (9, 72, 328, 16, 64, 2, False, False),  # ragged K (a masked last tile), a ragged last block, 8 programs
+    (16, 40, 512, 32, 128, 3, True, True),  # the SwiGLU down projection; more programs than iterations
+    (2, 130, 192, 64, 64, 1, True, False),  # 3 blocks x 3 tiles over 4 programs: runs of 3 each
+])
+def test_stream_k_gemv_is_the_same_product(rows, n, k, block_n, block_k, stream, swap_ab, silu_mul, monkeypatch):
+    """stream-K (GemvConfig.stream): the (block, K tile) iterations shared out evenly, blocks finished by whichever
+    program ends them; equal to torch's product in fp32 (the interpreter's bf16 dot is garbage) and to the grid
+    kernel's up to the order of its fp32 sums, the arrival counters left at zero."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import naive_silu_mul_gemv, silu_mul_gemv
+    from headroom.kernels.quant_matmul import _counters
+
+    gen = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, 2 * k, generator=gen)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    launched = []
+    kernel = gemv_module.gemv_stream_fwd_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(gemv_module, "gemv_stream_fwd_kernel", Recording())
+    config = GemvConfig(block_n=block_n, block_k=block_k, num_stages=2, swap_ab=swap_ab, stream=stream)
+    grid = GemvConfig(block_n=block_n, block_k=block_k, num_stages=2, swap_ab=swap_ab, split=2)
+    if silu_mul:
+        gate, up = x[:, :k], x[:, k:]
+        got, want = silu_mul_gemv(gate, up, w, config), naive_silu_mul_gemv(gate, up, w)
+        other = silu_mul_gemv(gate, up, w, grid)
+    else:
+        got, want, other = gemv(x[:, :k], w, config), F.linear(x[:, :k], w), gemv(x[:, :k], w, grid)
+    total = -(-n // block_n) * -(-k // block_k)
+    per_program = -(-total // (stream * 4))
+    assert launched == [(-(-total // per_program),)]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, other, atol=1e-5, rtol=1e-5)
+    assert int(_counters(x.device).abs().sum()) == 0
+
+
+def test_stream_k_leaves_one_row_and_the_fused_modes_to_the_grid():
+    """One row, rows on the CUDA cores and the fused modes ignore stream (they run at one row, where the grid of
+    thousands of small blocks balances): the same bits as without it."""
+    from headroom.kernels.gemv import RowNorm, normed_gemv
+
+    x, w = _case(3, 1, 40, 256)
+    plain = GemvConfig(block_n=8, block_k=64, num_stages=2)
+    streamed = GemvConfig(block_n=8, block_k=64, num_stages=2, stream=2)
+    assert torch.equal(gemv(x, w, streamed), gemv(x, w, plain))
+    norm = RowNorm(x.float().pow(2).sum(-1, keepdim=True), torch.ones(256).bfloat16(), 1e-6, True)
+    assert torch.equal(normed_gemv(x, norm, w, streamed), normed_gemv(x, norm, w, plain))
+    x4 = torch.randn(4, 256)
+    cores, cores_streamed = (GemvConfig(block_n=8, block_k=64, num_stages=2, rows_on_cores=True, stream=s)
+                             for s in (0, 2))
+    assert torch.equal(gemv(x4, w.float(), cores_streamed), gemv(x4, w.float(), cores))
+
+
+def test_stream_k_compiles_for_the_h200():
+    """The stream-K kernel as the sweep launches it: 16 rows swapped (64- and 128-row weight tiles: wgmma), plain
+    and with SiLU fused, a ragged K, and unswapped; the run loop around the pipelined K loop compiles for sm_90 and
+    the kernel waits on its producer before touching anything (PDL)."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for block_n, block_k, swap, silu_mul, even_k in ((64, 128, True, False, True), (128, 64, True, True, True),
+                                                     (64, 128, True, False, False), (32, 128, False, False, True)):
+        pointers = {"x": "*bf16", "up": "*bf16", "w": "*bf16", "out": "*bf16", "ws": "*fp32", "counters": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_stream_fwd_kernel", pointers, {
+            "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 4, "EVEN_K": even_k,
+            "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": swap}))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        ptx = result["ptx"]
+        assert "griddepcontrol.wait" in ptx and ("ex2" in ptx) == constants["SILU_MUL"], constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in ptx, constants
