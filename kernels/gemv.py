@@ -478,6 +478,28 @@ def gemv_fwd_kernel(
                       CONV, CONV_TAPS, CONV_BLOCK)
 
 
+@triton.jit
+def _stream_total(acc, ws, counters, block, first, parts, pid, k_tiles, per_program, local, mask, TILE: tl.constexpr):
+    """(A block's sum over the programs whose runs hold its K tiles, whether this program holds it): each parks its
+    part in its own workspace slot (two a program: a run holds parts of at most two blocks, the first it touches
+    and the last), and the last to arrive (the block's arrival counter) sums them in program order and resets the
+    counter (quant_matmul's _split_total, with the workspace per program rather than per split and block, so it is
+    the grid's size and not the output's)."""
+    slot = tl.where(block == (pid * per_program) // k_tiles, 0, 1)
+    tl.store(ws + (pid * 2 + slot) * TILE + local, acc, mask=mask)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counters + block, 1, sem="acq_rel")
+    last = arrived == parts - 1
+    total = tl.zeros(acc.shape, dtype=tl.float32)
+    for j in range(0, parts):
+        other = first + j
+        other_slot = tl.where(block == (other * per_program) // k_tiles, 0, 1)
+        total += tl.load(ws + (other * 2 + other_slot) * TILE + local, mask=tl.where(last, mask, False), other=0.0,
+                         cache_modifier=".cg")
+    tl.atomic_xchg(counters + block, 0, mask=last)
+    return total, last
+
+
 # per_program follows the shape and the GPU: no specialisation on it.
 @triton.jit(do_not_specialize=["per_program"])
 def gemv_stream_fwd_kernel(
@@ -490,10 +512,8 @@ def gemv_stream_fwd_kernel(
     block count (a grid of whole blocks leaves some multiprocessors a block more than others: 144 blocks of the
     4B model's gate|up on 132, and the several-row shapes whose blocks balanced badly ran at 2.3-3.5 TB/s where
     lm_head's 3,880 reached 4.35). A run ends a block, starts one, or both: a block whose K tiles fell to several
-    programs is finished as a split is (_split_total: each part parked in the workspace at its place among the
-    block's programs, the last to arrive sums them in order); a block one program holds whole is stored
-    directly. x, up (SILU_MUL), the tiles and the store are gemv_fwd_kernel's (BLOCK_M at least 16, SWAP_AB or
-    not)."""
+    programs is finished as a split is (_stream_total), a block one program holds whole is stored directly. x, up
+    (SILU_MUL), the tiles and the store are gemv_fwd_kernel's (BLOCK_M at least 16, SWAP_AB or not)."""
     pid = tl.program_id(0)
     total = tl.cdiv(N, BLOCK_N) * k_tiles
     it = pid * per_program
@@ -525,18 +545,21 @@ def gemv_stream_fwd_kernel(
         # the programs whose runs hold some of this block's K tiles, and this one's place among them
         first = (block * k_tiles) // per_program
         parts = ((block + 1) * k_tiles - 1) // per_program - first + 1
+        # (the tile's own element order for the workspace: any, the same for every program)
+        local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + offs_m[None, :]
         if SWAP_AB:
             p_o = out + offs_m[None, :] * stride_om + offs_n[:, None]
-            offsets = offs_m[None, :] * N + offs_n[:, None]
             mask = m_n[:, None] & m_m[None, :]
         else:
             p_o = out + offs_m[:, None] * stride_om + offs_n[None, :]
-            offsets = offs_m[:, None] * N + offs_n[None, :]
+            local = tl.trans(local)
             mask = m_m[:, None] & m_n[None, :]
         if parts == 1:
             tl.store(p_o, acc.to(p_o.dtype.element_ty), mask=mask)
         else:
-            _finish_split(acc, p_o, ws, counters, block, offsets, mask, parts, pid - first, M * N, True)
+            acc, last = _stream_total(acc, ws, counters, block, first, parts, pid, k_tiles, per_program, local, mask,
+                                      BLOCK_M * BLOCK_N)
+            tl.store(p_o, acc.to(p_o.dtype.element_ty), mask=tl.where(last, mask, False))
         it = block * k_tiles + k_stop
 
 
@@ -856,10 +879,11 @@ def _launch_stream(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, co
     total = blocks * k_tiles
     per_program = triton.cdiv(total, config.stream * multiprocessors(x.device))
     programs = triton.cdiv(total, per_program)
-    # a block's K tiles fall to at most this many programs' runs
+    # a block's K tiles fall to at most this many programs' runs; a split block's parts are parked two a program
     most_parts = min(programs, triton.cdiv(k_tiles - 1, per_program) + 1)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((most_parts, num_rows, n), dtype=torch.float32, device=x.device) if most_parts > 1 else out
+    ws = torch.empty((programs, 2, 16 * config.block_n), dtype=torch.float32, device=x.device) \
+        if most_parts > 1 else out
     second = up if up is not None else x
     gemv_stream_fwd_kernel[(programs,)](
         x, second, w, out, ws, _counters(x.device) if most_parts > 1 else out, num_rows, n, k, k_tiles, per_program,
