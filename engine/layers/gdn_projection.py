@@ -38,12 +38,12 @@ class SplitProjection:
         """A decode step's Projected with mixed already through the conv step (silu(conv), the states at slots
         rolled in place), the step in the epilogue of the projection's one GEMV (ops.conv_dense_linear: q|k|v are
         its first output columns, so no conv kernel runs and the unconvolved mixed never goes to memory); None
-        where that GEMV does not run (two parts, no table entry, too many rows), nothing run: the caller projects
-        and convolves apart."""
+        where that GEMV does not run (two parts, no table entry, too many rows, q|k|v not the conv's channels),
+        nothing run: the caller projects and convolves apart."""
         part = self.parts[0]
         weight = part.weights[0]
         if len(self.parts) != 1 or len(part.weights) != 1 or part.biases[0] is not None \
-                or not isinstance(weight, torch.Tensor):
+                or not isinstance(weight, torch.Tensor) or part.sizes[0] != conv_weight.shape[0]:
             return None
         if isinstance(x, NormedRows):
             out = ops.conv_dense_linear(x.x, weight, conv_weight, conv_states, slots,
