@@ -798,6 +798,10 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
+    core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
+    if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
+            and conv is None:
+        return _launch_stream(x, up, w, config), None
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
     split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
@@ -806,10 +810,6 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
-    core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
-    if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
-            and conv is None:
-        return _launch_stream(x, up, w, config), None
     block_m = 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
