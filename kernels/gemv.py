@@ -607,12 +607,7 @@ def normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor, config: GemvCon
     rounded as kernels/norm_triton.py's rms_norm would have stored it; the rows' 1 / rms comes from the parts'
     sum rather than the norm kernel's own, so it can differ from it in the last bit (naive_normed_gemv is the
     reference)."""
-    num_rows = x.shape[0]
-    _raise_if(_norm_weight_problem(x, norm))
-    if norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32 \
-            or not norm.sumsq.is_contiguous():
-        raise ValueError(f"normed_gemv: sums of squares {tuple(norm.sumsq.shape)} {norm.sumsq.dtype} must be "
-                         f"[{num_rows}, parts] contiguous float32, one row for each of x's")
+    _raise_if(_norm_weight_problem(x, norm) or _norm_sums_problem(x, norm))
     return _launch(x, None, w, config, norm=norm)[0]
 
 
@@ -683,7 +678,7 @@ def conv_gemv(x: torch.Tensor, w: torch.Tensor, conv: ConvStep, config: GemvConf
     in-projection reads the layer's normed input). naive_conv_gemv is the reference."""
     _raise_if(_conv_problem(x, w, conv))
     if norm is not None:
-        _raise_if(_norm_weight_problem(x, norm))
+        _raise_if(_norm_weight_problem(x, norm) or _norm_sums_problem(x, norm))
     return _launch(x, None, w, config, norm=norm, conv=conv)[0]
 
 
@@ -746,6 +741,15 @@ def _norm_weight_problem(x: torch.Tensor, norm: RowNorm) -> str | None:
     if norm.weight.shape != (k,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
         return (f"normed_gemv: the norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} must be [{k}] "
                 f"contiguous in the rows' dtype {x.dtype}")
+    return None
+
+
+def _norm_sums_problem(x: torch.Tensor, norm: RowNorm) -> str | None:
+    num_rows = x.shape[0]
+    if norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32 \
+            or not norm.sumsq.is_contiguous():
+        return (f"normed_gemv: sums of squares {tuple(norm.sumsq.shape)} {norm.sumsq.dtype} must be [{num_rows}, "
+                "parts] contiguous float32, one row for each of x's")
     return None
 
 

@@ -935,3 +935,13 @@ def test_stream_k_compiles_for_the_h200():
         assert "griddepcontrol.wait" in ptx and ("ex2" in ptx) == constants["SILU_MUL"], constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in ptx, constants
+
+
+def test_conv_gemv_refuses_a_norm_without_its_rows_sums():
+    """With a norm in front, conv_gemv checks the rows' sums of squares as normed_gemv does."""
+    from headroom.kernels.gemv import RowNorm, conv_gemv
+
+    x, w = _case(1, 1, 24, 64)
+    norm = RowNorm(torch.ones(2, 1), torch.ones(64).bfloat16(), 1e-6, True)
+    with pytest.raises(ValueError, match=r"sums of squares \(2, 1\) torch.float32 must be \[1, parts\]"):
+        conv_gemv(x, w, _conv_case(1, 1, 16, torch.bfloat16), GemvConfig(block_n=8, block_k=64), norm)
