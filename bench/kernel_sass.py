@@ -4,7 +4,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]] ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG[,WINDOW]]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
 - stream: the int4 stream kernel (kernels/quant_gemv.py), instructions a code. A decode GEMV over int4 words is
@@ -113,7 +113,7 @@ def _paged_attention_launch(kind: int, bits: int, block_m: int, block_n: int, ma
 
 
 # Integer arguments of a paged attention launch that are not 16-divisible at the 4B shapes.
-_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "stride_ls", "NUM_SPLITS", "magic_exponent"}
+_ATTENTION_NOT_DIVISIBLE = {"stride_vsh", "stride_table", "stride_ls", "NUM_SPLITS", "magic_exponent", "stride_wt"}
 
 
 def _kivi(spec: str) -> tuple[object, dict, dict, dict, float, set]:
@@ -174,6 +174,8 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     half_tiles = fields[10] if len(fields) > 10 else 0
     # MAXREG, a twelfth: a register cap for ptxas (maxnreg; 0 none), as the tuning's max_registers.
     max_registers = fields[11] if len(fields) > 11 else 0
+    # WINDOW, a thirteenth: a decode launch with its residual windows' program (a graphed KIVI step's).
+    window = fields[12] if len(fields) > 12 else 0
     if common:
         source = Path(module.__file__).read_text()
         for branch in ("if j0 + BLOCK_N > seen_by_all:", "if grow > RESCALE_LOG2:"):
@@ -190,6 +192,8 @@ def _attention(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     constants["MAGIC_IN_REGISTER"] = bool(magic)
     constants["LOAD_PER_TOKEN"] = bool(load_per_token)
     constants["HALF_TILES"] = half_tiles
+    pointers.update(w_table="*i32", w_start="*i32", w_lens="*i32", w_k="*bf16", w_v="*bf16")
+    constants.update(WINDOW=window, BLOCK_W=module.WINDOW_BLOCK)
     options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": max_registers} if max_registers else {})}
     return (module.paged_attention_fwd_kernel, pointers, constants, options, block_m * block_n / (32 * warps),
             _ATTENTION_NOT_DIVISIBLE)
@@ -245,7 +249,7 @@ def main() -> None:
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
               "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]]",
-              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG]]]]",
+              "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG[,WINDOW]]]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),
                                "triton": triton.__version__, "target": "cuda sm_90", "subject": subject,

@@ -1,14 +1,13 @@
 """The log-sum-exp merge of split-K decode partials in one launch (reference: attention_merge.py's
 merge_attention_states, about fifteen torch kernels per attention layer and step). One program per
-(token, head) row reads its S partial outputs and lses and writes the merged row and lse in place. Its window
-variant attends the row's residual-window keys too, as one more part (a KIVI decode step's open pages)."""
+(token, head) row reads its S partial outputs and lses and writes the merged row and lse in place (a KIVI decode
+step's residual windows arrive as one more split: kernels/paged_attention.py's WINDOW)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.paged_kv import KeyWindow
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 # The splits are read SPLIT_CHUNK at a time whatever their number: one compiled variant for any split count (a tile
@@ -74,69 +73,6 @@ def merge_splits_fwd_kernel(
     _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d)
 
 
-@triton.jit
-def _window_row(q, q_pos, w_table, w_start, w_lens, w_k, w_v, sm_scale, i_t, i_h, stride_qt, stride_qh, stride_wt,
-                stride_ks, stride_kh, stride_vs, stride_vh, o_d, m_d, GROUP: tl.constexpr, BLOCK_W: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """Attention of query row (i_t, head i_h) over its window keys (those at positions <= its own), on the CUDA
-    cores in fp32 (a window is at most a page of keys): (output normalised over them [BLOCK_D], lse; 0 and -inf
-    for none)."""
-    b_q = tl.load(q + i_t * stride_qt + i_h * stride_qh + o_d, mask=m_d, other=0).to(tl.float32)
-    i_kh = i_h // GROUP
-    first = tl.load(w_start + i_t)
-    seen = tl.minimum(tl.load(w_lens + i_t), tl.load(q_pos + i_t).to(tl.int32) - first + 1)
-    qk_scale = sm_scale * 1.4426950408889634
-    b_m = tl.max(tl.full([BLOCK_W], float("-inf"), tl.float32), 0)
-    b_l = tl.sum(tl.zeros([BLOCK_W], tl.float32), 0)
-    b_acc = tl.zeros([BLOCK_D], tl.float32)
-    for j0 in range(0, seen, BLOCK_W):
-        o_j = j0 + tl.arange(0, BLOCK_W)
-        m_j = o_j < seen
-        slots = tl.load(w_table + i_t * stride_wt + o_j, mask=m_j, other=0).to(tl.int64)
-        m_tile = m_j[:, None] & m_d[None, :]
-        b_k = tl.load(w_k + slots[:, None] * stride_ks + i_kh * stride_kh + o_d[None, :], mask=m_tile, other=0)
-        b_s = tl.where(m_j, tl.sum(b_k.to(tl.float32) * b_q[None, :], 1) * qk_scale, float("-inf"))
-        # Every tile holds at least one visible key, so m_new is finite.
-        m_new = tl.maximum(b_m, tl.max(b_s, 0))
-        b_p = tl.exp2(b_s - m_new)
-        alpha = tl.exp2(b_m - m_new)
-        b_v = tl.load(w_v + slots[:, None] * stride_vs + i_kh * stride_vh + o_d[None, :], mask=m_tile, other=0)
-        b_acc = b_acc * alpha + tl.sum(b_p[:, None] * b_v.to(tl.float32), 0)
-        b_l = b_l * alpha + tl.sum(b_p, 0)
-        b_m = m_new
-    has = b_l > 0
-    b_o = b_acc / tl.where(has, b_l, 1.0)
-    b_lse = tl.where(has, (b_m + tl.log2(tl.where(has, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
-    return b_o, b_lse
-
-
-@triton.jit(do_not_specialize=["num_splits", "stride_ls", "stride_wt"])
-def merge_splits_window_fwd_kernel(
-    parts, lses, out, out_lse, q, q_pos, w_table, w_start, w_lens, w_k, w_v, sm_scale, num_splits, num_heads,
-    head_dim, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,
-    stride_qt, stride_qh, stride_wt, stride_ks, stride_kh, stride_vs, stride_vh,
-    GROUP: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-):
-    """merge_splits_fwd_kernel's row with one more part: the row's attention over its window keys, computed here
-    (_window_row). A graphed int2 decode step attended its residual windows in a launch of its own after the
-    merge, a layer's third (session 16, H200: 0.067 ms of a 2.9 ms step at batch 1)."""
-    pdl_enter(PDL)
-    i_r = tl.program_id(0).to(tl.int64)
-    i_t, i_h = i_r // num_heads, i_r % num_heads
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < head_dim
-    w_o, w_lse = _window_row(q, q_pos, w_table, w_start, w_lens, w_k, w_v, sm_scale, i_t, i_h, stride_qt, stride_qh,
-                             stride_wt, stride_ks, stride_kh, stride_vs, stride_vh, o_d, m_d, GROUP, BLOCK_W, BLOCK_D)
-    p_lse = lses + i_t * stride_lt + i_h
-    top_all = tl.maximum(_splits_top(p_lse, num_splits, stride_ls, BLOCK_S), w_lse)
-    shift = tl.where(top_all == float("-inf"), 0.0, top_all)
-    acc, sum_w = _splits_sum(parts + i_t * stride_pt + i_h * stride_ph, p_lse, num_splits, shift, stride_ps, stride_ls,
-                             o_d, m_d, BLOCK_S, BLOCK_D)
-    w_weight = tl.exp(w_lse - shift)
-    _store_merged(out, out_lse, acc + w_o * w_weight, sum_w + w_weight, shift, i_t, i_h, stride_ot, stride_oh,
-                  stride_olt, o_d, m_d)
-
-
 def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor) -> None:
     """parts [S, N, H, D] fp32 (each normalised over its own keys), lses [S, N, H] fp32 (natural log, -inf: no
     key) -> writes out [N, H, D] (its dtype) and out_lse [N, H] fp32 as merge_attention_states returns them."""
@@ -153,36 +89,6 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0),
         BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim),
-        **pdl_launch(parts.device),
-    )
-
-
-# Window keys a program scores at a time: a [32, 256] fp32 tile is 64 registers a thread at 4 warps.
-WINDOW_CHUNK = 32
-
-
-def merge_splits_window_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor,
-                             q: torch.Tensor, q_positions: torch.Tensor, window: KeyWindow, scale: float) -> None:
-    """merge_splits_into with one more key range per row: row t's window keys (KeyWindow; those at positions up to
-    q_positions[t]), attended here from q [N, Hq, D] at `scale`."""
-    num_splits, tokens, heads, dim = parts.shape
-    if lses.shape != parts.shape[:3] or out.shape != parts.shape[1:] or out_lse.shape != parts.shape[1:3] \
-            or q.shape != out.shape or q_positions.shape != (tokens,):
-        raise ValueError(f"merge with window: parts {tuple(parts.shape)}, lses {tuple(lses.shape)}, out "
-                         f"{tuple(out.shape)}, out_lse {tuple(out_lse.shape)}, q {tuple(q.shape)}, positions "
-                         f"{tuple(q_positions.shape)}")
-    wk, wv = window.kv.k, window.kv.v
-    window.check(q, wk.shape[1])
-    if any(t.stride(-1) != 1 for t in (parts, lses, out, out_lse, q, wk, wv)):
-        raise ValueError("merge with window: every last dimension must be contiguous")
-    if tokens * heads == 0:
-        return
-    merge_splits_window_fwd_kernel[(tokens * heads,)](
-        parts, lses, out, out_lse, q, q_positions, window.table, window.start, window.lens, wk, wv, scale,
-        num_splits, heads, dim, parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
-        out.stride(0), out.stride(1), out_lse.stride(0), q.stride(0), q.stride(1), window.table.stride(0),
-        wk.stride(0), wk.stride(1), wv.stride(0), wv.stride(1),
-        GROUP=heads // wk.shape[1], BLOCK_W=WINDOW_CHUNK, BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim),
         **pdl_launch(parts.device),
     )
 

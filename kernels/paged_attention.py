@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
-from headroom.kernels.attention_merge_triton import merge_splits_into, merge_splits_window_into
+from headroom.kernels.attention_merge_triton import merge_splits_into
 from headroom.kernels.int_float import exact_float
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
@@ -267,6 +267,69 @@ def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM
     return o_t, o_hq, m_m, b_pos, kv_lo, lo, hi
 
 
+# Window keys a decode tile scores at a time (KeyWindow; a window is at most a page of the pool).
+WINDOW_BLOCK = 32
+
+
+@triton.jit
+def _window_split(q, q_pos, o, lse, w_table, w_start, w_lens, w_k, w_v, sm_scale, i_s, i_m, q_lo, q_hi, i_h, stride_qt,
+                  stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_wt, stride_wks, stride_wkh,
+                  stride_wvs, stride_wvh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Split i_s of decode tile i_m (token q_lo's query heads of KV head i_h): its rows over the token's window keys
+    (KeyWindow: those at positions up to its own), in the model dtype's MMA as the pool's tiles, stored as
+    _store_part stores a split."""
+    # (_rows_and_keys' rows: one token, so rows past its GROUP heads are masked)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_t = q_lo + o_m // GROUP
+    o_hq = i_h * GROUP + o_m % GROUP
+    m_m = o_t < q_hi
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    t = q_lo.to(tl.int64)
+    b_q = tl.load(q + t * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_m[:, None] & m_d[None, :],
+                  other=0)
+    if DOT_FP32:
+        b_q = b_q.to(tl.float32)
+    first = tl.load(w_start + t)
+    seen = tl.minimum(tl.load(w_lens + t), tl.load(q_pos + t).to(tl.int32) - first + 1)
+    qk_scale = sm_scale * 1.4426950408889634
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for j0 in range(0, seen, BLOCK_W):
+        o_j = j0 + tl.arange(0, BLOCK_W)
+        m_j = o_j < seen
+        slots = tl.load(w_table + t * stride_wt + o_j, mask=m_j, other=0).to(tl.int64)
+        m_tile = m_j[:, None] & m_d[None, :]
+        b_k = tl.load(w_k + slots[:, None] * stride_wks + i_h * stride_wkh + o_d[None, :], mask=m_tile, other=0)
+        b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+        # Every tile holds a visible key (j0 < seen), so m_new is finite.
+        m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        b_p = tl.exp2(b_s - m_new[:, None])
+        alpha = tl.exp2(b_m - m_new)
+        b_v = tl.load(w_v + slots[:, None] * stride_wvs + i_h * stride_wvh + o_d[None, :], mask=m_tile, other=0)
+        b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
+        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_m = m_new
+    _store_part(o, lse, i_s, o_t, o_hq, m_m, o_d, m_d, b_acc, b_l, b_m, stride_os, stride_ot, stride_oh, stride_ls,
+                stride_lt)
+
+
+@triton.jit
+def _store_part(o, lse, i_s, o_t, o_hq, m_m, o_d, m_d, b_acc, b_l, b_m, stride_os, stride_ot, stride_oh, stride_ls,
+                stride_lt):
+    """Split i_s's normalised output and lse (natural log) of the tile's rows from the online softmax's acc, l and
+    m (log2 units); 0 and -inf for a row that saw no key."""
+    seen = b_l > 0
+    b_o = tl.where(seen[:, None], b_acc / tl.where(seen, b_l, 1.0)[:, None], 0.0)
+    b_lse = tl.where(seen, (b_m + tl.log2(tl.where(seen, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
+    p_o = o + i_s * stride_os + o_t[:, None].to(tl.int64) * stride_ot + o_hq[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
+    tl.store(lse + i_s * stride_ls + o_t.to(tl.int64) * stride_lt + o_hq, b_lse, mask=m_m)
+
+
 # Integer arguments that follow the pass's shape are no specialisation keys: Triton would compile a variant for 1,
 # for multiples of 16 and for the rest of each, and serving would meet the ones the warm-up did not (a 30-token
 # prompt alone compiled one while serving). NUM_SPLITS follows the batch; stride_table is the widest sequence's
@@ -274,32 +337,49 @@ def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM
 UNSPECIALISED = ["NUM_SPLITS", "stride_table", "stride_ls"]
 
 
-@triton.jit(do_not_specialize=UNSPECIALISED)
+# stride_wt is a window table's width (a page, or any width off the engine).
+@triton.jit(do_not_specialize=UNSPECIALISED + ["stride_wt"])
 def paged_attention_fwd_kernel(
     q, o, lse, q_pos, q_offsets, kv_table, kv_start, kv_lens,
     k, v, k_scale, k_zero, v_scale, v_zero, sm_scale, prev_o, prev_lse,
     stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_table,
     stride_pt, stride_ph, stride_plt,
     stride_kp, stride_kr, stride_kh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, magic_exponent,
+    w_table, w_start, w_lens, w_k, w_v, stride_wt, stride_wks, stride_wkh, stride_wvs, stride_wvh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_SPLITS, BLOCK_N: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
     PAGE: tl.constexpr, GROUP_D: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROUND_TILES: tl.constexpr, PAGE_TILE: tl.constexpr,
     CONTINUE: tl.constexpr, PDL: tl.constexpr, MASK_SPLIT: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
     MAGIC_IN_REGISTER: tl.constexpr = False, LOAD_PER_TOKEN: tl.constexpr = False, HALF_TILES: tl.constexpr = 0,
+    WINDOW: tl.constexpr = 0, BLOCK_W: tl.constexpr = WINDOW_BLOCK,
 ):
+    """Program (sequence, query tile, KV head x split): the tile's rows over the split's share of the sequence's
+    pool keys. WINDOW (decode launches with a KeyWindow, w_*): each (sequence, KV head) has one program more, split
+    NUM_SPLITS, which attends the window keys instead (_window_part) and stores them as one more split for the
+    merge: in a graphed int2 step the merge attended them itself, one program a row with its loads in sequence,
+    12 us a launch at batch 1 against 3.7 for the plain merge (H200, session 20's profile_decode_int2)."""
     pdl_enter(PDL)
     # KIVI's int-to-float magic (_load_kivi_pages): folded into immediates, or magic_exponent's register.
     magic = MAGIC_EXPONENT
     if MAGIC_IN_REGISTER:
         magic = magic_exponent
-    i_b, i_m, i_h, i_s, q_lo, q_hi = _program(q_offsets, NUM_SPLITS)
+    # (The window's program, split NUM_SPLITS, finds no pool key in its range: every key is below
+    # NUM_SPLITS * per_split.)
+    i_b, i_m, i_h, i_s, q_lo, q_hi = _program(q_offsets, NUM_SPLITS + WINDOW)
     if i_m * BLOCK_M >= (q_hi - q_lo) * GROUP:
         return
     o_t, o_hq, m_m, b_pos, kv_lo, lo, hi = _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi,
                                                          NUM_SPLITS, GROUP, BLOCK_M, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
+    if WINDOW:
+        if i_s == NUM_SPLITS:
+            _window_split(q, q_pos, o, lse, w_table, w_start, w_lens, w_k, w_v, sm_scale, i_s, i_m, q_lo, q_hi, i_h,
+                          stride_qt, stride_qh, stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_wt,
+                          stride_wks, stride_wkh, stride_wvs, stride_wvh, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, BLOCK_W,
+                          DOT_FP32, DOT_PRECISION)
+            return
     p_q = q + o_t[:, None].to(tl.int64) * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0)
     if DOT_FP32:
@@ -392,12 +472,8 @@ def paged_attention_fwd_kernel(
             b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), input_precision=DOT_PRECISION)
             b_l = b_l * alpha + tl.sum(b_p, 1)
         b_m = m_new
-    seen = b_l > 0
-    b_o = tl.where(seen[:, None], b_acc / tl.where(seen, b_l, 1.0)[:, None], 0.0)
-    b_lse = tl.where(seen, (b_m + tl.log2(tl.where(seen, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
-    p_o = o + i_s * stride_os + o_t[:, None].to(tl.int64) * stride_ot + o_hq[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
-    tl.store(lse + i_s * stride_ls + o_t.to(tl.int64) * stride_lt + o_hq, b_lse, mask=m_m)
+    _store_part(o, lse, i_s, o_t, o_hq, m_m, o_d, m_d, b_acc, b_l, b_m, stride_os, stride_ot, stride_oh, stride_ls,
+                stride_lt)
 
 
 def paged_attention_fwd(
@@ -413,7 +489,9 @@ def paged_attention_fwd(
     block_m = _block_m(max_q_len * group)
     extend = block_m > 16
     num_warps = 4 if head_dim <= 64 else 8
-    programs = kv_table.shape[0] * triton.cdiv(max_q_len * group, block_m) * kv.num_kv_heads * num_splits
+    # A window takes one program more a KV head (split num_splits; paged_attention_fwd_kernel's WINDOW).
+    grid_splits = num_splits + (window is not None)
+    programs = kv_table.shape[0] * triton.cdiv(max_q_len * group, block_m) * kv.num_kv_heads * grid_splits
     if extend:
         # H200 tile sweeps (bench/results/session5/call1, an 8,192-query chunk over 32K keys, head_dim 256):
         # 128 x 64 tiles, 3 stages for bf16 (351 TFLOP/s, 1.24x 2 stages); KIVI whole-page tiles of 64 keys
@@ -445,12 +523,12 @@ def paged_attention_fwd(
         and block_n % kv.page_tokens == 0
     # Off the GPU (the Triton interpreter) dots run in fp32 and tiles skip the model-dtype rounding:
     # the interpreter's bf16 dot is wrong and its fp32 -> bf16 cast truncates.
-    if num_splits == 1 and window is None:
+    if grid_splits == 1:
         splits_out, lse = out[None], out_lse[None]
     else:
         # Flash-decoding workspace: O(splits x queries), independent of the key count.
-        splits_out = q.new_empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32)
-        lse = q.new_empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32)
+        splits_out = q.new_empty((grid_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32)
+        lse = q.new_empty((grid_splits, num_tokens, num_q_heads), dtype=torch.float32)
     k_scale = kv.k_scale if kv.k_scale is not None else kv.k
     v_scale = kv.v_scale if kv.v_scale is not None else kv.v
     k_zero = kv.k_zero if kv.k_zero is not None else k_scale
@@ -460,9 +538,10 @@ def paged_attention_fwd(
     prev_o, prev_lse = prev if prev is not None else (out_lse, out_lse)
     dot_fp32 = q.dtype == torch.float32 or not q.is_cuda
     num_seqs = kv_table.shape[0]
-    grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * num_splits)
-    # A decode sweep's d_chunks: the head in chunks (kernels/kivi_decode.py; whole-page KIVI tiles, no prev).
-    chunks = 0 if extend else tuning.get("d_chunks", 0)
+    grid = (num_seqs, triton.cdiv(max_q_len * group, block_m), kv.num_kv_heads * grid_splits)
+    # A decode sweep's d_chunks: the head in chunks (kernels/kivi_decode.py; whole-page KIVI tiles, no prev, no
+    # window: its sweep times the pool's splits alone).
+    chunks = 0 if extend or window is not None else tuning.get("d_chunks", 0)
     if chunks and page_tile and prev is None:
         from headroom.kernels.kivi_decode import kivi_decode
 
@@ -478,6 +557,7 @@ def paged_attention_fwd(
             lse.stride(0), lse.stride(1), kv_table.stride(0), prev_o.stride(0), prev_o.stride(1), prev_lse.stride(0),
             kv.k.stride(0), kv.k.stride(1) if is_kivi else 0, kv.k.stride(-2),
             k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1), MAGIC_EXPONENT.value,
+            *_window_arguments(window, out_lse),
             GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
             NUM_SPLITS=num_splits, BLOCK_N=block_n, KIND=_KIND_CODE[kv.kind], BITS=kv.bits, PAGE=kv.page_tokens,
             GROUP_D=max(kv.value_group, 1), DOT_FP32=dot_fp32, DOT_PRECISION="ieee" if dot_fp32 else "tf32",
@@ -485,18 +565,25 @@ def paged_attention_fwd(
             MASK_SPLIT=flag("mask_split"), LAZY_RESCALE=flag("lazy_rescale"), MAGIC_IN_REGISTER=flag("magic_register"),
             LOAD_PER_TOKEN=flag("load_per_token"),
             HALF_TILES=(2 if q.is_cuda else 1) if flag("half_tiles") and page_tile else 0,
-            num_warps=num_warps, num_stages=num_stages,
+            WINDOW=int(window is not None), num_warps=num_warps, num_stages=num_stages,
             # A sweep's register cap (max_registers: ptxas' maxnreg), for a variant that fits one more program a
             # multiprocessor under it (half_tiles' decode loop: 186 registers, 168 under a cap of 168, no spills).
             **({"maxnreg": tuning["max_registers"]} if tuning.get("max_registers") else {}),
             **pdl_launch(q.device),
         )
-    if window is not None:
-        # The merge attends the window keys too (kernels/attention_merge_triton.py): one launch, not a third.
-        merge_splits_window_into(splits_out, lse, out, out_lse, q, q_positions, window, scale)
-    elif num_splits > 1:
+    if grid_splits > 1:
         merge_splits_into(splits_out, lse, out, out_lse)
     return out, out_lse
+
+
+def _window_arguments(window: KeyWindow | None, placeholder: torch.Tensor) -> tuple:
+    """paged_attention_fwd_kernel's w_table, w_start, w_lens, w_k, w_v and their strides (placeholder and zeros
+    without a window: never read)."""
+    if window is None:
+        return (placeholder,) * 5 + (0,) * 5
+    wk, wv = window.kv.k, window.kv.v
+    return (window.table, window.start, window.lens, wk, wv, window.table.stride(0), wk.stride(0), wk.stride(1),
+            wv.stride(0), wv.stride(1))
 
 
 def _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv: PagedKV) -> None:
@@ -545,8 +632,8 @@ def paged_attention(
     num_splits: programs per key range (chosen from the tile count if None); out, out_lse: where to write (out
     may be fp32 for a range to be continued). prev: (out, lse) of the same rows over an earlier, disjoint key
     range: the result is then attention over both (as merge_two would give), in one split; out may be prev's.
-    window: keys outside the pool (a KIVI pool's residual windows, KeyWindow), attended in the split merge, for
-    decode launches (one query row a sequence, no prev): the result is attention over both ranges.
+    window: keys outside the pool (a KIVI pool's residual windows, KeyWindow), attended as one more split of the
+    launch, for decode launches (one query row a sequence, no prev): the result is attention over both ranges.
     """
     _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
     if max_q_len is None:

@@ -8,7 +8,6 @@ import torch
 from headroom.kernels.attention_merge import merge_attention_states, merge_two
 from headroom.kernels.attention_merge_triton import (
     SPLIT_CHUNK,
-    WINDOW_CHUNK,
     merge_pair_into,
     merge_splits_into,
 )
@@ -98,17 +97,3 @@ def test_in_place_pair_merge_loads_everything_before_any_store_on_sm90():
     barriers = [i for i, line in enumerate(lines) if line.startswith(("bar.sync", "barrier.sync"))]
     assert loads and stores and barriers
     assert any(max(loads) < b < min(stores) for b in barriers)
-
-
-def test_the_window_merge_compiles_for_sm90():
-    """The window merge as a graphed int2 decode step launches it (4B heads, bf16 rows and windows), compiled for
-    the H200: the interpreter runs loops and reductions the GPU compiler may reject."""
-    from tests.kernels.sm90 import compile_sm90
-
-    pointers = {"parts": "*fp32", "lses": "*fp32", "out": "*bf16", "out_lse": "*fp32", "q": "*bf16", "q_pos": "*i64",
-                "w_table": "*i32", "w_start": "*i32", "w_lens": "*i32", "w_k": "*bf16", "w_v": "*bf16",
-                "sm_scale": "fp32"}
-    constants = {"GROUP": 4, "BLOCK_W": WINDOW_CHUNK, "BLOCK_S": SPLIT_CHUNK, "BLOCK_D": 256, "PDL": False}
-    [result] = compile_sm90([("headroom.kernels.attention_merge_triton", "merge_splits_window_fwd_kernel", pointers,
-                              constants)])
-    assert result["ok"], result.get("error")

@@ -92,7 +92,7 @@ def test_pool_prefix_merged_with_residual_window_equals_whole_context():
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_decode_window_merged_in_the_split_merge_equals_whole_context(num_splits):
+def test_decode_window_as_one_more_split_equals_whole_context(num_splits):
     # Three decode rows over an int2 pool: 64 closed keys and a window of 7 of which the row sees 5 (its position
     # 68), 32 closed and an empty window (the step closed its page), none closed and 12 in the window; windows
     # scattered over the window slots, 48 of a row's table columns.
@@ -438,17 +438,18 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     they made up to three variants of each kernel (1, a multiple of 16, the rest; a power of two of the splits), and
     serving met the ones the warm-up had not. Decode launches of every class, through Triton's real JIT (compiled for
     sm_90, nothing launched) in a child process: one key per kernel and pool kind, and per output dtype of the
-    merge; one for the merge that attends a decode step's windows, whatever their table's width."""
+    merge; one more for paged attention's decode launches with windows, whatever their table's width."""
     from pathlib import Path
 
     from tests.kernels.sm90_child import run_on_sm90
 
     # (The pool helper by its path: the repository root on the path would shadow the standard library's operator.)
     got = run_on_sm90(_SPECIALISATION_CHILD, tmp_path, PAGED_POOL=str(Path(__file__).with_name("paged_pool.py")))
-    # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI), per output
-    # dtype where the output is a pointer's type (the merge: bf16 and fp32).
-    assert got == {"paged_attention_fwd_kernel": 2, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
-                   "kivi_dequantize_block_kernel": 1, "merge_splits_window_fwd_kernel": 1}, got
+    # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI, and KIVI's
+    # decode launches with windows, WINDOW), per output dtype where the output is a pointer's type (the merge: bf16
+    # and fp32).
+    assert got == {"paged_attention_fwd_kernel": 3, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
+                   "kivi_dequantize_block_kernel": 1}, got
 
 
 @pytest.mark.parametrize("block_m,mask_split", [(16, False), (128, True)], ids=["decode", "extend"])
@@ -466,6 +467,28 @@ def test_the_default_kivi_loads_compile_for_sm90(block_m, mask_split):
                  "MAGIC_IN_REGISTER": True, "LOAD_PER_TOKEN": True, "HALF_TILES": 0}
     [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
                             num_warps=4 if block_m == 16 else 8, num_stages=2)
+    assert result["ok"], result.get("error")
+
+
+def test_the_graphed_int2_decode_launch_with_windows_compiles_for_sm90():
+    """A graphed int2 decode step's launch as the defaults make it (fp16 tiles, the magic exponent in a register,
+    per-token loads) with its windows' program (WINDOW: bf16 window rows in the model dtype's MMA), for the H200."""
+    from headroom.kernels.paged_attention import DECODE_DEFAULTS
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens", "w_table",
+                                           "w_start", "w_lens")}
+    pointers.update(q="*bf16", o="*fp32", lse="*fp32", k="*u8", v="*u8", k_scale="*fp16", k_zero="*fp16",
+                    v_scale="*fp16", v_zero="*fp16", prev_o="*fp32", prev_lse="*fp32", sm_scale="fp32", w_k="*bf16",
+                    w_v="*bf16")
+    constants = {"GROUP": 4, "HEAD_DIM": 256, "BLOCK_D": 256, "BLOCK_M": 16, "BLOCK_N": 64, "KIND": 2, "BITS": 2,
+                 "PAGE": 32, "GROUP_D": 32, "DOT_FP32": False, "DOT_PRECISION": "tf32", "ROUND_TILES": True,
+                 "PAGE_TILE": True, "CONTINUE": False, "PDL": False,
+                 "MAGIC_IN_REGISTER": bool(DECODE_DEFAULTS["magic_register"]),
+                 "LOAD_PER_TOKEN": bool(DECODE_DEFAULTS["load_per_token"]),
+                 "HALF_TILES": 2 * DECODE_DEFAULTS["half_tiles"], "WINDOW": 1}
+    [result] = compile_sm90([("headroom.kernels.paged_attention", "paged_attention_fwd_kernel", pointers, constants)],
+                            num_warps=4, num_stages=2)
     assert result["ok"], result.get("error")
 
 
