@@ -267,8 +267,9 @@ def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM
     return o_t, o_hq, m_m, b_pos, kv_lo, lo, hi
 
 
-# Window keys a decode tile scores at a time (KeyWindow; a window is at most a page of the pool).
-WINDOW_BLOCK = 32
+# Window keys a decode tile scores at a time (KeyWindow; a window is at most a page of the pool): the MMA's
+# smallest K for p @ v, which leaves the pool loop's compile as it was (paged_attention_fwd_kernel's docstring).
+WINDOW_BLOCK = 16
 
 
 @triton.jit
@@ -356,23 +357,21 @@ def paged_attention_fwd_kernel(
 ):
     """Program (sequence, query tile, KV head x split): the tile's rows over the split's share of the sequence's
     pool keys. WINDOW (decode launches with a KeyWindow, w_*): each (sequence, KV head) has one program more, split
-    NUM_SPLITS, which attends the window keys instead (_window_part) and stores them as one more split for the
-    merge: in a graphed int2 step the merge attended them itself, one program a row with its loads in sequence,
-    12 us a launch at batch 1 against 3.7 for the plain merge (H200, session 20's profile_decode_int2)."""
+    NUM_SPLITS, which attends the window keys instead (_window_split) and stores them as one more split for the
+    merge. Before, the merge attended them itself, one program a row with its loads in sequence: 12 us a launch at
+    batch 1 against 3.7 for the plain merge (H200, session 20's profile_decode_int2). The window's branch comes
+    before the pool's setup and its tiles are 16 keys: so placed and sized, the pool loop compiles as without it
+    (sm_90, Triton 3.6: 1,307 instructions and 191 registers against 1,304 and 186; after the loop, or with 32-key
+    tiles, ptxas gave the loop 168 registers and 1,367-1,389 instructions, and an H100 ran batch 8 over 32K keys 1%
+    slower; bench/results/session20/window_split_sass_triton36.json)."""
     pdl_enter(PDL)
     # KIVI's int-to-float magic (_load_kivi_pages): folded into immediates, or magic_exponent's register.
     magic = MAGIC_EXPONENT
     if MAGIC_IN_REGISTER:
         magic = magic_exponent
-    # (The window's program, split NUM_SPLITS, finds no pool key in its range: every key is below
-    # NUM_SPLITS * per_split.)
     i_b, i_m, i_h, i_s, q_lo, q_hi = _program(q_offsets, NUM_SPLITS + WINDOW)
     if i_m * BLOCK_M >= (q_hi - q_lo) * GROUP:
         return
-    o_t, o_hq, m_m, b_pos, kv_lo, lo, hi = _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi,
-                                                         NUM_SPLITS, GROUP, BLOCK_M, BLOCK_N)
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
     if WINDOW:
         if i_s == NUM_SPLITS:
             _window_split(q, q_pos, o, lse, w_table, w_start, w_lens, w_k, w_v, sm_scale, i_s, i_m, q_lo, q_hi, i_h,
@@ -380,6 +379,10 @@ def paged_attention_fwd_kernel(
                           stride_wks, stride_wkh, stride_wvs, stride_wvh, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, BLOCK_W,
                           DOT_FP32, DOT_PRECISION)
             return
+    o_t, o_hq, m_m, b_pos, kv_lo, lo, hi = _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi,
+                                                         NUM_SPLITS, GROUP, BLOCK_M, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
     p_q = q + o_t[:, None].to(tl.int64) * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0)
     if DOT_FP32:

@@ -7,7 +7,6 @@ import pytest
 import torch
 from headroom.kernels.attention_merge import merge_attention_states, merge_two
 from headroom.kernels.attention_merge_triton import (
-    SPLIT_CHUNK,
     merge_pair_into,
     merge_splits_into,
 )

@@ -474,6 +474,7 @@ def test_the_graphed_int2_decode_launch_with_windows_compiles_for_sm90():
     """A graphed int2 decode step's launch as the defaults make it (fp16 tiles, the magic exponent in a register,
     per-token loads) with its windows' program (WINDOW: bf16 window rows in the model dtype's MMA), for the H200."""
     from headroom.kernels.paged_attention import DECODE_DEFAULTS
+
     from tests.kernels.sm90 import compile_sm90
 
     pointers = {name: "*i32" for name in ("q_pos", "q_offsets", "kv_table", "kv_start", "kv_lens", "w_table",
