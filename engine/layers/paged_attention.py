@@ -43,9 +43,9 @@ DENSE_MIN_ROWS = 2048
 # 54,614 tok/s against 51,972 without it (128K 35,013 against 30,362; int2 32K 54,545 against 51,775), 8K unchanged.
 # HEADROOM_DENSE_ATTENTION=0 takes the paged kernel for every span.
 DENSE_ATTENTION = os.environ.get("HEADROOM_DENSE_ATTENTION", "1") == "1"
-# Whether a graphed KIVI decode step attends its residual windows in the pool pass's split merge (session 17: one
-# launch a layer fewer; checked on the CPU, in the interpreter and compiled for sm_90, not yet run on the H200) or in
-# a pass of their own as before; HEADROOM_WINDOW_MERGE=0 takes the pass.
+# Whether a graphed KIVI decode step attends its residual windows inside the pool pass (session 17, one launch a
+# layer fewer; since session 20 as one more split of the pool's launch, merged with the others: kernels/
+# paged_attention.py's WINDOW) or in a pass of their own continuing it; HEADROOM_WINDOW_MERGE=0 takes the pass.
 WINDOW_MERGE = os.environ.get("HEADROOM_WINDOW_MERGE", "1") == "1"
 # ForwardBatch cache keys: the paged kernel's key counts with the long spans' zeroed; a long span's prefix index.
 DENSE_OTHERS = "dense_attention.others"
@@ -173,8 +173,8 @@ def paged_attention_over_pool(
             window_table, window_lens = index
             window = PagedKV("dense", kv_pool.residual_k[layer].flatten(0, 1), kv_pool.residual_v[layer].flatten(0, 1))
             if WINDOW_MERGE and batch.is_static and blocks is None:
-                # A graphed decode step (one row a sequence): the pool's split merge attends the windows too, two
-                # launches a layer as over a bf16 pool, not three.
+                # A graphed decode step (one row a sequence): the pool's launch attends the windows too (one more
+                # split), two launches a layer as over a bf16 pool, not three.
                 keys = paged_kv.KeyWindow(window, window_table, closed_t, window_lens)
                 return _chain([lambda prev, out, lse: ops.paged_attention(
                     q, positions, offsets, table, zeros, direct, kv, scale, max_q_len=max_q_len, out=out, out_lse=lse,
@@ -186,7 +186,7 @@ def paged_attention_over_pool(
         # window's, or the pool's when no chunk ends mid-page) and what came before it (a direct pass, in mixed
         # batches) chose the output's dtype, a specialisation key, and serving met combinations the warm-up's passes
         # never compiled (session 15's review: int2 prompts of 32-128 tokens, and mixed batches). (A graphed step
-        # returned above: its window merge writes the output in q's dtype, a variant compiled at capture.)
+        # returned above: its split merge writes the output in q's dtype, a variant compiled at capture.)
         return _chain(passes, q, last_in_fp32=not batch.is_static)
 
     # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are
