@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from headroom.kernels.kv_quant import FP8_MAX
-from headroom.kernels.paged_kv import PagedKV
+from headroom.kernels.paged_kv import PageClose, PagedKV
 
 
 @triton.jit
@@ -90,12 +90,11 @@ def _kivi_page(p_x, m_x, inv_levels, BITS: tl.constexpr, LEVELS: tl.constexpr, P
 @triton.jit
 def _quantize_page(
     x, i_page, i_dst, packed, scale, zero, inv_levels, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
-    stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
+    stride_sp, stride_sh, i_h, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
     GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr,
 ):
-    """Page i_page of x (tokens i_page * PAGE ..), this program's head, into pool page i_dst: packed codes, and the
-    keys' scales per channel or the values' per token and channel group."""
-    i_h = tl.program_id(1)
+    """Page i_page of x (tokens i_page * PAGE ..), head i_h, into pool page i_dst: packed codes, and the keys'
+    scales per channel or the values' per token and channel group."""
     PB: tl.constexpr = 8 // BITS
     R: tl.constexpr = PAGE // PB
     o_r = tl.arange(0, R)[:, None, None, None]
@@ -130,28 +129,65 @@ def _quantize_page(
 
 @triton.jit
 def kivi_quantize_fwd_kernel(
-    k, v, pages, src_pages, k_packed, v_packed, k_scale, k_zero, v_scale, v_zero, inv_levels,
+    k, v, pages, k_packed, v_packed, k_scale, k_zero, v_scale, v_zero, inv_levels,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_pp, stride_pr, stride_ph, stride_ksp, stride_ksh,
     stride_vsp, stride_vsh, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr, GROUP_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr, HAS_SRC: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr,
 ):
-    """Program (page, head, 0) quantizes the page's keys, (page, head, 1) its values: one launch for both (a
-    graphed KIVI decode step runs it in every attention layer, most steps closing nothing; two launches a layer
-    were 0.032 ms of an int2 step's 2.9 on the H200, session 16)."""
+    """Program (page, head, 0) quantizes the page's keys, (page, head, 1) its values: one launch for both."""
     i_page = tl.program_id(0)
     i_dst = tl.load(pages + i_page).to(tl.int64)
-    if i_dst < 0:  # nothing to close for this row (graphed decode steps)
-        return
-    if HAS_SRC:
-        i_page = tl.load(src_pages + i_page)
     if tl.program_id(2) == 0:
         _quantize_page(k, i_page, i_dst, k_packed, k_scale, k_zero, inv_levels, stride_kt, stride_kh, stride_pp,
-                       stride_pr, stride_ph, stride_ksp, stride_ksh, True, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
-                       BLOCK_C, RECIPROCAL)
+                       stride_pr, stride_ph, stride_ksp, stride_ksh, tl.program_id(1), True, HEAD_DIM, BITS, PAGE,
+                       GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
     else:
         _quantize_page(v, i_page, i_dst, v_packed, v_scale, v_zero, inv_levels, stride_vt, stride_vh, stride_pp,
-                       stride_pr, stride_ph, stride_vsp, stride_vsh, False, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
-                       BLOCK_C, RECIPROCAL)
+                       stride_pr, stride_ph, stride_vsp, stride_vsh, tl.program_id(1), False, HEAD_DIM, BITS, PAGE,
+                       GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
+
+
+@triton.jit
+def close_window_page(window_k, window_v, row, dst, k_packed, v_packed, k_scale, k_zero, v_scale, v_zero, inv_levels,
+                      i_h, stride_wt, stride_wh, stride_pp, stride_pr, stride_ph, stride_ksp, stride_ksh, stride_vsp,
+                      stride_vsh, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
+                      GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr):
+    """Head i_h of window row `row` (tokens row * PAGE .. of the flat windows), keys then values, into pool page
+    dst: a graphed decode step's page close (paged_kv.PageClose), inside the launch that stored the page's last
+    token (rotary_triton's qk_norm_rotary_store). A launch of its own (kivi_quantize_pages' kernel, every attention
+    layer of every int2 step, most closing nothing) took 0.019 ms of a 2.78 ms step at batch 1 on the H200 (session
+    20's profile_decode_int2)."""
+    _quantize_page(window_k, row, dst, k_packed, k_scale, k_zero, inv_levels, stride_wt, stride_wh, stride_pp,
+                   stride_pr, stride_ph, stride_ksp, stride_ksh, i_h, True, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
+                   BLOCK_C, RECIPROCAL)
+    _quantize_page(window_v, row, dst, v_packed, v_scale, v_zero, inv_levels, stride_wt, stride_wh, stride_pp,
+                   stride_pr, stride_ph, stride_vsp, stride_vsh, i_h, False, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
+                   BLOCK_C, RECIPROCAL)
+
+
+def page_close_arguments(close: PageClose, window: torch.Tensor) -> tuple[tuple, dict]:
+    """(close_window_page's pool tensors and strides after row, dst and i_h, its constexprs) for a launch that closes
+    pages of `window` (the flat window [rows x page, H, D] the step stored into; its strides are the caller's)."""
+    kv = close.kv
+    _check_kivi_pool(kv)
+    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
+    head_dim = window.shape[-1]
+    if window.shape[1:] != kv.k.shape[2:]:
+        raise ValueError(f"page close: a window of {tuple(window.shape)} into a KIVI pool of {tuple(kv.k.shape)}")
+    tensors = (kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero, _fp32_reciprocal(2**kv.bits - 1))
+    strides = (kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), kv.k_scale.stride(0), kv.k_scale.stride(1),
+               kv.v_scale.stride(0), kv.v_scale.stride(1))
+    constants = dict(HEAD_DIM=head_dim, BITS=kv.bits, PAGE=kv.page_tokens, GROUP_D=kv.value_group,
+                     BLOCK_G=triton.next_power_of_2(-(-head_dim // kv.value_group)),
+                     BLOCK_C=triton.next_power_of_2(kv.value_group), RECIPROCAL=window.is_cuda)
+    return tensors + strides, constants
+
+
+def _check_kivi_pool(kv: PagedKV) -> None:
+    if kv.kind != "kivi":
+        raise ValueError(f"KIVI write into a {kv.kind} pool")
+    if kv.k.stride() != kv.v.stride():
+        raise ValueError(f"KIVI write: key and value codes with different strides {kv.k.stride()}, {kv.v.stride()}")
 
 
 def _fp32_reciprocal(divisor: float) -> float:
@@ -176,16 +212,12 @@ def fp8_quantize_into(x: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor,
     )
 
 
-def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV,
-                        src_pages: torch.Tensor | None = None) -> None:
-    """k, v [num_pages * P, H, D] (whole pages, in order) -> the pool's pages `pages` [num_pages] (codes and scales).
-    src_pages [n]: page i is then k/v's page src_pages[i] (any number of k/v pages), written to pages[i] unless
-    that is negative (a graphed decode step closes only the windows that filled)."""
+def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV) -> None:
+    """k, v [num_pages * P, H, D] (whole pages, in order) -> the pool's pages `pages` [num_pages] (codes and scales)."""
     page = kv.page_tokens
     if kv.kind != "kivi" or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kv.k.shape[2:]:
         raise ValueError(f"KIVI write: k {tuple(k.shape)}, v {tuple(v.shape)} into a {kv.kind} pool of {tuple(kv.k.shape)}")
-    if src_pages is None and k.shape[0] != pages.shape[0] * page or src_pages is not None and (
-            k.shape[0] % page or src_pages.shape != pages.shape):
+    if k.shape[0] != pages.shape[0] * page:
         raise ValueError(f"KIVI write: {k.shape[0]} tokens are not {pages.shape[0]} whole pages of {page}")
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("KIVI write: k and v need a contiguous last dimension")
@@ -194,13 +226,11 @@ def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, k
     head_dim = k.shape[-1]
     block_g = triton.next_power_of_2(-(-head_dim // kv.value_group))
     assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
-    if kv.k.stride() != kv.v.stride():
-        raise ValueError(f"KIVI write: key and value codes with different strides {kv.k.stride()}, {kv.v.stride()}")
+    _check_kivi_pool(kv)
     kivi_quantize_fwd_kernel[(pages.shape[0], k.shape[1], 2)](
-        k, v, pages, src_pages if src_pages is not None else pages, kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale,
+        k, v, pages, kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale,
         kv.v_zero, _fp32_reciprocal(2**kv.bits - 1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), kv.k_scale.stride(0), kv.k_scale.stride(1),
         kv.v_scale.stride(0), kv.v_scale.stride(1), HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
         GROUP_D=kv.value_group, RECIPROCAL=k.is_cuda, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
-        HAS_SRC=src_pages is not None,
     )

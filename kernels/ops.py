@@ -112,16 +112,22 @@ def rms_norm_rotary(x, weight, eps: float, unit_offset: bool, positions, inv_fre
     return naive_rms_norm_rotary(x, weight, eps, unit_offset, positions, inv_freq)
 
 
-def qk_norm_rotary_store(q, k, v, wq, wk, eps: float, unit_offset: bool, positions, inv_freq, pool_k, pool_v, rows):
+def qk_norm_rotary_store(q, k, v, wq, wk, eps: float, unit_offset: bool, positions, inv_freq, pool_k, pool_v, rows,
+                         close=None):
     """rms_norm_rotary of q and k, with k and v stored into a token-granular pool's rows: (q, k) [T, H, D]. One
-    launch on CUDA instead of four (q, k, and the two row stores)."""
+    launch on CUDA instead of four (q, k, and the two row stores). close (paged_kv.PageClose): a graphed KIVI
+    step's page close of the windows pool_k / pool_v, in that launch too (else the reference after the stores)."""
     if _fused(q, "rms_norm_rotary"):
         from headroom.kernels.rotary_triton import qk_norm_rotary_store as run
 
-        return run(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows)
+        return run(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows, close=close)
+    from headroom.kernels.paged_kv import naive_close_pages
     from headroom.kernels.rotary import naive_qk_norm_rotary_store
 
-    return naive_qk_norm_rotary_store(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows)
+    out = naive_qk_norm_rotary_store(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows)
+    if close is not None:
+        naive_close_pages(close, pool_k, pool_v)
+    return out
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -394,17 +400,6 @@ def fp8_quantize_into_rows(k, v, index, store) -> None:
     rows = index.to(torch.int32)
     fp8_quantize_into(k.contiguous(), rows, store["k"], store["k_scale"])
     fp8_quantize_into(v.contiguous(), rows, store["v"], store["v_scale"])
-
-
-def kivi_close_pages(store, kv_dtype, bits, page_tokens, value_group, window_k, window_v, rows, pages) -> None:
-    """CUDA: window rows rows[b] (window_k/v [R, page, H, D]) quantized into pool pages pages[b], skipping the
-    negative ones, in one launch per K and V whatever the count (graphed KIVI decode)."""
-    from headroom.kernels.kv_quant_triton import kivi_quantize_pages
-    from headroom.kernels.paged_kv import PagedKV
-
-    flat_k, flat_v = window_k.flatten(0, 1), window_v.flatten(0, 1)
-    kivi_quantize_pages(flat_k, flat_v, pages.to(torch.int32), PagedKV.from_store(store, kv_dtype, bits, page_tokens,
-                        value_group), src_pages=rows.to(torch.int32))
 
 
 def kivi_quantize_into_pool(store, kv_dtype, bits, page_tokens, value_group, slots, k, v) -> bool:

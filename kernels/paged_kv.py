@@ -129,6 +129,28 @@ class KeyWindow:
 
 
 @dataclass(frozen=True)
+class PageClose:
+    """A graphed KIVI decode step's page close: token t's window row rows[t] (page_tokens rows of the flat window
+    its K/V were just stored into) quantized into pool page pages[t] where that is >= 0, the step having filled it
+    (-1: nothing to close). kv: the layer's KIVI pool. Run in the launch that stored the token
+    (rotary_triton.qk_norm_rotary_store); reference: naive_close_pages."""
+
+    kv: PagedKV
+    rows: torch.Tensor
+    pages: torch.Tensor
+
+
+def naive_close_pages(close: PageClose, window_k: torch.Tensor, window_v: torch.Tensor) -> None:
+    """Reference for the close: window_k / window_v [rows x page, H, D] (the flat windows) through
+    naive_kivi_quantize_pages, the rows whose page is negative skipped."""
+    page = close.kv.page_tokens
+    for row, dst in zip(close.rows.tolist(), close.pages.tolist(), strict=True):
+        if dst >= 0:
+            rows = slice(row * page, (row + 1) * page)
+            naive_kivi_quantize_pages(window_k[rows], window_v[rows], torch.tensor([dst]), close.kv)
+
+
+@dataclass(frozen=True)
 class PrefixBlocks:
     """How one pass reads its sequences' quantized prefixes (plan_prefix_blocks): direct_lens keys of each sequence
     by the fused dequantizing kernel (0 for the block-path sequences), then blocks of block_tokens keys: in block

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.kv_quant_triton import close_window_page, page_close_arguments
+from headroom.kernels.paged_kv import PageClose
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -73,13 +75,20 @@ def _norm_rotary_tile(x, o_r, m_r, weight, dim, eps, o_d, m_d, is_rot, first, pa
 @triton.jit
 def qk_norm_rotary_store_fwd_kernel(
     q, k, v, wq, wk, positions, inv_freq, q_out, k_out, pool_k, pool_v, rows,
+    close_rows, close_pages, k_packed, v_packed, k_scale, k_zero, v_scale, v_zero, inv_levels,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pr, stride_ph,
+    stride_cp, stride_cr, stride_ch, stride_ksp, stride_ksh, stride_vsp, stride_vsh,
     num_q_heads, num_kv_heads, dim, rotary_dim, eps,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr, UNIT_OFFSET: tl.constexpr, PDL: tl.constexpr,
+    CLOSE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 1, BITS: tl.constexpr = 2, PAGE: tl.constexpr = 1,
+    GROUP_D: tl.constexpr = 1, BLOCK_G: tl.constexpr = 1, BLOCK_C: tl.constexpr = 1, RECIPROCAL: tl.constexpr = True,
 ):
     """Grid (tokens, cdiv(num_q_heads, BLOCK_H) + cdiv(num_kv_heads, BLOCK_H)): a program takes BLOCK_H of one
     token's q heads, or of its k heads, normed and rotated into q_out / k_out; a k program also stores its k rows,
-    and the token's v rows of those heads, into the pool at rows[token]."""
+    and the token's v rows of those heads, into the pool at rows[token]. CLOSE (a graphed KIVI decode step, pool_k
+    and pool_v its flat windows; paged_kv.PageClose): a k program whose token filled its window row
+    (close_pages[token] >= 0) then quantizes that row's page of its heads into the KIVI pool page
+    (kv_quant_triton.close_window_page), as kivi_quantize_pages would in a launch of its own."""
     pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     i_b = tl.program_id(1)
@@ -106,6 +115,20 @@ def qk_norm_rotary_store_fwd_kernel(
         o_p = slot * stride_pr + o_h[:, None] * stride_ph + o_d[None, :]
         tl.store(pool_k + o_p, b_k.to(pool_k.dtype.element_ty), mask=m)
         tl.store(pool_v + o_p, b_v.to(pool_v.dtype.element_ty), mask=m)
+        if CLOSE:
+            i_dst = tl.load(close_pages + i_t).to(tl.int64)
+            if i_dst >= 0:
+                # The page's last token was stored just above by this program's threads, in another layout than
+                # the page is read back in: all stores before any thread's loads.
+                tl.debug_barrier()
+                i_row = tl.load(close_rows + i_t).to(tl.int64)
+                for j in range(0, BLOCK_H):
+                    i_h = (i_b - q_blocks) * BLOCK_H + j
+                    if i_h < num_kv_heads:
+                        close_window_page(pool_k, pool_v, i_row, i_dst, k_packed, v_packed, k_scale, k_zero, v_scale,
+                                          v_zero, inv_levels, i_h, stride_pr, stride_ph, stride_cp, stride_cr,
+                                          stride_ch, stride_ksp, stride_ksh, stride_vsp, stride_vsh, HEAD_DIM, BITS,
+                                          PAGE, GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
 
 
 @triton.jit
@@ -167,11 +190,12 @@ def rms_norm_rotary(
 def qk_norm_rotary_store(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, eps: float,
     unit_offset: bool, positions: torch.Tensor, inv_freq: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
-    rows: torch.Tensor, config: tuple[int, int] | None = None,
+    rows: torch.Tensor, config: tuple[int, int] | None = None, close: PageClose | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm_rotary of q [T, Hq, D] and k [T, Hkv, D] in one launch, k's result and v [T, Hkv, D] also stored into
     the pool's rows [T] (pool_k / pool_v [S, Hkv, D], one slot a token). Returns (q, k) normed and rotated,
-    contiguous. Rows may be strided (last dims contiguous). config: (BLOCK_H, num_warps), see _tile_config."""
+    contiguous. Rows may be strided (last dims contiguous). config: (BLOCK_H, num_warps), see _tile_config.
+    close: a graphed KIVI step's page close (pool_k / pool_v its flat windows), in the same launch."""
     tokens, num_q_heads, dim = q.shape
     num_kv_heads = k.shape[1]
     rotary_dim = 2 * inv_freq.shape[0]
@@ -186,11 +210,20 @@ def qk_norm_rotary_store(
     if tokens:
         block_h, block_d, vec, warps = _tile_config(max(num_q_heads, num_kv_heads), dim, config)
         grid = (tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_kv_heads, block_h))
+        if close is None:
+            # (never read without CLOSE)
+            closing, constants = (rows, rows) + (q_out,) * 6 + (0.0,) + (0,) * 7, {}
+        else:
+            if close.rows.shape != (tokens,) or close.pages.shape != (tokens,):
+                raise ValueError(f"page close for {tokens} tokens: rows {tuple(close.rows.shape)}, pages "
+                                 f"{tuple(close.pages.shape)}")
+            tensors, constants = page_close_arguments(close, pool_k)
+            closing, constants = (close.rows, close.pages) + tensors, dict(constants, CLOSE=True)
         qk_norm_rotary_store_fwd_kernel[grid](
-            q, k, v, wq, wk, positions, inv_freq.float(), q_out, k_out, pool_k, pool_v, rows,
+            q, k, v, wq, wk, positions, inv_freq.float(), q_out, k_out, pool_k, pool_v, rows, *closing[:9],
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), pool_k.stride(0),
-            pool_k.stride(1), num_q_heads, num_kv_heads, dim, rotary_dim, eps,
-            BLOCK_H=block_h, BLOCK_D=block_d, VEC=vec, UNIT_OFFSET=unit_offset, num_warps=warps,
+            pool_k.stride(1), *closing[9:], num_q_heads, num_kv_heads, dim, rotary_dim, eps,
+            BLOCK_H=block_h, BLOCK_D=block_d, VEC=vec, UNIT_OFFSET=unit_offset, num_warps=warps, **constants,
             **pdl_launch(q.device),
         )
     return q_out, k_out

@@ -46,17 +46,18 @@ class FullAttention:
             # residual windows of a graphed KIVI decode step (then the pages that step fills are closed), where
             # two norms and two indexed writes were three launches a layer more (an int2 step 0.2 ms slower than a
             # bf16 one at 256 tokens of context on the H200, session 16).
+            close = None
             if kivi_step:
                 slots, rows, close_pages = batch.cached(KIVI_WRITE, _no_static_index)
                 pool_k, pool_v = kv_pool.window_slots(self.pool_layer)
+                close = kv_pool.page_close(self.pool_layer, rows, close_pages)
             else:
                 store = kv_pool.layers[self.pool_layer]
                 pool_k, pool_v = store["k"], store["v"]
                 slots = batch.cached(KV_WRITE_ROWS, lambda: _write_rows(batch, x.device))
+            # (a KIVI step's page close in the same launch: kernels/kv_quant_triton.py close_window_page)
             q, k = ops.qk_norm_rotary_store(q, k, v, self.q_norm, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset,
-                                            batch.positions, self.inv_freq, pool_k, pool_v, slots)
-            if kivi_step:
-                kv_pool.close_static(self.pool_layer, rows, close_pages)
+                                            batch.positions, self.inv_freq, pool_k, pool_v, slots, close=close)
         else:
             q = ops.rms_norm_rotary(q, self.q_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
             k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)

@@ -184,7 +184,7 @@ class DecodeGraphs:
         kv_pool = self.runner.kv_pool
         if kv_pool.is_kivi:
             # Closed pages from the pool (page table: each page's first slot / page), the open one from the
-            # sequence's window row; the step that fills a page closes it (KVPool.close_static) before attending.
+            # sequence's window row; the step that fills a page closes it (KVPool.page_close, in the launch that stores the token) before attending.
             page, ends = kv_pool.page_tokens, positions + 1
             window_rows, left = index[_WINDOW_ROW], ends % page
             pages = torch.div(self.table[:, ::page][rows], page, rounding_mode="floor")

@@ -51,7 +51,7 @@ WINDOW_INDEX = "paged_attention.window"
 POOL_BLOCKS = "paged_attention.blocks"
 # KIVI decode graphs: (each token's slot in the flattened residual windows (int64, its window row x page + its
 # offset in the page), its window row, the pool page its step closes or -1): the fused store writes the slots,
-# KVPool.close_static the pages.
+# KVPool.page_close the pages.
 KIVI_WRITE = "kivi_write"
 GDN_SLOTS = "gdn.slots"
 GDN_BOUNDS = "gdn.bounds"

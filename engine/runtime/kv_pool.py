@@ -7,7 +7,7 @@ full precision in that sequence's residual window here, outside the pool, until 
 static buffer per layer, a row of page_tokens tokens for each running request (the planner's
 `kv_residual_window` line), so that a decode graph records their addresses: a graphed step writes its token
 into the row (window_slots: the fused norm/rotary kernel stores it there) and, when that fills the page, quantizes
-the row into the pool in the same pass (close_static).
+the row into the pool in the same launch (page_close).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from headroom.engine.plan.kv_format import kv_format
 from headroom.engine.sequence import Sequence
 from headroom.kernels import ops
 from headroom.kernels.host_copy import to_device
+from headroom.kernels.paged_kv import PageClose, PagedKV
 
 
 class KVPool:
@@ -178,18 +179,13 @@ class KVPool:
         step stores its tokens there (row x page + offset in the page) in the launch that norms and rotates them."""
         return self.residual_k[layer].flatten(0, 1), self.residual_v[layer].flatten(0, 1)
 
-    def close_static(self, layer: int, rows: torch.Tensor, close_pages: torch.Tensor) -> None:
-        """A graphed KIVI decode step, its tokens already in their window rows (window_slots): the rows whose page
-        the step fills (close_pages[b] >= 0) quantized into that pool page; index tensors on the device, so that a
-        graph records the step whatever the lengths."""
-        if not rows.is_cuda:  # the static pass off the GPU (tests): the reference writes, host-side
-            for row, page in zip(rows.tolist(), close_pages.tolist(), strict=True):
-                if page >= 0:
-                    slots = list(range(page * self.page_tokens, (page + 1) * self.page_tokens))
-                    self.write(layer, slots, self.residual_k[layer][row], self.residual_v[layer][row])
-            return
-        ops.kivi_close_pages(self.layers[layer], self.kv_dtype, self.bits, self.page_tokens, self.value_group,
-                             self.residual_k[layer], self.residual_v[layer], rows, close_pages)
+    def page_close(self, layer: int, rows: torch.Tensor, close_pages: torch.Tensor) -> PageClose:
+        """A graphed KIVI decode step's close of the layer's window rows rows[b] whose page the step fills
+        (close_pages[b] >= 0) into that pool page, for the launch that stores the step's tokens into the windows
+        (window_slots; ops.qk_norm_rotary_store): index tensors on the device, so that a graph records the step
+        whatever the lengths."""
+        return PageClose(PagedKV.from_store(self.layers[layer], self.kv_dtype, self.bits, self.page_tokens,
+                                            self.value_group), rows, close_pages)
 
     def context(self, layer: int, seq: Sequence, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of seq's positions 0..end-1 ([end, H, D], model dtype); end must be seq's stored length."""

@@ -200,13 +200,73 @@ def test_qk_norm_rotary_store_head_tiles(hq, hkv, dim, rotary_dim, config):
     assert torch.equal(pools[1][rows], v)
 
 
+@pytest.mark.parametrize("bits", [4, 2])
+def test_qk_norm_rotary_store_closes_the_pages_its_tokens_fill(bits):
+    """A graphed KIVI decode step's store (paged_kv.PageClose): three tokens into window rows 2, 1 and 0 of a
+    [3 x 32]-token window, the first and third at their page's last slot (pool pages 1 and 3 close), the second
+    mid-page (-1): after the launch the pool holds exactly what the reference close makes of the windows it left
+    (codes and scales bit for bit), every other page untouched, and the stores are the naive ones."""
+    from headroom.kernels.paged_kv import PageClose, naive_close_pages
+    from headroom.kernels.rotary import naive_qk_norm_rotary_store
+    from headroom.kernels.rotary_triton import qk_norm_rotary_store
+
+    from tests.kernels.paged_pool import make_pool
+
+    gen = _gen(30 + bits)
+    tokens, hq, hkv, dim, page = 3, 4, 2, 64, 32
+    q, k, v = (torch.randn(tokens, heads, dim, generator=gen) for heads in (hq, hkv, hkv))
+    wq, wk = torch.randn(dim, generator=gen), torch.randn(dim, generator=gen)
+    positions, inv_freq = torch.tensor([95, 40, 31]), rotary_inv_freq(16, 1e6)
+    window_rows, pages = torch.tensor([2, 1, 0]), torch.tensor([1, -1, 3])
+    slots = window_rows * page + positions % page
+    windows = [torch.randn(3 * page, hkv, dim, generator=gen) * 2 for _ in range(2)]
+    want_windows = [w.clone() for w in windows]
+    kv, _ = make_pool("kivi", bits, hkv, dim, [4 * page], torch.bfloat16)
+    ref, _ = make_pool("kivi", bits, hkv, dim, [4 * page], torch.bfloat16)
+    for pool in (kv, ref):
+        for t in (pool.k, pool.v):
+            t.fill_(7)
+    got = qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, True, positions, inv_freq, *windows, slots,
+                               close=PageClose(kv, window_rows, pages))
+    want = naive_qk_norm_rotary_store(q, k, v, wq, wk, 1e-6, True, positions, inv_freq, *want_windows, slots)
+    for a, b in zip((*got, *windows), (*want, *want_windows), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    naive_close_pages(PageClose(ref, window_rows, pages), *windows)
+    for name in ("k", "v", "k_scale", "k_zero", "v_scale", "v_zero"):
+        assert torch.equal(getattr(kv, name), getattr(ref, name)), name
+    assert (kv.k[[0, 2]] == 7).all() and (kv.k[[1, 3]] != 7).any()
+
+
+def test_a_page_close_for_other_tokens_is_refused():
+    from headroom.kernels.paged_kv import PageClose
+    from headroom.kernels.rotary_triton import qk_norm_rotary_store
+
+    from tests.kernels.paged_pool import make_pool
+
+    q, k = torch.zeros(2, 4, 64), torch.zeros(2, 2, 64)
+    kv, _ = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16)
+    window = torch.zeros(64, 2, 64)
+    with pytest.raises(ValueError, match="page close for 2 tokens: rows \\(3,\\)"):
+        qk_norm_rotary_store(q, k, k, torch.ones(64), torch.ones(64), 1e-6, True, torch.tensor([1, 2]),
+                             rotary_inv_freq(16, 1e6), window, window.clone(), torch.tensor([1, 2]),
+                             close=PageClose(kv, torch.zeros(3, dtype=torch.long), torch.zeros(2, dtype=torch.long)))
+
+
 @pytest.mark.parametrize("pdl", [True, False])
-def test_qk_norm_rotary_store_compiles_for_the_h200(pdl):
+@pytest.mark.parametrize("close", [False, True])
+def test_qk_norm_rotary_store_compiles_for_the_h200(pdl, close):
+    """As the attention layer launches it over a bf16 pool's rows, and (close) into a graphed int2 step's windows with
+    its page close (the 4B model's heads, pages of 32)."""
     from tests.kernels.sm90 import compile_sm90
 
     pointers = dict(q="*bf16", k="*bf16", v="*bf16", wq="*bf16", wk="*bf16", positions="*i64", inv_freq="*fp32",
                     q_out="*bf16", k_out="*bf16", pool_k="*bf16", pool_v="*bf16", rows="*i64", eps="fp32")
+    constants = dict(BLOCK_H=4, BLOCK_D=256, VEC=2, UNIT_OFFSET=True, PDL=pdl)
+    if close:
+        pointers.update(close_rows="*i64", close_pages="*i64", k_packed="*u8", v_packed="*u8", k_scale="*fp16",
+                        k_zero="*fp16", v_scale="*fp16", v_zero="*fp16", inv_levels="fp32")
+        constants.update(CLOSE=True, HEAD_DIM=256, BITS=2, PAGE=32, GROUP_D=32, BLOCK_G=8, BLOCK_C=32, RECIPROCAL=True)
     [result] = compile_sm90([("headroom.kernels.rotary_triton", "qk_norm_rotary_store_fwd_kernel", pointers,
-                              dict(BLOCK_H=4, BLOCK_D=256, VEC=2, UNIT_OFFSET=True, PDL=pdl))])
+                              constants)])
     assert result["ok"], result.get("error")
     assert ("griddepcontrol.wait" in result["ptx"]) == pdl

@@ -55,36 +55,13 @@ def test_kivi_write_refuses_partial_pages():
         kivi_quantize_pages(x, x, torch.zeros(1, dtype=torch.int32), kv)
 
 
-@pytest.mark.parametrize("bits", [4, 2])
-def test_kivi_close_from_window_rows_skips_negative_pages(bits):
-    """The graphed decode step's close (src_pages): window rows 2 and 0 of a [3 x 32]-token buffer go to pool
-    pages 1 and 3 exactly as a plain write of those rows would put them; the row marked -1 writes nothing."""
-    kv, _ = make_pool("kivi", bits, 2, 64, [128], torch.bfloat16)
-    ref, _ = make_pool("kivi", bits, 2, 64, [128], torch.bfloat16)
-    for pool in (kv, ref):
-        for t in (pool.k, pool.v):
-            t.fill_(7)
-    gen = torch.Generator().manual_seed(bits)
-    window_k = (torch.randn(3, 32, 2, 64, generator=gen) * 3).to(torch.bfloat16)
-    window_v = torch.randn(3, 32, 2, 64, generator=gen).to(torch.bfloat16)
-    rows, pages = torch.tensor([2, 1, 0], dtype=torch.int32), torch.tensor([1, -1, 3], dtype=torch.int32)
-    kivi_quantize_pages(window_k.flatten(0, 1), window_v.flatten(0, 1), pages, kv, src_pages=rows)
-    naive_kivi_quantize_pages(torch.cat((window_k[2], window_k[0])), torch.cat((window_v[2], window_v[0])),
-                              torch.tensor([1, 3], dtype=torch.int32), ref)
-    assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
-    assert (kv.k[[0, 2]] == 7).all()  # the skipped row's page and the others are untouched
-    for name in ("k_scale", "k_zero"):
-        assert torch.equal(getattr(kv, name)[[1, 3]], getattr(ref, name)[[1, 3]]), name
-
-
-def test_the_page_close_compiles_for_sm90():
+def test_the_page_quantizer_compiles_for_sm90():
     """Keys and values in one launch (a runtime branch on the grid's third axis), compiled for the H200 at the 4B
-    model's int2 pool as a graphed decode step closes its pages."""
+    model's int2 pool as a prefill writes its whole pages."""
     from tests.kernels.sm90 import compile_sm90
 
-    pointers = {"k": "*bf16", "v": "*bf16", "pages": "*i32", "src_pages": "*i32", "k_packed": "*u8", "v_packed": "*u8",
+    pointers = {"k": "*bf16", "v": "*bf16", "pages": "*i32", "k_packed": "*u8", "v_packed": "*u8",
                 "k_scale": "*fp16", "k_zero": "*fp16", "v_scale": "*fp16", "v_zero": "*fp16", "inv_levels": "fp32"}
-    constants = {"HEAD_DIM": 256, "BITS": 2, "PAGE": 32, "GROUP_D": 32, "BLOCK_G": 8, "BLOCK_C": 32, "RECIPROCAL": True,
-                 "HAS_SRC": True}
+    constants = {"HEAD_DIM": 256, "BITS": 2, "PAGE": 32, "GROUP_D": 32, "BLOCK_G": 8, "BLOCK_C": 32, "RECIPROCAL": True}
     [result] = compile_sm90([("headroom.kernels.kv_quant_triton", "kivi_quantize_fwd_kernel", pointers, constants)])
     assert result["ok"], result.get("error")
