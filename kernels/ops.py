@@ -117,7 +117,9 @@ def qk_norm_rotary_store(q, k, v, wq, wk, eps: float, unit_offset: bool, positio
     """rms_norm_rotary of q and k, with k and v stored into a token-granular pool's rows: (q, k) [T, H, D]. One
     launch on CUDA instead of four (q, k, and the two row stores). close (paged_kv.PageClose): a graphed KIVI
     step's page close of the windows pool_k / pool_v, in that launch too (else the reference after the stores)."""
-    if _fused(q, "rms_norm_rotary"):
+    # (A page close on the GPU always takes the kernel, whatever set_fused says: the reference reads the pages to
+    # close on the host, which a graph being captured cannot.)
+    if _fused(q, "rms_norm_rotary") or (close is not None and q.is_cuda):
         from headroom.kernels.rotary_triton import qk_norm_rotary_store as run
 
         return run(q, k, v, wq, wk, eps, unit_offset, positions, inv_freq, pool_k, pool_v, rows, close=close)
