@@ -796,8 +796,8 @@ def decode_tile_sweep(kinds: tuple[str, ...] = ("bf16", "int2"), batches: tuple[
 
 def decode_window_check(batches: tuple[int, ...] = (1, 8), context: int = 32768, window: int = 17) -> dict:
     """A graphed int2 decode step's attention layer, its residual windows (`window` open keys a sequence, bf16)
-    after `context` closed ones: the window attended in the split merge (paged_attention's window, the engine's
-    default) against the pool pass then a window pass continuing it (session 16's three launches); ms of each,
+    after `context` closed ones: the window attended in the pool's launch (paged_attention's window, one more split,
+    the engine's default) against the pool pass then a window pass continuing it (session 16's three launches); ms of each,
     the largest difference between their outputs, and each one's from the naive attention over both key ranges."""
     return {f"int2_decode_b{batch}_{context // 1024}k_window{window}": _decode_window_case(batch, context, window)
             for batch in batches}
