@@ -93,9 +93,11 @@ GEMV_MMA_STAGES = (4, 3)
 # GEMV_MMA_TILES: session 11's unswapped tiles were only level with cuBLAS at 8 and 16 rows.
 GEMV_SWAP_TILES = [(64, 128, 4), (128, 128, 4), (64, 256, 4), (128, 64, 4), (128, 128, 8)]
 # Stream-K (GemvConfig.stream, session 19): programs a multiprocessor, each the same share of the (block, K tile)
-# iterations, timed first for several rows with the swapped tiles: the grid's whole blocks balanced badly at the 4B
-# model's several-row shapes (2.3-3.5 TB/s where lm_head's 3,880 blocks reached 4.35, session 19's sweep).
-GEMV_STREAM = (1, 2)
+# iterations, for several rows with the swapped tiles (the grid's whole blocks balanced badly at the 4B model's
+# several-row shapes: 2.3-3.5 TB/s where lm_head's 3,880 blocks reached 4.35, session 19's sweep). Timed only when
+# asked (GEMV_STREAM=1,2): on the H200 it was slower than the shipped grid at all four worst-balanced shapes
+# (session 20, bench/stream_k_probe.py), and timed first it took the sweep's budget.
+GEMV_STREAM = tuple(int(p) for p in os.environ.get("GEMV_STREAM", "").split(",") if p)
 # Up to 8 rows on the CUDA cores (rows_on_cores: the one-row loop, an FFMA a row and weight), timed before the
 # tensor-core tiles: those reached only ~3.5 TB/s at 8 rows (session 12). Small tiles, as the accumulator is
 # [rows, BLOCK_N, BLOCK_K / 2] (each at most kernels/gemv.py's CORE_ROWS_ACC_REGS a thread at 8 rows: 206-254
