@@ -251,14 +251,20 @@ def _program(q_offsets, NUM_SPLITS):
 
 
 @triton.jit
-def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM_SPLITS, GROUP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The tile's rows, row r being token q_lo + r // GROUP and query head i_h * GROUP + r % GROUP, and this split's
-    key range, cut at the last key any row may see: (o_t, o_hq, m_m, positions, kv_lo, lo, hi)."""
+def _tile_rows(i_m, i_h, q_lo, q_hi, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query tile i_m's rows, row r being token q_lo + r // GROUP and query head i_h * GROUP + r % GROUP: (tokens,
+    query heads, the rows inside q_lo .. q_hi - 1)."""
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_t = q_lo + o_m // GROUP
-    o_hq = i_h * GROUP + o_m % GROUP
-    m_m = o_t < q_hi
+    return o_t, i_h * GROUP + o_m % GROUP, o_t < q_hi
+
+
+@triton.jit
+def _rows_and_keys(q_pos, kv_start, kv_lens, i_b, i_m, i_h, i_s, q_lo, q_hi, NUM_SPLITS, GROUP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile's rows (_tile_rows) and this split's key range, cut at the last key any row may see: (o_t, o_hq,
+    m_m, positions, kv_lo, lo, hi)."""
+    o_t, o_hq, m_m = _tile_rows(i_m, i_h, q_lo, q_hi, GROUP, BLOCK_M)
     b_pos = tl.load(q_pos + o_t, mask=m_m, other=0).to(tl.int32)
     kv_lo, n_keys = tl.load(kv_start + i_b), tl.load(kv_lens + i_b)
     per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -280,11 +286,8 @@ def _window_split(q, q_pos, o, lse, w_table, w_start, w_lens, w_k, w_v, sm_scale
     """Split i_s of decode tile i_m (token q_lo's query heads of KV head i_h): its rows over the token's window keys
     (KeyWindow: those at positions up to its own), in the model dtype's MMA as the pool's tiles, stored as
     _store_part stores a split."""
-    # (_rows_and_keys' rows: one token, so rows past its GROUP heads are masked)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_t = q_lo + o_m // GROUP
-    o_hq = i_h * GROUP + o_m % GROUP
-    m_m = o_t < q_hi
+    # (one token: rows past its GROUP heads are masked)
+    o_t, o_hq, m_m = _tile_rows(i_m, i_h, q_lo, q_hi, GROUP, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
     t = q_lo.to(tl.int64)
