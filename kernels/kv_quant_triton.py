@@ -165,29 +165,38 @@ def close_window_page(window_k, window_v, row, dst, k_packed, v_packed, k_scale,
                    BLOCK_C, RECIPROCAL)
 
 
-def page_close_arguments(close: PageClose, window: torch.Tensor) -> tuple[tuple, dict]:
-    """(close_window_page's pool tensors and strides after row, dst and i_h, its constexprs) for a launch that closes
-    pages of `window` (the flat window [rows x page, H, D] the step stored into; its strides are the caller's)."""
-    kv = close.kv
-    _check_kivi_pool(kv)
+def page_close_arguments(close: PageClose | None, window: torch.Tensor, tokens: int, placeholder: torch.Tensor,
+                         ) -> tuple[tuple, tuple, dict]:
+    """For a launch of `tokens` tokens that closes pages of `window` (the flat window [rows x page, H, D] the step
+    stored into; its strides are the caller's) as close_window_page does: (pointers: the close's rows and pages, the
+    pool's tensors and inv_levels; the pool's strides; constexprs). Without a close: placeholder pointers and zero
+    strides, never read, and no constexprs."""
+    if close is None:
+        return (placeholder,) * 8 + (0.0,), (0,) * 7, {}
+    if close.rows.shape != (tokens,) or close.pages.shape != (tokens,):
+        raise ValueError(f"page close for {tokens} tokens: rows {tuple(close.rows.shape)}, pages "
+                         f"{tuple(close.pages.shape)}")
+    if window.dim() != 3 or window.shape[1:] != close.kv.k.shape[2:]:
+        raise ValueError(f"page close: a window of {tuple(window.shape)} into a KIVI pool of {tuple(close.kv.k.shape)}")
+    tensors, strides, constants = _pool_arguments(close.kv, window.shape[-1], window.is_cuda)
+    return (close.rows, close.pages) + tensors, strides, constants
+
+
+def _pool_arguments(kv: PagedKV, head_dim: int, on_cuda: bool) -> tuple[tuple, tuple, dict]:
+    """_quantize_page's pool side for both tensors: (k and v codes, their scales and zeros, inv_levels; the codes'
+    page, row and head strides and the scales' slot and head strides, keys' then values'; the constexprs)."""
+    if kv.kind != "kivi":
+        raise ValueError(f"KIVI write into a {kv.kind} pool")
+    if kv.k.stride() != kv.v.stride():
+        raise ValueError(f"KIVI write: key and value codes with different strides {kv.k.stride()}, {kv.v.stride()}")
     assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
-    head_dim = window.shape[-1]
-    if window.shape[1:] != kv.k.shape[2:]:
-        raise ValueError(f"page close: a window of {tuple(window.shape)} into a KIVI pool of {tuple(kv.k.shape)}")
     tensors = (kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale, kv.v_zero, _fp32_reciprocal(2**kv.bits - 1))
     strides = (kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), kv.k_scale.stride(0), kv.k_scale.stride(1),
                kv.v_scale.stride(0), kv.v_scale.stride(1))
     constants = dict(HEAD_DIM=head_dim, BITS=kv.bits, PAGE=kv.page_tokens, GROUP_D=kv.value_group,
                      BLOCK_G=triton.next_power_of_2(-(-head_dim // kv.value_group)),
-                     BLOCK_C=triton.next_power_of_2(kv.value_group), RECIPROCAL=window.is_cuda)
-    return tensors + strides, constants
-
-
-def _check_kivi_pool(kv: PagedKV) -> None:
-    if kv.kind != "kivi":
-        raise ValueError(f"KIVI write into a {kv.kind} pool")
-    if kv.k.stride() != kv.v.stride():
-        raise ValueError(f"KIVI write: key and value codes with different strides {kv.k.stride()}, {kv.v.stride()}")
+                     BLOCK_C=triton.next_power_of_2(kv.value_group), RECIPROCAL=on_cuda)
+    return tensors, strides, constants
 
 
 def _fp32_reciprocal(divisor: float) -> float:
@@ -223,14 +232,7 @@ def kivi_quantize_pages(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, k
         raise ValueError("KIVI write: k and v need a contiguous last dimension")
     if pages.shape[0] == 0:
         return
-    head_dim = k.shape[-1]
-    block_g = triton.next_power_of_2(-(-head_dim // kv.value_group))
-    assert kv.k_scale is not None and kv.k_zero is not None and kv.v_scale is not None and kv.v_zero is not None
-    _check_kivi_pool(kv)
+    tensors, strides, constants = _pool_arguments(kv, k.shape[-1], k.is_cuda)
     kivi_quantize_fwd_kernel[(pages.shape[0], k.shape[1], 2)](
-        k, v, pages, kv.k, kv.v, kv.k_scale, kv.k_zero, kv.v_scale,
-        kv.v_zero, _fp32_reciprocal(2**kv.bits - 1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), kv.k_scale.stride(0), kv.k_scale.stride(1),
-        kv.v_scale.stride(0), kv.v_scale.stride(1), HEAD_DIM=head_dim, BITS=kv.bits, PAGE=page,
-        GROUP_D=kv.value_group, RECIPROCAL=k.is_cuda, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(kv.value_group),
+        k, v, pages, *tensors, k.stride(0), k.stride(1), v.stride(0), v.stride(1), *strides, **constants,
     )

@@ -210,20 +210,12 @@ def qk_norm_rotary_store(
     if tokens:
         block_h, block_d, vec, warps = _tile_config(max(num_q_heads, num_kv_heads), dim, config)
         grid = (tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_kv_heads, block_h))
-        if close is None:
-            # (never read without CLOSE)
-            closing, constants = (rows, rows) + (q_out,) * 6 + (0.0,) + (0,) * 7, {}
-        else:
-            if close.rows.shape != (tokens,) or close.pages.shape != (tokens,):
-                raise ValueError(f"page close for {tokens} tokens: rows {tuple(close.rows.shape)}, pages "
-                                 f"{tuple(close.pages.shape)}")
-            tensors, constants = page_close_arguments(close, pool_k)
-            closing, constants = (close.rows, close.pages) + tensors, dict(constants, CLOSE=True)
+        closing, close_strides, close_constants = page_close_arguments(close, pool_k, tokens, rows)
         qk_norm_rotary_store_fwd_kernel[grid](
-            q, k, v, wq, wk, positions, inv_freq.float(), q_out, k_out, pool_k, pool_v, rows, *closing[:9],
+            q, k, v, wq, wk, positions, inv_freq.float(), q_out, k_out, pool_k, pool_v, rows, *closing,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), pool_k.stride(0),
-            pool_k.stride(1), *closing[9:], num_q_heads, num_kv_heads, dim, rotary_dim, eps,
-            BLOCK_H=block_h, BLOCK_D=block_d, VEC=vec, UNIT_OFFSET=unit_offset, num_warps=warps, **constants,
-            **pdl_launch(q.device),
+            pool_k.stride(1), *close_strides, num_q_heads, num_kv_heads, dim, rotary_dim, eps,
+            BLOCK_H=block_h, BLOCK_D=block_d, VEC=vec, UNIT_OFFSET=unit_offset, num_warps=warps,
+            CLOSE=close is not None, **close_constants, **pdl_launch(q.device),
         )
     return q_out, k_out
