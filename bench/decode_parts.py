@@ -136,7 +136,7 @@ def gemv_prefetches() -> list[int]:
 
 def gemv_configs(n: int, k: int, rows: int, sms: int) -> list:
     """The GemvConfigs the sweep times at a shape and row count, most promising first (for several rows the
-    stream-K swapped tiles, then for up to 8 rows the CUDA-core tiles, then at each stage count the swapped tiles
+    stream-K swapped tiles where GEMV_STREAM asks for them, then for up to 8 rows the CUDA-core tiles, then at each stage count the swapped tiles
     and the unswapped ones), each with every prefetch of gemv_prefetches()."""
     prefetches = gemv_prefetches()
     return [dataclasses.replace(config, prefetch=p) for config in _gemv_tiles(n, k, rows, sms) for p in prefetches]
@@ -155,7 +155,7 @@ def _gemv_tiles(n: int, k: int, rows: int, sms: int) -> list:
     streamed = [GemvConfig(bn, bk, 1, warps, stage, swap_ab=True, stream=programs) for stage in GEMV_MMA_STAGES
                 for bn, bk, warps in GEMV_SWAP_TILES for programs in GEMV_STREAM]
     # Stage by stage, the swapped tiles then the unswapped (session 11's winners, 4 and 3 stages, so they are
-    # timed early whatever the budget leaves); stream-K's swapped tiles before all of them.
+    # timed early whatever the budget leaves); stream-K's swapped tiles, when asked, before all of them.
     return streamed + cores + [
         config for stage in GEMV_MMA_STAGES
         for config in configs((stage,), GEMV_SWAP_TILES, swap_ab=True) + configs((stage,), GEMV_MMA_TILES)]
