@@ -127,10 +127,18 @@ def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[in
 def gemv_prefetches() -> list[int]:
     """GEMV_PREFETCH (a comma list of 1, 2, 4; default "1"): the weight tiles a program loads before its PDL wait
     (GemvConfig.prefetch) that the sweep times each tile with."""
-    text = os.environ.get("GEMV_PREFETCH", "1").strip() or "1"
-    values = sorted({int(p) for p in text.split(",") if p.strip()})
+    return parse_prefetches(os.environ.get("GEMV_PREFETCH", "1"), "GEMV_PREFETCH")
+
+
+def parse_prefetches(text: str, name: str = "ENGINE_SPEED_GEMV_PREFETCH") -> list[int]:
+    """A comma list of GemvConfig.prefetch values (1, 2 and 4), sorted; a bad list fails naming `name`."""
+    text = text.strip() or "1"
+    try:
+        values = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        values = []
     if not values or any(p not in (1, 2, 4) for p in values):
-        raise ValueError(f"GEMV_PREFETCH={text!r}: a comma list of 1, 2 and 4")
+        raise ValueError(f"{name}={text!r}: a comma list of 1, 2 and 4")
     return values
 
 

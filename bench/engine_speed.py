@@ -53,6 +53,7 @@ How each figure is taken:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -338,6 +339,26 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
         return {"extend_tuning": dict(extend), "decode_tuning": dict(decode), **part_llm(state, kv, into_rows=False)}
 
 
+def part_llm_prefetch(state: dict, kv: str) -> dict:
+    """part_llm once for each prefetch in ENGINE_SPEED_GEMV_PREFETCH (a comma list of 1, 2, 4; default "2,4"), with
+    every one-row entry of the GEMV table loading that many weight tiles before its PDL wait (GemvConfig.prefetch),
+    beside the rows. The sweep times GEMVs in chains of GEMVs; what the tiles before the wait overlap in a step is
+    the small kernels before each GEMV (norms, the conv, the delta rule, attention), which only a step shows."""
+    from headroom.kernels import gemv
+
+    asked = decode_parts.parse_prefetches(os.environ.get("ENGINE_SPEED_GEMV_PREFETCH", "2,4"))
+    shipped = gemv.load_tuned_configs(torch.device("cuda"))
+    out: dict = {}
+    try:
+        for prefetch in asked:
+            gemv._tuned = {key: dataclasses.replace(config, prefetch=prefetch) if key[2] == 1 else config
+                           for key, config in shipped.items()}
+            out[f"prefetch{prefetch}"] = part_llm(state, kv, into_rows=False)
+    finally:
+        gemv._tuned = shipped
+    return out
+
+
 def env_tuning(name: str) -> dict:
     """A tuning dict from the environment variable `name` (JSON), {} when unset; a bad value fails the part."""
     text = os.environ.get(name, "")
@@ -430,6 +451,7 @@ def main() -> None:
             "llm_int2": lambda s: part_llm(s, "int2"),
             "llm_bf16_loops": lambda s: part_llm_tuned(s, "bf16", LOOP_VARIANT, LOOP_VARIANT),
             "llm_int2_loops": lambda s: part_llm_tuned(s, "int2", LOOP_VARIANT, LOOP_VARIANT),
+            "llm_bf16_prefetch": lambda s: part_llm_prefetch(s, "bf16"),
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
             "kernels": lambda s: parts.kernel_checks(),
