@@ -86,6 +86,10 @@ def _graph_time(fn, calls_per_replay: int, replays: int = 20) -> float:
 # register loads (fewest instructions, bench/kernel_sass.py gemv), 2-4 cp.async pipelining.
 GEMV_ROW_TILES = [(16, 512, 4), (32, 256, 4), (16, 256, 4), (8, 512, 4), (32, 512, 8), (64, 128, 4), (16, 1024, 8)]
 GEMV_ROW_STAGES = (1, 3, 2)
+# One row at an output narrower than 8-row blocks fill four waves of (the 2,560-wide projections back to the
+# residual: 320 programs on 132 SMs, out_proj's shipped 16 x 1024 tile 160, one SM in five holding two): blocks of
+# 4 rows, timed first there, so that every SM gets within a block of the same bytes (640 blocks: 4.85 an SM).
+GEMV_NARROW_ROW_TILES = [(4, 1024, 4), (4, 2048, 8), (4, 512, 4), (8, 1024, 8)]
 # Several rows (tensor cores): session 7's winners (32 x 128 and 32 x 256, 4 stages) first.
 GEMV_MMA_TILES = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (16, 256, 4)]
 GEMV_MMA_STAGES = (4, 3)
@@ -158,7 +162,8 @@ def _gemv_tiles(n: int, k: int, rows: int, sms: int) -> list:
                 for split in gemv_splits(n, k, bn, bk, sms)]
 
     if rows == 1:
-        return configs(GEMV_ROW_STAGES, GEMV_ROW_TILES)
+        narrow = configs(GEMV_ROW_STAGES, GEMV_NARROW_ROW_TILES) if -(-n // 8) < 4 * sms else []
+        return narrow + configs(GEMV_ROW_STAGES, GEMV_ROW_TILES)
     cores = configs(GEMV_CORE_ROW_STAGES, GEMV_CORE_ROW_TILES, rows_on_cores=True) if rows <= CORE_ROWS_MAX else []
     streamed = [GemvConfig(bn, bk, 1, warps, stage, swap_ab=True, stream=programs) for stage in GEMV_MMA_STAGES
                 for bn, bk, warps in GEMV_SWAP_TILES for programs in GEMV_STREAM]

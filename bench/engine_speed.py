@@ -451,6 +451,8 @@ def main() -> None:
             "llm_int2": lambda s: part_llm(s, "int2"),
             "llm_bf16_loops": lambda s: part_llm_tuned(s, "bf16", LOOP_VARIANT, LOOP_VARIANT),
             "llm_int2_loops": lambda s: part_llm_tuned(s, "int2", LOOP_VARIANT, LOOP_VARIANT),
+            # The same rows again, beside the rows: after a part that changed a table (gemv), in the same process.
+            "llm_bf16_after": lambda s: part_llm(s, "bf16", into_rows=False),
             "llm_bf16_prefetch": lambda s: part_llm_prefetch(s, "bf16"),
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
