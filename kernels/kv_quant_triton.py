@@ -148,21 +148,20 @@ def kivi_quantize_fwd_kernel(
 
 
 @triton.jit
-def close_window_page(window_k, window_v, row, dst, k_packed, v_packed, k_scale, k_zero, v_scale, v_zero, inv_levels,
-                      i_h, stride_wt, stride_wh, stride_pp, stride_pr, stride_ph, stride_ksp, stride_ksh, stride_vsp,
-                      stride_vsh, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
-                      GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr):
-    """Head i_h of window row `row` (tokens row * PAGE .. of the flat windows), keys then values, into pool page
-    dst: a graphed decode step's page close (paged_kv.PageClose), inside the launch that stored the page's last
-    token (rotary_triton's qk_norm_rotary_store). A launch of its own (kivi_quantize_pages' kernel, every attention
-    layer of every int2 step, most closing nothing) took 0.019 ms of a 2.78 ms step at batch 1 on the H200 (session
-    20's profile_decode_int2)."""
-    _quantize_page(window_k, row, dst, k_packed, k_scale, k_zero, inv_levels, stride_wt, stride_wh, stride_pp,
-                   stride_pr, stride_ph, stride_ksp, stride_ksh, i_h, True, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
-                   BLOCK_C, RECIPROCAL)
-    _quantize_page(window_v, row, dst, v_packed, v_scale, v_zero, inv_levels, stride_wt, stride_wh, stride_pp,
-                   stride_pr, stride_ph, stride_vsp, stride_vsh, i_h, False, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G,
-                   BLOCK_C, RECIPROCAL)
+def close_window_page(window, row, dst, packed, scale, zero, inv_levels, i_h, stride_wt, stride_wh, stride_pp,
+                      stride_pr, stride_ph, stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BITS: tl.constexpr, PAGE: tl.constexpr, GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                      BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr):
+    """Head i_h of window row `row` (tokens row * PAGE .. of the flat window), keys or values (IS_KEY), into pool
+    page dst: a graphed decode step's page close (paged_kv.PageClose), by a program of the launch that stores the
+    page's last token (rotary_triton's qk_norm_rotary_store), one program a head and tensor. A launch of its own
+    (kivi_quantize_pages' kernel, every attention layer of every int2 step, most closing nothing) took 0.019 ms of a
+    2.78 ms step at batch 1 on the H200 (session 20's profile_decode_int2); the store's k programs closing their
+    heads' keys and values one after another took 0.26 ms a close on the H100 (session 21), the page's quantization
+    being a long chain of reductions that one program runs alone."""
+    _quantize_page(window, row, dst, packed, scale, zero, inv_levels, stride_wt, stride_wh, stride_pp, stride_pr,
+                   stride_ph, stride_sp, stride_sh, i_h, IS_KEY, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G, BLOCK_C,
+                   RECIPROCAL)
 
 
 def page_close_arguments(close: PageClose | None, window: torch.Tensor, tokens: int, placeholder: torch.Tensor,

@@ -83,16 +83,19 @@ def qk_norm_rotary_store_fwd_kernel(
     CLOSE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 1, BITS: tl.constexpr = 2, PAGE: tl.constexpr = 1,
     GROUP_D: tl.constexpr = 1, BLOCK_G: tl.constexpr = 1, BLOCK_C: tl.constexpr = 1, RECIPROCAL: tl.constexpr = True,
 ):
-    """Grid (tokens, cdiv(num_q_heads, BLOCK_H) + cdiv(num_kv_heads, BLOCK_H)): a program takes BLOCK_H of one
-    token's q heads, or of its k heads, normed and rotated into q_out / k_out; a k program also stores its k rows,
-    and the token's v rows of those heads, into the pool at rows[token]. CLOSE (a graphed KIVI decode step, pool_k
-    and pool_v its flat windows; paged_kv.PageClose): a k program whose token filled its window row
-    (close_pages[token] >= 0) then quantizes that row's page of its heads into the KIVI pool page
-    (kv_quant_triton.close_window_page), as kivi_quantize_pages would in a launch of its own."""
+    """Grid (tokens, cdiv(num_q_heads, BLOCK_H) + cdiv(num_kv_heads, BLOCK_H) [+ 2 num_kv_heads with CLOSE]): a
+    program takes BLOCK_H of one token's q heads, or of its k heads, normed and rotated into q_out / k_out; a k
+    program also stores its k rows, and the token's v rows of those heads, into the pool at rows[token]. CLOSE (a
+    graphed KIVI decode step, pool_k and pool_v its flat windows; paged_kv.PageClose): where the token fills its
+    window row (close_pages[token] >= 0), one more program a head and tensor stores that head's k (or v) row in
+    the k program's place and then quantizes the row's page of that head into the KIVI pool page
+    (kv_quant_triton.close_window_page), as kivi_quantize_pages would in a launch of its own: the 2 x num_kv_heads
+    quantizations run side by side, and no row has two writers."""
     pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     i_b = tl.program_id(1)
     q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+    kv_blocks = tl.cdiv(num_kv_heads, BLOCK_H)
     o_d = tl.max_contiguous(tl.arange(0, BLOCK_D), VEC)
     m_d = o_d < dim
     is_rot, first, partner, cos, sin = _rotary_cols(positions, inv_freq, i_t, rotary_dim, o_d)
@@ -103,7 +106,7 @@ def qk_norm_rotary_store_fwd_kernel(
                                 partner, cos, sin, UNIT_OFFSET)
         m = m_h[:, None] & m_d[None, :]
         tl.store(q_out + (i_t * num_q_heads + o_h)[:, None] * dim + o_d[None, :], b_q.to(q_out.dtype.element_ty), mask=m)
-    else:
+    elif i_b < q_blocks + kv_blocks:
         o_h = ((i_b - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
         m_h = o_h < num_kv_heads
         m = m_h[:, None] & m_d[None, :]
@@ -111,24 +114,41 @@ def qk_norm_rotary_store_fwd_kernel(
         b_k = _norm_rotary_tile(k + i_t * stride_kt, o_h * stride_kh, m_h, wk, dim, eps, o_d, m_d, is_rot, first,
                                 partner, cos, sin, UNIT_OFFSET)
         tl.store(k_out + (i_t * num_kv_heads + o_h)[:, None] * dim + o_d[None, :], b_k.to(k_out.dtype.element_ty), mask=m)
-        slot = tl.load(rows + i_t).to(tl.int64)
-        o_p = slot * stride_pr + o_h[:, None] * stride_ph + o_d[None, :]
+        if CLOSE:
+            # A row whose page closes is stored by its close programs, which read the page back after it. (The
+            # flag loaded a head, not as a scalar: the interpreter's `mask & scalar` is no mask.)
+            m = m & (tl.load(close_pages + i_t + o_h * 0) < 0)[:, None]
+        o_p = tl.load(rows + i_t).to(tl.int64) * stride_pr + o_h[:, None] * stride_ph + o_d[None, :]
         tl.store(pool_k + o_p, b_k.to(pool_k.dtype.element_ty), mask=m)
         tl.store(pool_v + o_p, b_v.to(pool_v.dtype.element_ty), mask=m)
-        if CLOSE:
-            i_dst = tl.load(close_pages + i_t).to(tl.int64)
-            if i_dst >= 0:
-                # The page's last token was stored just above by this program's threads, in another layout than
-                # the page is read back in: all stores before any thread's loads.
+    elif CLOSE:
+        i_c = i_b - q_blocks - kv_blocks
+        i_dst = tl.load(close_pages + i_t).to(tl.int64)
+        if i_dst >= 0:
+            is_key = i_c < num_kv_heads
+            i_h = i_c % num_kv_heads
+            slot = tl.load(rows + i_t).to(tl.int64)
+            i_row = tl.load(close_rows + i_t).to(tl.int64)
+            if is_key:
+                # The k program's tile of this head (its block's heads, the same layout and sums), this head's row.
+                o_h = ((i_h // BLOCK_H) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+                b_k = _norm_rotary_tile(k + i_t * stride_kt, o_h * stride_kh, o_h < num_kv_heads, wk, dim, eps, o_d,
+                                        m_d, is_rot, first, partner, cos, sin, UNIT_OFFSET)
+                tl.store(pool_k + slot * stride_pr + o_h[:, None] * stride_ph + o_d[None, :],
+                         b_k.to(pool_k.dtype.element_ty), mask=(o_h == i_h)[:, None] & m_d[None, :])
+                # The row was stored by this program's threads in another layout than the page is read back in:
+                # all stores before any thread's loads.
                 tl.debug_barrier()
-                i_row = tl.load(close_rows + i_t).to(tl.int64)
-                for j in range(0, BLOCK_H):
-                    i_h = (i_b - q_blocks) * BLOCK_H + j
-                    if i_h < num_kv_heads:
-                        close_window_page(pool_k, pool_v, i_row, i_dst, k_packed, v_packed, k_scale, k_zero, v_scale,
-                                          v_zero, inv_levels, i_h, stride_pr, stride_ph, stride_cp, stride_cr,
-                                          stride_ch, stride_ksp, stride_ksh, stride_vsp, stride_vsh, HEAD_DIM, BITS,
-                                          PAGE, GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
+                close_window_page(pool_k, i_row, i_dst, k_packed, k_scale, k_zero, inv_levels, i_h, stride_pr,
+                                  stride_ph, stride_cp, stride_cr, stride_ch, stride_ksp, stride_ksh, True, HEAD_DIM,
+                                  BITS, PAGE, GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
+            else:
+                b_v = tl.load(v + i_t * stride_vt + i_h * stride_vh + o_d, mask=m_d, other=0)
+                tl.store(pool_v + slot * stride_pr + i_h * stride_ph + o_d, b_v.to(pool_v.dtype.element_ty), mask=m_d)
+                tl.debug_barrier()
+                close_window_page(pool_v, i_row, i_dst, v_packed, v_scale, v_zero, inv_levels, i_h, stride_pr,
+                                  stride_ph, stride_cp, stride_cr, stride_ch, stride_vsp, stride_vsh, False,
+                                  HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
 
 
 @triton.jit
@@ -209,7 +229,9 @@ def qk_norm_rotary_store(
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if tokens:
         block_h, block_d, vec, warps = _tile_config(max(num_q_heads, num_kv_heads), dim, config)
-        grid = (tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_kv_heads, block_h))
+        # (with a close, its programs: one a KV head and tensor)
+        grid = (tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_kv_heads, block_h)
+                + (2 * num_kv_heads if close is not None else 0))
         closing, close_strides, close_constants = page_close_arguments(close, pool_k, tokens, rows)
         qk_norm_rotary_store_fwd_kernel[grid](
             q, k, v, wq, wk, positions, inv_freq.float(), q_out, k_out, pool_k, pool_v, rows, *closing,
