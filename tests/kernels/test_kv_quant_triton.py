@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from headroom.kernels.kv_quant_triton import fp8_quantize_into, kivi_quantize_pages
-from headroom.kernels.paged_kv import naive_fp8_quantize_into, naive_kivi_quantize_pages
+from headroom.kernels.paged_kv import PagedKV, naive_fp8_quantize_into, naive_kivi_quantize_pages
 
 from tests.kernels.paged_pool import make_pool
 
@@ -41,6 +41,39 @@ def test_kivi_write_matches_naive(bits, num_heads, head_dim):
     naive_kivi_quantize_pages(k, v, pages, ref)
     index = pages.long()
     slots = torch.cat([torch.arange(p * 32, p * 32 + 32) for p in pages.tolist()])
+    assert torch.equal(kv.k[index], ref.k[index]) and torch.equal(kv.v[index], ref.v[index])
+    for name in ("k_scale", "k_zero"):
+        assert torch.equal(getattr(kv, name)[index], getattr(ref, name)[index]), name
+    for name in ("v_scale", "v_zero"):
+        assert torch.equal(getattr(kv, name)[slots], getattr(ref, name)[slots]), name
+
+
+def _kivi_pool(bits: int, page: int, group: int, pages: int, heads: int, dim: int) -> PagedKV:
+    half = {"dtype": torch.float16}
+    packed = (pages, page * bits // 8, heads, dim)
+    groups = -(-dim // group)
+    return PagedKV("kivi", torch.zeros(packed, dtype=torch.uint8), torch.zeros(packed, dtype=torch.uint8),
+                   torch.full((pages, heads, dim), float("nan"), **half), torch.full((pages, heads, dim), float("nan"), **half),
+                   torch.full((pages * page, heads, groups), float("nan"), **half),
+                   torch.full((pages * page, heads, groups), float("nan"), **half),
+                   bits=bits, page_tokens=page, value_group=group)
+
+
+@pytest.mark.parametrize("bits,page,group", [(2, 8, 16), (2, 4, 8), (4, 4, 16), (8, 16, 32), (4, 64, 32)], ids=str)
+def test_kivi_write_of_pages_with_fewer_bytes_than_bands(bits, page, group):
+    """The quantizer walks a page as up to 4 bands of whole packed bytes: pages of 1 or 2 bytes a channel (int2 in 4
+    or 8 tokens, int4 in 4) are that many bands, long ones several bytes a band; every layout writes the naive codes
+    and scales bit for bit (a head of 48 channels: a ragged last value group at 32)."""
+    heads, dim, pages = 2, 48, 3
+    kv, ref = (_kivi_pool(bits, page, group, pages + 2, heads, dim) for _ in range(2))
+    gen = torch.Generator().manual_seed(bits * page)
+    k = (torch.randn(pages * page, heads, dim, generator=gen) * 3).to(torch.bfloat16)
+    v = torch.randn(pages * page, heads, dim, generator=gen).to(torch.bfloat16)
+    where = torch.tensor([4, 0, 2], dtype=torch.int32)
+    kivi_quantize_pages(k, v, where, kv)
+    naive_kivi_quantize_pages(k, v, where, ref)
+    index = where.long()
+    slots = torch.cat([torch.arange(p * page, p * page + page) for p in where.tolist()])
     assert torch.equal(kv.k[index], ref.k[index]) and torch.equal(kv.v[index], ref.v[index])
     for name in ("k_scale", "k_zero"):
         assert torch.equal(getattr(kv, name)[index], getattr(ref, name)[index]), name
