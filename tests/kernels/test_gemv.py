@@ -453,7 +453,9 @@ def _exact_norm(x: torch.Tensor, sumsq: torch.Tensor, weight: torch.Tensor, eps:
                 unit_offset: bool) -> torch.Tensor:
     """The rows normed as normed_gemv norms them, from one part per row (so the rows' sum is that part, exactly):
     1 / rms as norm_triton's rms_norm computes it from a sum, then its rounding."""
-    rstd = 1.0 / torch.sqrt(sumsq[:, :1] / x.shape[1] + eps)
+    # The square root correctly rounded (in fp64, then to fp32), as the kernel's is: a torch CPU build may take a
+    # vectorised one that is not (one element in five a unit apart with torch 2.13's, session 21).
+    rstd = 1.0 / torch.sqrt((sumsq[:, :1] / x.shape[1] + eps).double()).float()
     if unit_offset:
         return (x.float() * rstd * (1.0 + weight.float())).to(x.dtype)
     return ((x.float() * rstd).to(x.dtype).float() * weight.float()).to(x.dtype)
