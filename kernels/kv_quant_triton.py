@@ -81,13 +81,15 @@ def _codes(b_x, b_scale, b_zero, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _quantize_page(
+def quantize_page(
     x, i_page, i_dst, packed, scale, zero, inv_levels, stride_xt, stride_xh, stride_pp, stride_pr, stride_ph,
     stride_sp, stride_sh, i_h, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr, PAGE: tl.constexpr,
     GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr,
 ):
     """Page i_page of x (tokens i_page * PAGE ..), head i_h, into pool page i_dst: packed codes, and the keys'
-    scales per channel or the values' per token and channel group.
+    scales per channel or the values' per token and channel group. kivi_quantize_fwd_kernel's programs run it, and
+    so does a graphed decode step's page close (paged_kv.PageClose), one program a head and tensor of the launch
+    that stores the page's last token (rotary_triton's qk_norm_rotary_store), x then the flat window.
 
     The page's packed bytes (channel by channel, byte b holding tokens b * PB .. b * PB + PB - 1) are cut into W
     bands of RW bytes, and the page is walked one token of every band at a time as a [W, G, C] tile (a warp a band,
@@ -158,36 +160,19 @@ def kivi_quantize_fwd_kernel(
     i_page = tl.program_id(0)
     i_dst = tl.load(pages + i_page).to(tl.int64)
     if tl.program_id(2) == 0:
-        _quantize_page(k, i_page, i_dst, k_packed, k_scale, k_zero, inv_levels, stride_kt, stride_kh, stride_pp,
+        quantize_page(k, i_page, i_dst, k_packed, k_scale, k_zero, inv_levels, stride_kt, stride_kh, stride_pp,
                        stride_pr, stride_ph, stride_ksp, stride_ksh, tl.program_id(1), True, HEAD_DIM, BITS, PAGE,
                        GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
     else:
-        _quantize_page(v, i_page, i_dst, v_packed, v_scale, v_zero, inv_levels, stride_vt, stride_vh, stride_pp,
+        quantize_page(v, i_page, i_dst, v_packed, v_scale, v_zero, inv_levels, stride_vt, stride_vh, stride_pp,
                        stride_pr, stride_ph, stride_vsp, stride_vsh, tl.program_id(1), False, HEAD_DIM, BITS, PAGE,
                        GROUP_D, BLOCK_G, BLOCK_C, RECIPROCAL)
-
-
-@triton.jit
-def close_window_page(window, row, dst, packed, scale, zero, inv_levels, i_h, stride_wt, stride_wh, stride_pp,
-                      stride_pr, stride_ph, stride_sp, stride_sh, IS_KEY: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BITS: tl.constexpr, PAGE: tl.constexpr, GROUP_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                      BLOCK_C: tl.constexpr, RECIPROCAL: tl.constexpr):
-    """Head i_h of window row `row` (tokens row * PAGE .. of the flat window), keys or values (IS_KEY), into pool
-    page dst: a graphed decode step's page close (paged_kv.PageClose), by a program of the launch that stores the
-    page's last token (rotary_triton's qk_norm_rotary_store), one program a head and tensor. A launch of its own
-    (kivi_quantize_pages' kernel, every attention layer of every int2 step, most closing nothing) took 0.019 ms of a
-    2.78 ms step at batch 1 on the H200 (session 20's profile_decode_int2); the store's k programs closing their
-    heads' keys and values one after another took 0.26 ms a close on the H100 (session 21), the page's quantization
-    being a long chain of reductions that one program runs alone."""
-    _quantize_page(window, row, dst, packed, scale, zero, inv_levels, stride_wt, stride_wh, stride_pp, stride_pr,
-                   stride_ph, stride_sp, stride_sh, i_h, IS_KEY, HEAD_DIM, BITS, PAGE, GROUP_D, BLOCK_G, BLOCK_C,
-                   RECIPROCAL)
 
 
 def page_close_arguments(close: PageClose | None, window: torch.Tensor, tokens: int, placeholder: torch.Tensor,
                          ) -> tuple[tuple, tuple, dict]:
     """For a launch of `tokens` tokens that closes pages of `window` (the flat window [rows x page, H, D] the step
-    stored into; its strides are the caller's) as close_window_page does: (pointers: the close's rows and pages, the
+    stored into; its strides are the caller's) as quantize_page closes it: (pointers: the close's rows and pages, the
     pool's tensors and inv_levels; the pool's strides; constexprs). Without a close: placeholder pointers and zero
     strides, never read, and no constexprs."""
     if close is None:
@@ -202,7 +187,7 @@ def page_close_arguments(close: PageClose | None, window: torch.Tensor, tokens: 
 
 
 def _pool_arguments(kv: PagedKV, head_dim: int, on_cuda: bool) -> tuple[tuple, tuple, dict]:
-    """_quantize_page's pool side for both tensors: (k and v codes, their scales and zeros, inv_levels; the codes'
+    """quantize_page's pool side for both tensors: (k and v codes, their scales and zeros, inv_levels; the codes'
     page, row and head strides and the scales' slot and head strides, keys' then values'; the constexprs)."""
     if kv.kind != "kivi":
         raise ValueError(f"KIVI write into a {kv.kind} pool")

@@ -55,7 +55,7 @@ class FullAttention:
                 store = kv_pool.layers[self.pool_layer]
                 pool_k, pool_v = store["k"], store["v"]
                 slots = batch.cached(KV_WRITE_ROWS, lambda: _write_rows(batch, x.device))
-            # (a KIVI step's page close in the same launch: kernels/kv_quant_triton.py close_window_page)
+            # (a KIVI step's page close in the same launch: kernels/kv_quant_triton.py quantize_page)
             q, k = ops.qk_norm_rotary_store(q, k, v, self.q_norm, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset,
                                             batch.positions, self.inv_freq, pool_k, pool_v, slots, close=close)
         else:

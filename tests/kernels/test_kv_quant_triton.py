@@ -37,10 +37,16 @@ def test_kivi_write_matches_naive(bits, num_heads, head_dim):
     k = (torch.randn(64, num_heads, head_dim, generator=gen) * 3).to(torch.bfloat16)
     v = torch.randn(64, num_heads, head_dim, generator=gen).to(torch.bfloat16)
     pages = torch.tensor([3, 1], dtype=torch.int32)
+    _assert_writes_match_naive(k, v, pages, kv, ref)
+
+
+def _assert_writes_match_naive(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, kv: PagedKV, ref: PagedKV) -> None:
+    """kivi_quantize_pages into kv and the naive quantizers into ref: the written pages' codes, the keys' scales and
+    zeros of those pages and the values' of their tokens, bit for bit."""
     kivi_quantize_pages(k, v, pages, kv)
     naive_kivi_quantize_pages(k, v, pages, ref)
-    index = pages.long()
-    slots = torch.cat([torch.arange(p * 32, p * 32 + 32) for p in pages.tolist()])
+    index, page = pages.long(), kv.page_tokens
+    slots = torch.cat([torch.arange(p * page, p * page + page) for p in pages.tolist()])
     assert torch.equal(kv.k[index], ref.k[index]) and torch.equal(kv.v[index], ref.v[index])
     for name in ("k_scale", "k_zero"):
         assert torch.equal(getattr(kv, name)[index], getattr(ref, name)[index]), name
@@ -69,16 +75,7 @@ def test_kivi_write_of_pages_with_fewer_bytes_than_bands(bits, page, group):
     gen = torch.Generator().manual_seed(bits * page)
     k = (torch.randn(pages * page, heads, dim, generator=gen) * 3).to(torch.bfloat16)
     v = torch.randn(pages * page, heads, dim, generator=gen).to(torch.bfloat16)
-    where = torch.tensor([4, 0, 2], dtype=torch.int32)
-    kivi_quantize_pages(k, v, where, kv)
-    naive_kivi_quantize_pages(k, v, where, ref)
-    index = where.long()
-    slots = torch.cat([torch.arange(p * page, p * page + page) for p in where.tolist()])
-    assert torch.equal(kv.k[index], ref.k[index]) and torch.equal(kv.v[index], ref.v[index])
-    for name in ("k_scale", "k_zero"):
-        assert torch.equal(getattr(kv, name)[index], getattr(ref, name)[index]), name
-    for name in ("v_scale", "v_zero"):
-        assert torch.equal(getattr(kv, name)[slots], getattr(ref, name)[slots]), name
+    _assert_writes_match_naive(k, v, torch.tensor([4, 0, 2], dtype=torch.int32), kv, ref)
 
 
 def test_kivi_write_refuses_partial_pages():
