@@ -259,9 +259,9 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
     return out
 
 
-def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
+def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = False) -> dict:
     """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence (into the
-    issue's rows unless into_rows is False)."""
+    issue's rows unless into_rows is False; decode_only: the decode rows alone, for A/Bs of decode kernels)."""
     from headroom.engine.llm import LLM
 
     settings = {"device": "cuda", "dtype": "bfloat16", "kv_dtype": kv, "max_total_tokens": 270336, "ssm_slots": 40,
@@ -306,9 +306,10 @@ def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
         if context == 32768 and row in state["rows"] and into_rows:
             state["rows"][row]["tok_per_s"] = batch / median
 
-    prefill(8192)
-    prefill(32768)
-    if kv == "bf16":
+    if not decode_only:
+        prefill(8192)
+        prefill(32768)
+    if kv == "bf16" and not decode_only:
         # The same prefill with the naive elementwise path (before this issue's kernels).
         from headroom.kernels import ops
 
@@ -320,7 +321,8 @@ def part_llm(state: dict, kv: str, into_rows: bool = True) -> dict:
         decode(batch, 256)
     for batch in (1, 8):
         decode(batch, 32768)
-    prefill(131072)
+    if not decode_only:
+        prefill(131072)
     state.setdefault("kv_bytes_per_token", {})[kv] = parts.kv_bytes_per_token(llm.runner.kv_pool)
     return out
 
@@ -339,24 +341,50 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
         return {"extend_tuning": dict(extend), "decode_tuning": dict(decode), **part_llm(state, kv, into_rows=False)}
 
 
-def part_llm_prefetch(state: dict, kv: str) -> dict:
-    """part_llm once for each prefetch in ENGINE_SPEED_GEMV_PREFETCH (a comma list of 1, 2, 4; default "2,4"), with
-    every one-row entry of the GEMV table loading that many weight tiles before its PDL wait (GemvConfig.prefetch),
-    beside the rows. The sweep times GEMVs in chains of GEMVs; what the tiles before the wait overlap in a step is
-    the small kernels before each GEMV (norms, the conv, the delta rule, attention), which only a step shows."""
+def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
+    """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields for every
+    one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input alike)}}, each
+    a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains of GEMVs; what
+    a change does between the small kernels of a step (the norms, the conv, the delta rule, attention) only a
+    step shows."""
     from headroom.kernels import gemv
 
-    asked = decode_parts.parse_prefetches(os.environ.get("ENGINE_SPEED_GEMV_PREFETCH", "2,4"))
     shipped = gemv.load_tuned_configs(torch.device("cuda"))
     out: dict = {}
     try:
-        for prefetch in asked:
-            gemv._tuned = {key: dataclasses.replace(config, prefetch=prefetch) if key[2] == 1 else config
-                           for key, config in shipped.items()}
-            out[f"prefetch{prefetch}"] = part_llm(state, kv, into_rows=False)
+        for name, changes in variants.items():
+            gemv._tuned = {key: dataclasses.replace(config, **{**changes.get("*", {}),
+                                                               **changes.get(f"{key[0]}x{key[1]}", {})})
+                           if key[2] == 1 else config for key, config in shipped.items()}
+            out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
     finally:
         gemv._tuned = shipped
     return out
+
+
+def prefetch_variants() -> dict[str, dict]:
+    """llm_bf16_prefetch's variants: every one-row entry loading each count in ENGINE_SPEED_GEMV_PREFETCH (a comma
+    list of 1, 2, 4; default "2,4") of weight tiles before its PDL wait (GemvConfig.prefetch)."""
+    asked = decode_parts.parse_prefetches(os.environ.get("ENGINE_SPEED_GEMV_PREFETCH", "2,4"))
+    return {f"prefetch{p}": {"*": {"prefetch": p}} for p in asked}
+
+
+def gemv_variants() -> dict[str, dict]:
+    """llm_bf16_gemv's variants, ENGINE_SPEED_GEMV_VARIANTS (JSON, part_llm_gemv's form); by default the shipped
+    table and every one-row entry asking L2 for 2 and 4 tiles before its PDL wait (GemvConfig.l2_prefetch)."""
+    from headroom.kernels.gemv import GemvConfig
+
+    text = os.environ.get("ENGINE_SPEED_GEMV_VARIANTS", "")
+    variants = json.loads(text) if text else {"shipped": {}, "l2_2": {"*": {"l2_prefetch": 2}},
+                                               "l2_4": {"*": {"l2_prefetch": 4}}}
+    fields = set(vars(GemvConfig()))
+    for name, changes in variants.items() if isinstance(variants, dict) else [(None, None)]:
+        if not isinstance(changes, dict) or not all(
+                isinstance(c, dict) and set(c) <= fields and all(isinstance(v, int) for v in c.values())
+                for c in changes.values()):
+            raise ValueError(f"ENGINE_SPEED_GEMV_VARIANTS: variant {name!r} must map \"*\" or \"NxK\" to integer "
+                             f"GemvConfig fields ({sorted(fields)}), got {text!r}")
+    return variants
 
 
 def env_tuning(name: str) -> dict:
@@ -453,7 +481,8 @@ def main() -> None:
             "llm_int2_loops": lambda s: part_llm_tuned(s, "int2", LOOP_VARIANT, LOOP_VARIANT),
             # The same rows again, beside the rows: after a part that changed a table (gemv), in the same process.
             "llm_bf16_after": lambda s: part_llm(s, "bf16", into_rows=False),
-            "llm_bf16_prefetch": lambda s: part_llm_prefetch(s, "bf16"),
+            "llm_bf16_prefetch": lambda s: part_llm_gemv(s, "bf16", prefetch_variants()),
+            "llm_bf16_gemv": lambda s: part_llm_gemv(s, "bf16", gemv_variants()),
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
             "kernels": lambda s: parts.kernel_checks(),

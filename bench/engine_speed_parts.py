@@ -939,6 +939,17 @@ def profile_passes(model: Path) -> dict:
     return out
 
 
+def _step_grids(full: dict, prefill: dict, steps: int) -> dict:
+    """Per grid, a decode step's launches and us a launch: the full run's less the prefill-only run's."""
+    out = {}
+    for grid, entry in full.items():
+        count = entry["count"] - prefill.get(grid, {"count": 0})["count"]
+        if count > 0:
+            us = entry["us"] - prefill.get(grid, {"us": 0.0})["us"]
+            out[grid] = {"launches_a_step": count / steps, "us_a_launch": us / count}
+    return dict(sorted(out.items(), key=lambda item: -item[1]["launches_a_step"] * item[1]["us_a_launch"]))
+
+
 def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), steps: int = 32,
                            device: str = "cuda", kv_dtype: str = "bf16") -> dict:
     """Where a graphed decode step's time goes at batch 1, 8 and 16 (issue 18: batch 8 and 16 reach a smaller share of
@@ -948,7 +959,7 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
     prompts' prefill (max_new_tokens=1, profiled alike) subtracted from the same prompts' 1 + steps tokens, and
     launches a step by kernel name. kv_dtype: the pool's format (profile_decode_int2: an int2 step beside a bf16 one,
     where int2 decode is 0.2 ms a step slower at 256 tokens of context, session 16)."""
-    from gpu_engine import kernels_by_name
+    from gpu_engine import kernels_by_grid, kernels_by_name
     from headroom.engine.llm import LLM
     from headroom.kernels import pdl
     from torch.profiler import ProfilerActivity, profile
@@ -966,7 +977,7 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
         for batch in batches:
             prompts = [[rng.randrange(vocab) for _ in range(256)] for _ in range(batch)]
             llm.generate(prompts, max_new_tokens=steps + 1, ignore_eos=True)  # warm: this batch's graph and shapes
-            by_run = {}
+            by_run, grids = {}, {}
             for new in (1, steps + 1):
                 sync()
                 # (CPU activity off the GPU, where there is no kernel to count: a dry run of the part.)
@@ -974,6 +985,7 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
                     llm.generate(prompts, max_new_tokens=new, ignore_eos=True)
                     sync()
                 by_run[new] = {row["name"]: row for row in kernels_by_name(prof, top=400)["top"]}
+                grids[new] = kernels_by_grid(prof, "gemv")
             full, prefill = by_run[steps + 1], by_run[1]
             per_step = {name: (row["ms"] - prefill.get(name, {"ms": 0.0})["ms"]) / steps for name, row in full.items()}
             launches = {name: (row["count"] - prefill.get(name, {"count": 0})["count"]) / steps
@@ -981,7 +993,10 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
             ranked = sorted(per_step.items(), key=lambda item: -item[1])
             out[f"bs{batch}"] = {"step_kernel_ms": sum(per_step.values()), "launches_a_step": sum(launches.values()),
                                  "top": [{"name": name[:100], "ms_a_step": ms, "launches_a_step": launches[name]}
-                                         for name, ms in ranked[:24]]}
+                                         for name, ms in ranked[:24]],
+                                 # The GEMVs apart by grid (their shapes; PDL off, so each launch's own time): which
+                                 # projection takes longer in the step than in the sweep's chains
+                                 "gemv_by_grid": _step_grids(grids[steps + 1], grids[1], steps)}
         return out
     finally:
         if previous is None:

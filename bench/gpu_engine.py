@@ -377,6 +377,26 @@ def kernels_by_name(prof, top: int = 30) -> dict:
             "top": [{"name": name[:100], "count": int(c), "ms": t / 1000} for name, (c, t) in ranked]}
 
 
+def kernels_by_grid(prof, prefix: str) -> dict[str, dict]:
+    """GPU time of the kernels whose names start with `prefix`, by launch grid ("x"-joined, from the profile's
+    chrome trace, where a kernel event carries its grid): launches and total us. One kernel's launches at several
+    shapes come apart this way (a GEMV's grid is its output blocks x splits)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    grids: dict[str, dict] = {}
+    for event in events:
+        if event.get("cat") == "kernel" and str(event.get("name", "")).startswith(prefix):
+            grid = "x".join(str(d) for d in event.get("args", {}).get("grid", []))
+            entry = grids.setdefault(grid, {"count": 0, "us": 0.0})
+            entry["count"] += 1
+            entry["us"] += float(event.get("dur", 0.0))
+    return grids
+
+
 SECTIONS = {"env": section_env, "roofline": section_roofline, "correctness": section_correctness, "perf": section_perf,
             "perf_engine": lambda: section_perf(budget_s=200.0, with_hf=False), "build": _build_4b,
             "graphs": section_graphs, "profile": section_profile}

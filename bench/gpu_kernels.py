@@ -252,7 +252,8 @@ def check_fused_gemv(cases: int = 12, seed: int = 2) -> dict:
         k = rng.choice([256, 328, 512, 1024, 1536])
         config = GemvConfig(block_n=rng.choice([8, 16, 64]), block_k=rng.choice([64, 128, 256, 512]),
                             split=rng.choice([1, 2, 3]), num_stages=2, swap_ab=rng.random() < 0.5,
-                            rows_on_cores=rng.random() < 0.5, prefetch=rng.choice([1, 2]))
+                            rows_on_cores=rng.random() < 0.5, prefetch=rng.choice([1, 2]),
+                            l2_prefetch=rng.choice([0, 2, 4]))
         tag = f"{case}: m={m} n={n} k={k} {config}"
         w, x, residual = rand(n, k, scale=0.05), rand(m, k, scale=2), rand(m, n, scale=2)
         wide = rand(m, 2 * k)

@@ -3,7 +3,7 @@ GPU (Triton compiles for a target it names; its package carries ptxas and cuobjd
 
     .venv/bin/python bench/kernel_sass.py OUT.json [stream BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi [BITS,BLOCK_N,WARPS,STAGES ...]
-    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]] ...]
+    .venv/bin/python bench/kernel_sass.py OUT.json gemv [BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE[,L2]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json attention [KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG[,WINDOW]]]]]] ...]
     .venv/bin/python bench/kernel_sass.py OUT.json kivi_chunks [CHUNKS,WARPS,STAGES,MAXREG,MAGIC ...]
 
@@ -78,6 +78,8 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
     # add behind (RESIDUAL), 3 Gated DeltaNet's output norm in front (GATED, heads of 128), 4 GATED and RESIDUAL,
     # 5 Gated DeltaNet's decode conv behind (CONV, four taps), 6 NORM and CONV (its in-projection at one row).
     fuse = fields[7] if len(fields) > 7 else 0
+    # L2_PREFETCH, a ninth field (0 when left out): weight tiles asked of L2 before the PDL wait.
+    l2_prefetch = fields[8] if len(fields) > 8 else 0
     # One row goes in as int32 pairs where the kernel takes them (PAIRS), as its launcher passes bf16.
     pairs = block_m == 1 and "PAIRS" in gemv_fwd_kernel.arg_names
     pointers = {"x": "*i32" if pairs else "*bf16", "up": "*i32" if pairs else "*bf16",
@@ -89,7 +91,8 @@ def _gemv(spec: str) -> tuple[object, dict, dict, dict, float, set]:
                  "SPLIT": False, "PAIRS": pairs, "SILU_MUL": False, "PDL": pdl,
                  "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": prefetch,
                  "NORM": fuse in (1, 6), "UNIT_OFFSET": fuse in (1, 6), "RESIDUAL": fuse in (2, 4),
-                 "GATED": fuse in (3, 4), "HEAD": 128, "CONV": fuse in (5, 6), "CONV_TAPS": 4, "CONV_BLOCK": 4}
+                 "GATED": fuse in (3, 4), "HEAD": 128, "CONV": fuse in (5, 6), "CONV_TAPS": 4, "CONV_BLOCK": 4,
+                 "L2_PREFETCH": l2_prefetch}
     constants = {k: v for k, v in constants.items() if k in gemv_fwd_kernel.arg_names}
     # (num_parts is no specialisation key: the launcher's kernel does not specialize it)
     return (gemv_fwd_kernel, pointers, constants, {"num_warps": warps, "num_stages": stages},
@@ -231,6 +234,8 @@ def count(kernel, pointers: dict, constants: dict, options: dict, elements: floa
             # Register spills: local-memory stores and loads, in the loop and in the whole kernel.
             "spills_in_loop": sum(op in ("STL", "LDL") for op in ops),
             "spills_in_kernel": len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+            # prefetch.global.L2 (gemv's L2_PREFETCH) compiles to CCTL.E.PF2, outside the loop
+            "l2_prefetches_in_kernel": len(re.findall(r"\bCCTL\.E\.PF2\b", sass)),
             "opcodes": dict(collections.Counter(ops).most_common(14))}
 
 
@@ -248,7 +253,7 @@ def main() -> None:
         print(f"{subject} {spec}: {row['instructions_per_element']} an element ({row['loop_instructions']} in the "
               f"loop, {row['registers']} registers)", row["opcodes"])
     fields = {"stream": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES", "kivi": "BITS,BLOCK_N,WARPS,STAGES",
-              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE]]]",
+              "gemv": "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PREFETCH[,PDL[,FUSE[,L2]]]]",
               "attention": "KIND,BLOCK_M,BLOCK_N,WARPS,STAGES,MASK_SPLIT,LAZY,COMMON[,MAGIC[,LOAD[,HALF[,MAXREG[,WINDOW]]]]]",
               "kivi_chunks": "CHUNKS,WARPS,STAGES,MAXREG,MAGIC"}[subject]
     out.write_text(json.dumps({"command": "python3 bench/kernel_sass.py " + " ".join(sys.argv[1:]),

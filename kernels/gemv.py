@@ -61,6 +61,10 @@ class GemvConfig:
     # Several rows on the tensor cores only: stream-K, `stream` programs a multiprocessor sharing the (output block,
     # K tile) iterations evenly (gemv_stream_fwd_kernel), 0 for the grid of blocks x splits. split is then ignored.
     stream: int = 0
+    # Weight tiles after those a program loads into registers before its PDL wait that it asks L2 to fetch then
+    # (prefetch.global.L2, 0 for none): the next GEMV's ramp overlapped with the kernel before it, as `prefetch`
+    # does, without holding the tiles in registers (prefetch 2 and 4 cost more registers than they hid, session 21).
+    l2_prefetch: int = 0
 
 
 # The most rows CORE_ROWS takes: each row is another FFMA a weight element, and at 8 the loop already issues
@@ -207,6 +211,18 @@ def _weight_tile(p_w, step, offs_u, remaining, EVEN_K: tl.constexpr, UNIT: tl.co
 
 
 @triton.jit
+def _prefetch_l2(p_rows, first, last, UNITS: tl.constexpr):
+    """Ask L2 for units first .. first + UNITS - 1 of each row at p_rows (a unit's offset past `last`, the split's
+    last unit, is taken as `last`: nothing outside the program's own range, nor past the weight's end), a
+    prefetch.global.L2 every 32 units (128 bytes of pairs). Nothing waits on it and no register holds what it
+    fetches; the loads that follow find the lines in L2. PTX, so never under the interpreter (PDL is off there)."""
+    LINES: tl.constexpr = UNITS // 32
+    offsets = tl.minimum(first + tl.arange(0, LINES) * 32, last)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [p_rows[:, None] + offsets[None, :]], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _x_tile(p_x, step, mask, EVEN_K: tl.constexpr, MASK_ALWAYS: tl.constexpr):
     """x's tile `step` units on from p_x; masked along K only where the tile may pass the split's end (and always
     for several rows, whose mask also drops the rows past M)."""
@@ -265,15 +281,19 @@ def _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, remaini
 def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
     """1 / rms of the input rows (NORM) from the partial sums of squares the GEMV that wrote them left (RESIDUAL:
     [M, num_parts] fp32, one a block of its output), summed in a fixed order (the same in every program and run):
-    a scalar for one row, else [BLOCK_M] for the row indices `rows`."""
+    a scalar for one row, else [BLOCK_M] for the row indices `rows`. Every program of the GEMV waits on this sum
+    before its first tile: one row loads up to ROW_CHUNK parts in one round trip (a 2,560-wide residual GEMV of
+    4-row blocks leaves 640), several rows CHUNK a row at a time."""
     CHUNK: tl.constexpr = 64
-    offs_p = tl.arange(0, CHUNK)
+    ROW_CHUNK: tl.constexpr = 1024
     if BLOCK_M == 1:
-        total = tl.zeros([CHUNK], dtype=tl.float32)
-        for p0 in range(0, num_parts, CHUNK):
-            total += tl.load(sumsq + p0 + offs_p, mask=p0 + offs_p < num_parts, other=0.0)
+        offs_r = tl.arange(0, ROW_CHUNK)
+        total = tl.zeros([ROW_CHUNK], dtype=tl.float32)
+        for p0 in range(0, num_parts, ROW_CHUNK):
+            total += tl.load(sumsq + p0 + offs_r, mask=p0 + offs_r < num_parts, other=0.0)
         squares = tl.sum(total, axis=0)
     else:
+        offs_p = tl.arange(0, CHUNK)
         total = tl.zeros([BLOCK_M, CHUNK], dtype=tl.float32)
         for p0 in range(0, num_parts, CHUNK):
             total += tl.load(sumsq + rows[:, None] * num_parts + p0 + offs_p[None, :],
@@ -329,7 +349,7 @@ def gemv_fwd_kernel(
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
     GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
-    CONV_BLOCK: tl.constexpr = 4,
+    CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -421,6 +441,9 @@ def gemv_fwd_kernel(
             b_w2 = _weight_tile(p_w, 2 * BLOCK_U, offs_u, k_hi - k_lo - 2 * BLOCK_K, EVEN_K, UNIT)
             b_w3 = _weight_tile(p_w, 3 * BLOCK_U, offs_u, k_hi - k_lo - 3 * BLOCK_K, EVEN_K, UNIT)
         if PDL:
+            if L2_PREFETCH > 0:
+                _prefetch_l2(w + rows * (stride_wn // UNIT) + k_lo // UNIT, PREFETCH * BLOCK_U,
+                             (k_hi - k_lo) // UNIT - 1, L2_PREFETCH * BLOCK_U)
             gdc_wait()
     # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait)
     if NORM:
@@ -839,6 +862,11 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
     last_split = k - (split - 1) * k_per_split
     prefetch = max(p for p in (1, 2, 4) if p == 1 or (p <= config.prefetch and p * config.block_k <= last_split))
+    # L2 prefetch only with PDL (it overlaps the wait) and whole lines of 32 units a tile (BLOCK_K of at least 64)
+    units = config.block_k // (2 if pairs else 1)
+    l2_prefetch = config.l2_prefetch if pdl_launch(x.device)["PDL"] and units % 32 == 0 else 0
+    if config.l2_prefetch not in (0, 1, 2, 4, 8):
+        raise ValueError(f"gemv: l2_prefetch={config.l2_prefetch} must be 0, 1, 2, 4 or 8 weight tiles")
     # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
     acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
     # NORM reads the parts of the GEMV before; RESIDUAL writes its own (one an output block)
@@ -862,7 +890,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, GATED=gated is not None,
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
-        CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4, **pdl_launch(x.device),
+        CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
+        L2_PREFETCH=l2_prefetch, **pdl_launch(x.device),
     )
     return out, sumsq
 

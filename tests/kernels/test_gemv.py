@@ -509,16 +509,18 @@ def test_normed_gemv_is_the_norm_then_gemv(unit_offset, rows, k, block_k, split,
     torch.testing.assert_close(got.float(), naive_normed_gemv(x, norm, w).float(), atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 16])
-def test_normed_gemv_sums_many_parts_in_chunks(rows):
-    """More parts than one chunk of the kernel's sum (150 here; 320 for the 4B model's hidden size in blocks of 8):
-    the rows' 1 / rms from all of them, whatever their count, within rounding of the reference norm."""
+@pytest.mark.parametrize(("rows", "num_parts"), [(1, 150), (2, 150), (16, 150), (1, 1100)])
+def test_normed_gemv_sums_many_parts_in_chunks(rows, num_parts):
+    """More parts than one chunk of the kernel's sum (150 here, more than one round of 1,024 at one row; 320 for
+    the 4B model's hidden size in blocks of 8): the rows' 1 / rms from all of them, whatever their count, within
+    rounding of the reference norm."""
     from headroom.kernels.gemv import RowNorm, naive_normed_gemv, normed_gemv
 
     dtype = torch.bfloat16 if rows < 16 else torch.float32
-    x, weight = _norm_case(rows, rows, 300, dtype)
-    w = (torch.randn(24, 300, generator=torch.Generator().manual_seed(3)) * 0.05).to(dtype)
-    parts = x.float().pow(2).view(rows, 150, 2).sum(-1)
+    k = 2 * num_parts
+    x, weight = _norm_case(rows, rows, k, dtype)
+    w = (torch.randn(24, k, generator=torch.Generator().manual_seed(3)) * 0.05).to(dtype)
+    parts = x.float().pow(2).view(rows, num_parts, 2).sum(-1)
     norm = RowNorm(parts.contiguous(), weight, 1e-6, True)
     config = GemvConfig(block_n=8, block_k=64, split=1, num_stages=2, rows_on_cores=rows == 2)
     got = normed_gemv(x, norm, w, config)
@@ -579,6 +581,51 @@ def test_residual_then_normed_gemv_is_the_decoders_add_norm_and_projection():
     normed, ref_summed = naive_add_rms_norm(gemv(a, w_out, config), residual, norm_weight, 1e-6, True)
     _assert_rounding_apart(summed, ref_summed)
     torch.testing.assert_close(got.float(), F.linear(normed, w_next).float(), atol=0.03, rtol=0.02)
+
+
+def test_the_one_row_sum_takes_parts_past_its_first_round():
+    """One row's parts are summed 1,024 a round: a row whose whole sum sits in part 1,099 (zeros elsewhere, so any
+    order of the sum is exact) norms exactly as one part holding it."""
+    from headroom.kernels.gemv import RowNorm, normed_gemv
+
+    x, weight = _norm_case(11, 1, 256, torch.float32)
+    sumsq = x.pow(2).sum(-1, keepdim=True)
+    late = torch.zeros(1, 1100)
+    late[0, 1099] = sumsq[0, 0]
+    config = GemvConfig(block_n=16, block_k=64, num_stages=2)
+    eye = torch.eye(256)
+    assert torch.equal(normed_gemv(x, RowNorm(late, weight, 1e-6, True), eye, config),
+                       normed_gemv(x, RowNorm(sumsq, weight, 1e-6, True), eye, config))
+
+
+def test_l2_prefetch_changes_no_result_and_refuses_other_counts():
+    """GemvConfig.l2_prefetch only asks L2 for lines (and only with PDL, never here): the same result; a count
+    other than 0, 1, 2, 4 or 8 tiles is refused naming the field."""
+    x, w = _case(4, 1, 40, 512)
+    plain = GemvConfig(block_n=16, block_k=128, num_stages=2)
+    assert torch.equal(gemv(x, w, GemvConfig(**{**vars(plain), "l2_prefetch": 2})), gemv(x, w, plain))
+    with pytest.raises(ValueError, match="l2_prefetch=3 must be 0, 1, 2, 4 or 8"):
+        gemv(x, w, GemvConfig(**{**vars(plain), "l2_prefetch": 3}))
+
+
+def test_l2_prefetch_compiles_to_prefetches_before_the_pdl_wait():
+    """sm_90 (the H200): L2_PREFETCH 2 at one row of 16 x 512 pairs asks L2 for the 2 tiles after the registers'
+    one, a prefetch.global.L2 a 128-byte line (16 rows x 16 lines over 128 threads: 2 a thread), all of them before
+    griddepcontrol.wait; L2_PREFETCH 0 asks for none."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {"x": "*i32", "up": "*i32", "w": "*i32", "out": "*bf16", "ws": "*fp32", "counters": "*i32",
+                "res": "*bf16", "sumsq": "*fp32", "eps": "fp32"}
+    variants = [("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+        "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "NUM_STAGES": 1, "EVEN_K": True, "SPLIT": False, "PAIRS": True,
+        "SILU_MUL": False, "PDL": True, "SWAP_AB": False, "CORE_ROWS": False, "ROW_SUM": False, "PREFETCH": 1,
+        "NORM": True, "UNIT_OFFSET": True, "L2_PREFETCH": l2}) for l2 in (2, 0)]
+    with_l2, without = compile_sm90(variants)
+    assert with_l2["ok"] and without["ok"], (with_l2.get("error"), without.get("error"))
+    ptx = with_l2["ptx"]
+    assert ptx.count("prefetch.global.L2") == 2
+    assert ptx.rindex("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+    assert "prefetch.global.L2" not in without["ptx"]
 
 
 def test_normed_and_residual_gemv_refuse_mismatched_operands():
