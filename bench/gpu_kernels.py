@@ -163,7 +163,33 @@ def check_attention() -> dict:
         res[f"{name}_extend_131071"] = max_error(*paged_attention(*args), *naive_paged_attention(*args))
     res.update(check_kivi_chunks())
     res.update(check_half_tiles())
+    res["gated_merge"] = check_gated_merge()
     return res
+
+
+def check_gated_merge(tokens: int = 16) -> dict:
+    """The split merge with Qwen3.5's output gate (kernels/attention_merge_triton.py, GATE) against sigmoid_mul of
+    the ungated merge (the unfused layer), bit for bit, at a decode step's shape (32 splits, 16 query heads of 256);
+    the gated merge's ms against the ungated merge plus sigmoid_mul."""
+    from headroom.kernels.attention_merge_triton import merge_splits_into
+    from headroom.kernels.gates_triton import sigmoid_mul
+
+    parts = torch.randn(32, tokens, HQ, D, device=DEV)
+    lses = torch.randn(32, tokens, HQ, device=DEV) * 3
+    lses[5:] = float("-inf")  # splits past the keys (a short context's), as a graphed step meets them
+    gate = (torch.randn(tokens, HQ, 2 * D, device=DEV) * 2).bfloat16()[..., D:]
+    plain, gated = (torch.empty(tokens, HQ, D, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.empty(tokens, HQ, device=DEV)
+
+    def unfused():
+        merge_splits_into(parts, lses, plain, lse)
+        return sigmoid_mul(plain.view(tokens, -1), gate)
+
+    want = unfused()
+    merge_splits_into(parts, lses, gated, lse, gate)
+    return {"bit_exact": bool(torch.equal(gated.view(tokens, -1), want)),
+            "gated_merge_ms": do_bench(lambda: merge_splits_into(parts, lses, gated, lse, gate)),
+            "merge_then_sigmoid_mul_ms": do_bench(unfused)}
 
 
 # The decode sweep's KIVI decode variants (kernels/kivi_decode.py, off by default; the general kernel with its loads

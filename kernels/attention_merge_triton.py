@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.gates_triton import sigmoid_gate
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 
 # The splits are read SPLIT_CHUNK at a time whatever their number: one compiled variant for any split count (a tile
@@ -44,8 +45,14 @@ def _splits_sum(p_parts, p_lse, num_splits, shift, stride_ps, stride_ls, o_d, m_
 
 
 @triton.jit
-def _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d):
+def _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d, gate, stride_gt,
+                  stride_gh, GATE: tl.constexpr):
+    """The merged row into out (GATE: times sigmoid of the gate's row, as sigmoid_mul would make of the stored
+    row: the row rounded to out's dtype first), its lse into out_lse (never gated)."""
     merged = acc / tl.maximum(sum_w, 1e-30)
+    if GATE:
+        b_g = tl.load(gate + i_t * stride_gt + i_h * stride_gh + o_d, mask=m_d, other=0).to(tl.float32)
+        merged = sigmoid_gate(merged.to(out.dtype.element_ty).to(tl.float32), b_g, out)
     tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, merged.to(out.dtype.element_ty), mask=m_d)
     tl.store(out_lse + i_t * stride_olt + i_h,
              tl.where(sum_w > 0, shift + tl.log(tl.maximum(sum_w, 1e-30)), float("-inf")))
@@ -54,11 +61,11 @@ def _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_o
 @triton.jit(do_not_specialize=["num_splits", "stride_ls"])
 def merge_splits_fwd_kernel(
     parts, lses, out, out_lse, num_splits, num_heads, head_dim,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt, gate, stride_gt,
+    stride_gh, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, GATE: tl.constexpr = False,
 ):
     """One (token, head) row: the largest lse over the splits, then each split's part weighted by exp(lse - it),
-    BLOCK_S splits at a time."""
+    BLOCK_S splits at a time (GATE: the row stored times sigmoid(gate), _store_merged)."""
     pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
@@ -70,25 +77,31 @@ def merge_splits_fwd_kernel(
     shift = tl.where(top_all == float("-inf"), 0.0, top_all)
     acc, sum_w = _splits_sum(parts + i_t * stride_pt + i_h * stride_ph, p_lse, num_splits, shift, stride_ps, stride_ls,
                              o_d, m_d, BLOCK_S, BLOCK_D)
-    _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d)
+    _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d, gate,
+                  stride_gt, stride_gh, GATE)
 
 
-def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor) -> None:
+def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor,
+                      gate: torch.Tensor | None = None) -> None:
     """parts [S, N, H, D] fp32 (each normalised over its own keys), lses [S, N, H] fp32 (natural log, -inf: no
-    key) -> writes out [N, H, D] (its dtype) and out_lse [N, H] fp32 as merge_attention_states returns them."""
+    key) -> writes out [N, H, D] (its dtype) and out_lse [N, H] fp32 as merge_attention_states returns them.
+    gate [N, H, D] (Qwen3.5's attention output gate; rows and heads may be strided): out is then the merged rows
+    times sigmoid(gate), what sigmoid_mul makes of them, without a launch of its own."""
     num_splits, tokens, heads, dim = parts.shape
-    if lses.shape != parts.shape[:3] or out.shape != parts.shape[1:] or out_lse.shape != parts.shape[1:3]:
+    if lses.shape != parts.shape[:3] or out.shape != parts.shape[1:] or out_lse.shape != parts.shape[1:3] \
+            or (gate is not None and gate.shape != out.shape):
         raise ValueError(f"merge: parts {tuple(parts.shape)}, lses {tuple(lses.shape)}, out {tuple(out.shape)}, "
-                         f"out_lse {tuple(out_lse.shape)}")
-    if any(t.stride(-1) != 1 for t in (parts, lses, out, out_lse)):
+                         f"out_lse {tuple(out_lse.shape)}, gate {None if gate is None else tuple(gate.shape)}")
+    if any(t.stride(-1) != 1 for t in (parts, lses, out, out_lse) + ((gate,) if gate is not None else ())):
         raise ValueError("merge: every last dimension must be contiguous")
     if tokens * heads == 0:
         return
     merge_splits_fwd_kernel[(tokens * heads,)](
         parts, lses, out, out_lse, num_splits, heads, dim,
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
-        out.stride(0), out.stride(1), out_lse.stride(0),
-        BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim),
+        out.stride(0), out.stride(1), out_lse.stride(0), gate if gate is not None else out,
+        gate.stride(0) if gate is not None else 0, gate.stride(1) if gate is not None else 0,
+        BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim), GATE=gate is not None,
         **pdl_launch(parts.device),
     )
 

@@ -39,8 +39,14 @@ def sigmoid_mul_fwd_kernel(x, gate, out, cols, head_dim, stride_gt, stride_gh, B
     b_x = tl.load(x + i_t * cols + o_c, mask=mask, other=0).to(tl.float32)
     p_g = gate + i_t * stride_gt + (o_c // head_dim) * stride_gh + o_c % head_dim
     b_g = tl.load(p_g, mask=mask, other=0).to(tl.float32)
-    b_s = _round(1.0 / (1.0 + tl.exp(-b_g)), out)
-    tl.store(out + i_t * cols + o_c, (b_x * b_s).to(out.dtype.element_ty), mask=mask)
+    tl.store(out + i_t * cols + o_c, sigmoid_gate(b_x, b_g, out).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def sigmoid_gate(b_x, b_g, like):
+    """fp32 x * sigmoid(gate) as the unfused bf16 ops round it (the sigmoid rounded to like's dtype), in fp32 (the
+    caller rounds the product as it stores it); kernels/attention_merge_triton.py gates merged rows with it."""
+    return b_x * _round(1.0 / (1.0 + tl.exp(-b_g)), like)
 
 
 @triton.jit

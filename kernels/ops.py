@@ -287,15 +287,18 @@ def gated_delta_tail(q, k, v, g, beta, states, out, pool, index: TailIndex, qk_n
 # GPU paths. Imported on first use: triton.jit decides at import whether a kernel compiles or runs in
 # the interpreter, and the CPU path must not import Triton at all.
 def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len=None, prev=None,
-                    out=None, out_lse=None, window=None):
+                    out=None, out_lse=None, window=None, gate=None):
     """(out [N, Hq, D], lse [N, Hq]) over the paged pool: Triton on CUDA, the reference elsewhere. prev: (out, lse)
     over an earlier key range to continue from; out, out_lse: where to write (out may be prev's, or fp32);
-    window: a decode launch's keys outside the pool (paged_kv.KeyWindow), merged in."""
+    window: a decode launch's keys outside the pool (paged_kv.KeyWindow), merged in; gate [N, Hq, D]: out times
+    sigmoid(gate) (Qwen3.5's output gate; without prev), lse not."""
     if q.is_cuda:
         from headroom.kernels.paged_attention import paged_attention as run
 
         return run(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, out=out,
-                   out_lse=out_lse, prev=prev, window=window)
+                   out_lse=out_lse, prev=prev, window=window, gate=gate)
+    if gate is not None and prev is not None:
+        raise ValueError("paged_attention: a gated launch continues no earlier range (prev)")
     from headroom.kernels.paged_kv import naive_paged_attention
 
     got, got_lse = naive_paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale)
@@ -310,6 +313,9 @@ def paged_attention(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, 
         seen, seen_lse = naive_paged_attention(q, q_positions, rows, window.table, window.start, window.lens, window.kv,
                                                scale)
         got, got_lse = naive_merge_two(got.float(), got_lse, seen.float(), seen_lse)
+    if gate is not None:
+        # as the unfused layer: the output rounded to q's dtype, then gated
+        got = sigmoid_mul(got.to(q.dtype).reshape(q.shape[0], -1), gate).view(q.shape)
     if out is None:
         return got.to(q.dtype), got_lse
     out.copy_(got)

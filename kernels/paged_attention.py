@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from headroom.kernels.attention_merge_triton import merge_splits_into
+from headroom.kernels.gates_triton import sigmoid_mul
 from headroom.kernels.int_float import exact_float
 
 # The reference lives in the triton-free paged_kv so CPU callers never import (and compile-decorate) this module.
@@ -486,7 +487,7 @@ def paged_attention_fwd(
     q: torch.Tensor, q_positions: torch.Tensor, q_offsets: torch.Tensor, kv_table: torch.Tensor,
     kv_start: torch.Tensor, kv_lens: torch.Tensor, kv: PagedKV, scale: float, max_q_len: int, num_splits: int,
     out: torch.Tensor, out_lse: torch.Tensor, prev: tuple[torch.Tensor, torch.Tensor] | None = None,
-    window: KeyWindow | None = None,
+    window: KeyWindow | None = None, gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_q_heads, head_dim = q.shape
     if prev is not None and num_splits != 1:
@@ -578,7 +579,9 @@ def paged_attention_fwd(
             **pdl_launch(q.device),
         )
     if grid_splits > 1:
-        merge_splits_into(splits_out, lse, out, out_lse)
+        merge_splits_into(splits_out, lse, out, out_lse, gate)
+    elif gate is not None:
+        out.copy_(sigmoid_mul(out.reshape(num_tokens, -1), gate).view(out.shape))
     return out, out_lse
 
 
@@ -626,6 +629,7 @@ def paged_attention(
     max_q_len: int | None = None, num_splits: int | None = None,
     out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
     prev: tuple[torch.Tensor, torch.Tensor] | None = None, window: KeyWindow | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of B sequences' query chunks over keys read from the paged pool.
 
@@ -640,8 +644,15 @@ def paged_attention(
     range: the result is then attention over both (as merge_two would give), in one split; out may be prev's.
     window: keys outside the pool (a KIVI pool's residual windows, KeyWindow), attended as one more split of the
     launch, for decode launches (one query row a sequence, no prev): the result is attention over both ranges.
+    gate [N, Hq, D] (Qwen3.5's attention output gate, no prev, out in q's dtype): out comes back times
+    sigmoid(gate), by the split merge where the launch splits (no launch of its own), else by sigmoid_mul; lse
+    is never gated.
     """
     _check(q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv)
+    if gate is not None and (gate.shape != q.shape or gate.stride(-1) != 1 or prev is not None
+                             or (out is not None and out.dtype != q.dtype)):
+        raise ValueError(f"gate {tuple(gate.shape)} must be {tuple(q.shape)} with a contiguous last dimension, for a "
+                         "launch without prev writing q's dtype")
     if max_q_len is None:
         max_q_len = int((q_offsets[1:] - q_offsets[:-1]).max().item()) if kv_table.shape[0] else 0
     if window is not None:
@@ -660,6 +671,7 @@ def paged_attention(
         if prev is not None:
             # No key in this range: the earlier range's answer stands.
             return out.copy_(prev[0]), out_lse.copy_(prev[1])
+        # (gated or not, a row that sees no key is 0)
         return out.zero_(), out_lse.fill_(float("-inf"))
     if num_splits is None:
         group = q.shape[1] // kv.num_kv_heads
@@ -670,7 +682,7 @@ def paged_attention(
             num_splits *= DECODE_TUNING.get("splits_x", 1)
     return paged_attention_fwd(
         q, q_positions, q_offsets, kv_table, kv_start, kv_lens, kv, scale, max_q_len, num_splits, out, out_lse, prev,
-        window,
+        window, gate,
     )
 
 

@@ -63,7 +63,11 @@ class FullAttention:
             k = ops.rms_norm_rotary(k, self.k_norm, cfg.rms_norm_eps, cfg.norm_unit_offset, batch.positions, self.inv_freq)
             self._store(k, v, batch, kv_pool)
         if q.is_cuda or batch.is_static:
-            out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale, (k, v))
+            # A graphed decode step's gate goes into the attention's split merge (a launch less a layer).
+            fused_gate = gate if batch.is_static else None
+            out = paged_attention_over_pool(q, batch, kv_pool, self.pool_layer, self.scale, (k, v), fused_gate)
+            if fused_gate is not None:
+                gate = None
         else:
             out = torch.empty_like(q)
             for span in batch.spans:

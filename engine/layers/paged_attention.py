@@ -94,11 +94,15 @@ def _prefix_blocks(batch: ForwardBatch, closed: list[int], kv: PagedKV, group: i
 
 def paged_attention_over_pool(
     q: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, layer: int, scale: float,
-    chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None, gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D] of the batch's flattened rows (K/V already stored) -> attention output [N, Hq, D].
     chunk_kv: the pass's own K/V [N, Hkv, D] (as stored); with them, long spans of a bf16 pool take the dense path
-    (_long_span_attention)."""
+    (_long_span_attention). gate [N, Hq, D] (Qwen3.5's output gate), graphed decode steps only: the output comes
+    back times sigmoid(gate), gated by the launch's split merge where the step attends in one launch (a launch
+    less a layer), else by sigmoid_mul."""
+    if gate is not None and not batch.is_static:
+        raise ValueError("paged_attention_over_pool: the output gate rides along in graphed decode steps only")
     spans, device, page = batch.spans, q.device, kv_pool.page_tokens
 
     def closed_keys() -> list[int]:
@@ -116,15 +120,17 @@ def paged_attention_over_pool(
     kv = PagedKV.from_store(kv_pool.layers[layer], kv_pool.kv_dtype, kv_pool.bits, page, kv_pool.value_group)
     positions = batch.positions
 
-    def pool_pass(lens: torch.Tensor) -> _Pass:
+    def pool_pass(lens: torch.Tensor, gated: torch.Tensor | None = None) -> _Pass:
         return lambda prev, out, lse: ops.paged_attention(
-            q, positions, offsets, table, zeros, lens, kv, scale, max_q_len=max_q_len, prev=prev, out=out, out_lse=lse)
+            q, positions, offsets, table, zeros, lens, kv, scale, max_q_len=max_q_len, prev=prev, out=out, out_lse=lse,
+            gate=gated)
 
     if not kv_pool.is_kivi:
         long = [i for i, s in enumerate(spans) if s.length >= DENSE_MIN_ROWS]
         if not DENSE_ATTENTION or chunk_kv is None or batch.is_static or kv.kind != "dense" or not long \
                 or not dense_attention.available(q, kv.num_kv_heads):
-            return _chain([pool_pass(closed_t)], q)
+            # (one pass writing q's dtype: a gate goes into its launch)
+            return _chain([pool_pass(closed_t, gate)], q)
         if len(long) == len(spans):
             out = torch.empty_like(q)
         else:
@@ -178,16 +184,21 @@ def paged_attention_over_pool(
                 keys = paged_kv.KeyWindow(window, window_table, closed_t, window_lens)
                 return _chain([lambda prev, out, lse: ops.paged_attention(
                     q, positions, offsets, table, zeros, direct, kv, scale, max_q_len=max_q_len, out=out, out_lse=lse,
-                    window=keys)], q)
+                    window=keys, gate=gate)], q)
             passes.append(lambda prev, out, lse: ops.paged_attention(
                 q, positions, offsets, window_table, closed_t, window_lens, window, scale, max_q_len=max_q_len,
                 prev=prev, out=out, out_lse=lse))
+        if gate is not None and len(passes) == 1:
+            # a graphed step without windows (blocks is None): the pool's one launch, gated
+            return _chain([pool_pass(direct, gate)], q)
         # An eager pass's launches all write fp32, the last one too (copied out after it): which pass came last (the
         # window's, or the pool's when no chunk ends mid-page) and what came before it (a direct pass, in mixed
         # batches) chose the output's dtype, a specialisation key, and serving met combinations the warm-up's passes
         # never compiled (session 15's review: int2 prompts of 32-128 tokens, and mixed batches). (A graphed step
         # returned above: its split merge writes the output in q's dtype, a variant compiled at capture.)
-        return _chain(passes, q, last_in_fp32=not batch.is_static)
+        out = _chain(passes, q, last_in_fp32=not batch.is_static)
+        # (a graphed step's pool and window passes apart, WINDOW_MERGE off: gated after them)
+        return out if gate is None else ops.sigmoid_mul(out.reshape(out.shape[0], -1), gate).view(out.shape)
 
     # (The long spans' rows of a paged pass's output are left as it wrote them, none of their keys seen, and are
     # written below.)

@@ -29,6 +29,27 @@ def test_merge_matches_reference(splits, tokens, heads, dim):
     assert out[-1, -1].abs().max() == 0 and out_lse[-1, -1] == float("-inf")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_gated_merge_is_sigmoid_mul_of_the_merged_rows(dtype):
+    """gate: the merged rows times sigmoid of a strided gate ([N, H, 2D]'s second half, as Qwen3.5's q|gate rows),
+    bit for bit what sigmoid_mul makes of the ungated merge's output; the lse is not gated."""
+    from headroom.kernels.gates_triton import sigmoid_mul
+
+    gen = torch.Generator().manual_seed(4)
+    parts = torch.randn(6, 3, 4, 24, generator=gen)
+    lses = torch.randn(6, 3, 4, generator=gen) * 3
+    lses[:, -1, -1] = float("-inf")
+    gate = (torch.randn(3, 4, 48, generator=gen) * 2).to(dtype)[..., 24:]
+    plain, plain_lse = torch.empty(3, 4, 24, dtype=dtype), torch.empty(3, 4)
+    merge_splits_into(parts, lses, plain, plain_lse)
+    gated, gated_lse = torch.empty(3, 4, 24, dtype=dtype), torch.empty(3, 4)
+    merge_splits_into(parts, lses, gated, gated_lse, gate)
+    assert torch.equal(gated.view(3, -1), sigmoid_mul(plain.view(3, -1), gate))
+    assert torch.equal(gated_lse, plain_lse)
+    with pytest.raises(ValueError, match=r"gate \(3, 4, 8\)"):
+        merge_splits_into(parts, lses, gated, gated_lse, gate[..., :8])
+
+
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="lses"):
         merge_splits_into(torch.zeros(2, 1, 1, 8), torch.zeros(3, 1, 1), torch.zeros(1, 1, 8), torch.zeros(1, 1))

@@ -121,6 +121,28 @@ def test_decode_window_as_one_more_split_equals_whole_context(num_splits):
     _close(out, ref, lse, ref_lse)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_a_gated_launch_is_sigmoid_mul_of_its_output(num_splits):
+    """gate (Qwen3.5's output gate, a strided view): the launch's rows times sigmoid(gate), bit for bit what
+    sigmoid_mul makes of the ungated launch's rows, through the split merge (4 splits) or after the launch (1); the
+    CPU reference path (ops) gates the same way; a gated launch continuing an earlier range is refused."""
+    from headroom.kernels.gates_triton import sigmoid_mul
+
+    kv, table = make_pool("kivi", 2, 2, 64, [96, 40], torch.bfloat16)
+    q, positions, offsets = _batch([96, 40], [1, 1], 4, 64, torch.bfloat16)
+    gate = (torch.randn(2, 4, 128, generator=torch.Generator().manual_seed(2)) * 2).bfloat16()[..., 64:]
+    args = (q, positions, offsets, table, torch.zeros(2, dtype=torch.int32), torch.tensor([96, 40], dtype=torch.int32),
+            kv, 0.125)
+    plain, plain_lse = paged_attention(*args, num_splits=num_splits)
+    gated, gated_lse = paged_attention(*args, num_splits=num_splits, gate=gate)
+    assert torch.equal(gated.view(2, -1), sigmoid_mul(plain.view(2, -1), gate))
+    assert torch.equal(gated_lse, plain_lse)
+    ref, _ = ops.paged_attention(*args, gate=gate)
+    torch.testing.assert_close(ref.float(), gated.float(), atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="gate"):
+        paged_attention(*args, prev=(plain.float(), plain_lse), gate=gate)
+
+
 def test_a_decode_window_refuses_chunks():
     kv, table = make_pool("kivi", 2, 2, 64, [64], torch.bfloat16)
     window_kv, _ = make_pool("dense", 16, 2, 64, [8], torch.bfloat16)

@@ -18,8 +18,9 @@ from headroom.kernels import ops
 from headroom.kernels import paged_attention as pa
 
 # The layer's kernels as a GPU runs them (the CPU's ops take the naive path), every launch recorded and skipped.
-ops.paged_attention = lambda q, p, o, t, s, n, kv, sc, max_q_len=None, prev=None, out=None, out_lse=None: \
-    pa.paged_attention(q, p, o, t, s, n, kv, sc, max_q_len, out=out, out_lse=out_lse, prev=prev)
+ops.paged_attention = lambda q, p, o, t, s, n, kv, sc, max_q_len=None, prev=None, out=None, out_lse=None, \
+    window=None, gate=None: pa.paged_attention(q, p, o, t, s, n, kv, sc, max_q_len, out=out, out_lse=out_lse,
+                                               prev=prev, window=window, gate=gate)
 ops.dequantize_block = pa.dequantize_block
 keys = {}
 current = [None]
