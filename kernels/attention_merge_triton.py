@@ -14,34 +14,38 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 # The splits are read SPLIT_CHUNK at a time whatever their number: one compiled variant for any split count (a tile
 # of next_power_of_2(splits) made one for each power of two, and serving met counts the warm-up had not: 64, 32 and
 # 16 splits of an int2 pool's short prompts, session 15's review). num_splits, and the lses' split stride (the pass's
-# tokens times the heads), are no specialisation keys for the same reason.
-SPLIT_CHUNK = 16
+# tokens times the heads), are no specialisation keys for the same reason. 32: a graphed decode step over a bf16 pool
+# splits 32 ways at batch 1, so its merge is one chunk, one round trip to L2 (_splits_merged).
+SPLIT_CHUNK = 32
 
 
 @triton.jit
-def _splits_top(p_lse, num_splits, stride_ls, BLOCK_S: tl.constexpr):
-    """The largest lse over a row's splits (-inf if none saw a key)."""
+def _splits_merged(p_parts, p_lse, num_splits, stride_ps, stride_ls, o_d, m_d, BLOCK_S: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """A row's splits merged in one pass, BLOCK_S at a time, each chunk's lses and parts loaded together: (the
+    parts weighted by exp(lse - shift) summed [BLOCK_D], the weights' sum, shift), shift the largest lse (0 if no
+    split saw a key: every weight is then exp(-inf) = 0, not NaN). The sums so far are rescaled when a chunk raises
+    the largest lse; with at most BLOCK_S splits there is one chunk and the weights are exp(lse - the largest lse),
+    as a pass for the largest lse and a second for the sums gave them (that pass was a round trip to L2 more)."""
     o_s = tl.arange(0, BLOCK_S)
-    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        top = tl.maximum(top, tl.load(p_lse + (s0 + o_s) * stride_ls, mask=s0 + o_s < num_splits, other=float("-inf")))
-    return tl.max(top, 0)
-
-
-@triton.jit
-def _splits_sum(p_parts, p_lse, num_splits, shift, stride_ps, stride_ls, o_d, m_d, BLOCK_S: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """A row's splits weighted by exp(lse - shift): (sum of the weighted parts [BLOCK_D], sum of the weights)."""
-    o_s = tl.arange(0, BLOCK_S)
+    top = float("-inf")
+    shift = 0.0
     total = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         m_s = s0 + o_s < num_splits
-        b_w = tl.exp(tl.load(p_lse + (s0 + o_s) * stride_ls, mask=m_s, other=float("-inf")) - shift)
-        acc += tl.load(p_parts + (s0 + o_s)[:, None] * stride_ps + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
-                       other=0) * b_w[:, None]
-        total += b_w
-    return tl.sum(acc, 0), tl.sum(total, 0)
+        b_lse = tl.load(p_lse + (s0 + o_s) * stride_ls, mask=m_s, other=float("-inf"))
+        b_part = tl.load(p_parts + (s0 + o_s)[:, None] * stride_ps + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+                         other=0)
+        new_top = tl.maximum(top, tl.max(b_lse, 0))
+        new_shift = tl.where(new_top == float("-inf"), 0.0, new_top)
+        # (nothing summed while no split has seen a key: its sums are 0, whatever exp(shift - new_shift) would be)
+        scale = tl.where(top == float("-inf"), 0.0, tl.exp(shift - new_shift))
+        b_w = tl.exp(b_lse - new_shift)
+        acc = acc * scale + b_part * b_w[:, None]
+        total = total * scale + b_w
+        top, shift = new_top, new_shift
+    return tl.sum(acc, 0), tl.sum(total, 0), shift
 
 
 @triton.jit
@@ -64,19 +68,15 @@ def merge_splits_fwd_kernel(
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt, gate, stride_gt,
     stride_gh, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, GATE: tl.constexpr = False,
 ):
-    """One (token, head) row: the largest lse over the splits, then each split's part weighted by exp(lse - it),
-    BLOCK_S splits at a time (GATE: the row stored times sigmoid(gate), _store_merged)."""
+    """One (token, head) row: each split's part weighted by exp(lse - the largest lse), BLOCK_S splits at a time
+    (_splits_merged; GATE: the row stored times sigmoid(gate), _store_merged)."""
     pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     i_t, i_h = i_r // num_heads, i_r % num_heads
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < head_dim
-    p_lse = lses + i_t * stride_lt + i_h
-    top_all = _splits_top(p_lse, num_splits, stride_ls, BLOCK_S)
-    # A row with no key in any split: shift by 0 so that every weight is exp(-inf) = 0, not NaN.
-    shift = tl.where(top_all == float("-inf"), 0.0, top_all)
-    acc, sum_w = _splits_sum(parts + i_t * stride_pt + i_h * stride_ph, p_lse, num_splits, shift, stride_ps, stride_ls,
-                             o_d, m_d, BLOCK_S, BLOCK_D)
+    acc, sum_w, shift = _splits_merged(parts + i_t * stride_pt + i_h * stride_ph, lses + i_t * stride_lt + i_h,
+                                       num_splits, stride_ps, stride_ls, o_d, m_d, BLOCK_S, BLOCK_D)
     _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d, gate,
                   stride_gt, stride_gh, GATE)
 
@@ -102,7 +102,8 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         out.stride(0), out.stride(1), out_lse.stride(0), gate if gate is not None else out,
         gate.stride(0) if gate is not None else 0, gate.stride(1) if gate is not None else 0,
         BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim), GATE=gate is not None,
-        **pdl_launch(parts.device),
+        # (a chunk of 32 splits x 256 channels is 32 fp32 a thread at 8 warps, for the parts and the sums each)
+        num_warps=8 if SPLIT_CHUNK * triton.next_power_of_2(dim) >= 4096 else 4, **pdl_launch(parts.device),
     )
 
 

@@ -117,3 +117,15 @@ def test_in_place_pair_merge_loads_everything_before_any_store_on_sm90():
     barriers = [i for i, line in enumerate(lines) if line.startswith(("bar.sync", "barrier.sync"))]
     assert loads and stores and barriers
     assert any(max(loads) < b < min(stores) for b in barriers)
+
+
+def test_the_split_merge_compiles_for_sm90_gated_or_not():
+    """sm_90 (the H200): the one-pass merge of a chunk of 32 splits x 256 channels at 8 warps, with and without the
+    output gate (the interpreter does not hold it to the GPU compiler's typing of the loop's running maximum)."""
+    from tests.kernels.sm90 import compile_sm90
+
+    pointers = {"parts": "*fp32", "lses": "*fp32", "out_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
+    variants = [("headroom.kernels.attention_merge_triton", "merge_splits_fwd_kernel", pointers,
+                 {"BLOCK_S": 32, "BLOCK_D": 256, "PDL": True, "GATE": gate}) for gate in (False, True)]
+    for result in compile_sm90(variants, num_warps=8):
+        assert result["ok"], result.get("error")
