@@ -862,7 +862,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
     last_split = k - (split - 1) * k_per_split
     prefetch = max(p for p in (1, 2, 4) if p == 1 or (p <= config.prefetch and p * config.block_k <= last_split))
-    # L2 prefetch only with PDL (it overlaps the wait) and whole lines of 32 units a tile (BLOCK_K of at least 64)
+    # L2 prefetch only with PDL (it overlaps the wait) and tiles of whole 32-unit steps (a 128-byte line of pairs;
+    # 64 bytes of bf16 elements, each line then asked for twice)
     units = config.block_k // (2 if pairs else 1)
     l2_prefetch = config.l2_prefetch if pdl_launch(x.device)["PDL"] and units % 32 == 0 else 0
     if config.l2_prefetch not in (0, 1, 2, 4, 8):
@@ -1015,11 +1016,12 @@ def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], 
     keyed (out_features, in_features, rows, input kind); an entry without "input" (tables before the fused
     down projection) is a plain one, one without "swap_ab" (tables before it) is not swapped, one without
     "rows_on_cores" runs several rows on the tensor cores, one without "prefetch" loads one tile before its
-    PDL wait, and one without "stream" is a grid of blocks and splits."""
+    PDL wait, one without "stream" is a grid of blocks and splits, and one without "l2_prefetch" asks L2 for
+    nothing before its wait."""
     from headroom.kernels.tuned_table import entries_for
 
     return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
             GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
                        c.get("swap_ab", False), c.get("rows_on_cores", False), c.get("prefetch", 1),
-                       c.get("stream", 0))
+                       c.get("stream", 0), c.get("l2_prefetch", 0))
             for c in entries_for(TUNED_CONFIGS, device)}

@@ -192,13 +192,16 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     from headroom.kernels import gemv as module
 
     entry = {"n": 8, "k": 16, "m": 1, "block_n": 16, "block_k": 128, "split": 2, "num_warps": 4, "num_stages": 3}
+    # (an entry may carry l2_prefetch; one without it asks L2 for nothing)
+    prefetching = {**entry, "n": 24, "l2_prefetch": 2}
     table = tmp_path / "gemv_tuned_configs.json"
-    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [entry]},
+    table.write_text(json.dumps({"GPU_A": {"triton": triton.__version__, "configs": [entry, prefetching]},
                                  "GPU_B": {"triton": "0.0.1", "configs": [entry]}}))
     monkeypatch.setattr(module, "TUNED_CONFIGS", table)
     cuda = torch.device("cuda")
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_A")
-    assert module.load_tuned_configs(cuda) == {(8, 16, 1, "x"): GemvConfig(16, 128, 2, 4, 3)}
+    assert module.load_tuned_configs(cuda) == {(8, 16, 1, "x"): GemvConfig(16, 128, 2, 4, 3),
+                                               (24, 16, 1, "x"): GemvConfig(16, 128, 2, 4, 3, l2_prefetch=2)}
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_B")
     assert module.load_tuned_configs(cuda) == {}  # another Triton version's timings
     monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None: "GPU_C")
