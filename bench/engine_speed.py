@@ -58,6 +58,7 @@ import gc
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -342,9 +343,9 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
 
 
 def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
-    """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields for every
-    one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input alike)}}, each
-    a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains of GEMVs; what
+    """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields
+    for every one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input
+    alike)}}, each a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains of GEMVs; what
     a change does between the small kernels of a step (the norms, the conv, the delta rule, attention) only a
     step shows."""
     from headroom.kernels import gemv
@@ -378,12 +379,16 @@ def gemv_variants() -> dict[str, dict]:
     variants = json.loads(text) if text else {"shipped": {}, "l2_2": {"*": {"l2_prefetch": 2}},
                                                "l2_4": {"*": {"l2_prefetch": 4}}}
     fields = set(vars(GemvConfig()))
-    for name, changes in variants.items() if isinstance(variants, dict) else [(None, None)]:
-        if not isinstance(changes, dict) or not all(
-                isinstance(c, dict) and set(c) <= fields and all(isinstance(v, int) for v in c.values())
-                for c in changes.values()):
-            raise ValueError(f"ENGINE_SPEED_GEMV_VARIANTS: variant {name!r} must map \"*\" or \"NxK\" to integer "
-                             f"GemvConfig fields ({sorted(fields)}), got {text!r}")
+
+    def valid(changes: object) -> bool:
+        # (a misspelt shape key would match no entry and time the shipped table under the variant's name)
+        return isinstance(changes, dict) and all(
+            (shape == "*" or re.fullmatch(r"\d+x\d+", shape)) and isinstance(c, dict) and set(c) <= fields
+            and all(isinstance(v, int) for v in c.values()) for shape, c in changes.items())
+
+    if not isinstance(variants, dict) or not all(valid(changes) for changes in variants.values()):
+        raise ValueError(f"ENGINE_SPEED_GEMV_VARIANTS: each variant must map \"*\" or \"NxK\" (N, K integers) to "
+                         f"integer GemvConfig fields ({sorted(fields)}), got {text!r}")
     return variants
 
 

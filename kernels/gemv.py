@@ -862,14 +862,15 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # Tiles before the wait: at most the last split's (the shortest; whole tiles when K is a multiple of block_k).
     last_split = k - (split - 1) * k_per_split
     prefetch = max(p for p in (1, 2, 4) if p == 1 or (p <= config.prefetch and p * config.block_k <= last_split))
-    # L2 prefetch only with PDL (it overlaps the wait) and tiles of whole 32-unit steps (a 128-byte line of pairs;
-    # 64 bytes of bf16 elements, each line then asked for twice)
-    units = config.block_k // (2 if pairs else 1)
-    l2_prefetch = config.l2_prefetch if pdl_launch(x.device)["PDL"] and units % 32 == 0 else 0
     if config.l2_prefetch not in (0, 1, 2, 4, 8):
         raise ValueError(f"gemv: l2_prefetch={config.l2_prefetch} must be 0, 1, 2, 4 or 8 weight tiles")
+    # a tile's units along K (pairs or elements)
+    units = config.block_k // (2 if pairs else 1)
+    # L2 prefetch only with PDL (it overlaps the wait) and tiles of whole 32-unit steps (a 128-byte line of pairs;
+    # 64 bytes of bf16 elements, each line then asked for twice)
+    l2_prefetch = config.l2_prefetch if pdl_launch(x.device)["PDL"] and units % 32 == 0 else 0
     # CORE_ROWS' accumulator [BLOCK_M, BLOCK_N, units], fp32 registers a thread
-    acc_regs = block_m * config.block_n * (config.block_k // (2 if pairs else 1)) // (32 * config.num_warps)
+    acc_regs = block_m * config.block_n * units // (32 * config.num_warps)
     # NORM reads the parts of the GEMV before; RESIDUAL writes its own (one an output block)
     parts = norm.sumsq if norm is not None else sumsq if sumsq is not None else out
     gemv_fwd_kernel[(blocks, split)](
