@@ -260,14 +260,19 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
     return out
 
 
+def llm_settings(kv: str) -> dict:
+    """The LLM API rows' engine settings (part_llm), KV cache in `kv`."""
+    return {"device": "cuda", "dtype": "bfloat16", "kv_dtype": kv, "max_total_tokens": 270336, "ssm_slots": 40,
+            "chunked_prefill_size": 8192, "context_length": 140000, "max_running_requests": 16,
+            "enable_prefix_cache": False}
+
+
 def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = False) -> dict:
     """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence (into the
     issue's rows unless into_rows is False; decode_only: the decode rows alone, for A/Bs of decode kernels)."""
     from headroom.engine.llm import LLM
 
-    settings = {"device": "cuda", "dtype": "bfloat16", "kv_dtype": kv, "max_total_tokens": 270336, "ssm_slots": 40,
-                "chunked_prefill_size": 8192, "context_length": 140000, "max_running_requests": 16,
-                "enable_prefix_cache": False}
+    settings = llm_settings(kv)
     out: dict = {"prefill": {}, "decode": {}}
     try:
         llm = LLM(str(MODEL), **settings)
@@ -360,6 +365,26 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
             out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
     finally:
         gemv._tuned = shipped
+    return out
+
+
+def part_gemv_step(state: dict) -> dict:
+    """Batch 1's GEMV table tuned in the graphed step (decode_parts.step_gemv_tune, budget ENGINE_SPEED_STEP_TUNE_S,
+    default 240 s), then part_llm's decode rows with the shipped table and with the tuned one (llm_bf16_gemv's
+    form): the tuned table's entries and their figures to ship in kernels/gemv_tuned_configs.json by hand."""
+    from headroom.engine.llm import LLM
+
+    def tune() -> dict:
+        llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
+        llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
+        return decode_parts.step_gemv_tune(llm.runner, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")))
+
+    out = {"tune": tune()}
+    gc.collect()
+    torch.cuda.empty_cache()
+    variant = out["tune"].get("variant")
+    if variant:
+        out["decode"] = part_llm_gemv(state, "bf16", {"shipped": {}, "step_tuned": variant})
     return out
 
 
@@ -488,6 +513,7 @@ def main() -> None:
             "llm_bf16_after": lambda s: part_llm(s, "bf16", into_rows=False),
             "llm_bf16_prefetch": lambda s: part_llm_gemv(s, "bf16", prefetch_variants()),
             "llm_bf16_gemv": lambda s: part_llm_gemv(s, "bf16", gemv_variants()),
+            "gemv_step": part_gemv_step,
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
             "kernels": lambda s: parts.kernel_checks(),

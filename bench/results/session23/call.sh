@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 23's device calls: `bash bench/results/session23/call.sh [PLAN]` from the repo root on the GPU machine
+# (carry .whl and .old). Results go under /tmp/r, tarred into $OUT/r.tgz after every part (starts are scarce and a
+# call cut off at its limit still returns what $OUT holds).
+source bench/device_env.sh
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); R=/tmp/r; mkdir -p $R; echo "$G" > $R/gpu.txt
+es() { d=$1; o=$R/$2; shift 2; mkdir -p $o; local t0=$SECONDS
+    env TRITON_CACHE_DIR=/tmp/tc ENGINE_SPEED_INIT=/nonexistent ENGINE_SPEED_DEADLINE_S=$d timeout $((d+60)) \
+        python3 bench/engine_speed.py $o "$@" > $o/log.txt 2>&1
+    echo "$o rc $? $((SECONDS-t0)) s: $*" >> $R/gpu.txt; tar czf $OUT/r.tgz -C $R .
+    # A part killed at its limit can leave the GPU's memory held for a while (call 1's next LLM found 13.7 GB of 80
+    # free and refused to start): wait, up to a minute, for it to come back before the next part.
+    for _ in $(seq 60); do (( $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) < 2000 )) \
+        && break; sleep 1; done; }
+old() { F=$(cd .old && find . -name '*.py'); for f in $F; do mkdir -p /tmp/new/$(dirname $f); cp $f /tmp/new/$f
+    cp .old/$f $f; done; "$@"; for f in $F; do cp /tmp/new/$f $f; done; }
+V='{"shipped": {}, "l2_2": {"*": {"l2_prefetch": 2}}, "l2_4": {"*": {"l2_prefetch": 4}},
+    "narrow": {"2560x4096": {"block_n": 4, "block_k": 2048, "num_warps": 8, "num_stages": 2, "split": 1},
+               "2560x9216": {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "split": 1}}}'
+PLAN=${1:-auto}
+if [[ $PLAN == auto* ]]; then [[ $G == *H200* ]] && PLAN=table || PLAN=variants${PLAN#auto}; fi
+echo "plan $PLAN" >> $R/gpu.txt
+export GEMV_FUZZ_CASES=8
+case $PLAN in
+  table)
+    es 40 qn quantizers page_close gated_merge
+    es 280 h serve llm_bf16 llm_int2 hf_prefill profile_decode_int2
+    es 150 fz gemv_fuzz ;;
+  variants)
+    export ENGINE_SPEED_GEMV_VARIANTS="$V"
+    es 40 qn quantizers page_close gated_merge gemv_fuzz
+    es 200 n llm_bf16_gemv profile_decode_batches
+    export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
+  step)  # batch 1's GEMV table tuned in the graphed step, then the decode rows shipped against tuned
+    ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es 330 gs gemv_step ;;
+  variants2)  # call 1's variants row met a GPU still held by the killed fuzz; the fuzz given its own time
+    export ENGINE_SPEED_GEMV_VARIANTS="$V"; es 160 n2 llm_bf16_gemv
+    export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 60 o2 llm_bf16_gemv
+    es 200 fz gemv_fuzz ;;
+esac
