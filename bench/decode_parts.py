@@ -290,27 +290,32 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
 
 
 
-# In-step tuning (step_gemv_tune): the isolated sweep's fastest configurations a shape tried in a graphed step, and
-# the replays each step is timed over (the median of STEP_TIMINGS runs of STEP_REPLAYS back-to-back replays).
+# In-step tuning (step_gemv_tune): the isolated sweep's fastest configurations a shape tried in a graphed step; the
+# replays each step is timed over (the median of STEP_TIMINGS runs of STEP_REPLAYS back-to-back replays); the share
+# of the step a change must save to replace the configuration before it (session 23's H100 step at batch 1 timed
+# the same table 3,388-3,397 us: 0.25% is about three times that spread).
 STEP_CANDIDATES = 5
 STEP_TIMINGS, STEP_REPLAYS = 5, 50
+STEP_MIN_GAIN = 0.0025
 
 
-def step_gemv_tune(runner, budget_s: float = 240.0, candidates: int = STEP_CANDIDATES) -> dict:
-    """Batch 1's GEMV table tuned in the graphed decode step rather than in chains of GEMVs alone. The sweep's
-    isolated winners lose microseconds in the step (session 23 on the H100: out_proj's 2560 x 4096 8.4 us in the
-    sweep, 10.8 in the step; 4-row tiles that the sweep ranked lower gained 2.3% a step): what runs before a GEMV
-    (norms, the conv, the delta rule, attention) and the PDL hand-off change which tile wins. Shape by shape,
-    largest weight traffic a step first: every one-row configuration the sweep would try (gemv_configs) timed
-    alone on weights L2 cannot hold, the `candidates` fastest and the shipped one each set into the table for
-    every input kind of that shape (plain, normed, residual, SwiGLU), a batch-1 graph captured with them (runner's
-    model; no request may be running) and its replay timed; the fastest step keeps its configuration for the
-    shapes after. The shapes with no one-row entry (cuBLAS) are left alone. Returns, per shape, each candidate's
-    isolated and in-step time; the tuned table's one-row changes in part_llm_gemv's variant form; and the whole
-    step shipped against tuned, timed alternately."""
+def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0,
+                   candidates: int = STEP_CANDIDATES) -> dict:
+    """The GEMV table tuned in the graphed decode step rather than in chains of GEMVs alone. The sweep's isolated
+    winners lose microseconds in the step (session 23 on the H100: out_proj's 2560 x 4096 8.4 us in the sweep, 10.8
+    in the step; 4-row tiles the sweep ranked lower gained 2.3% a step): what runs before a GEMV (norms, the conv,
+    the delta rule, attention) and the PDL hand-off change which tile wins. For each row count, shape by shape,
+    most weight traffic a step first: every configuration the sweep would try (gemv_configs) timed alone on
+    weights L2 cannot hold; the `candidates` fastest, the table's own and cuBLAS (no entry) each set for every
+    input kind of that shape (plain, normed, residual, SwiGLU), a graph of that batch captured with them (runner's
+    model; no request may be running) and its replay timed; a candidate replaces the one before it only if its
+    step is STEP_MIN_GAIN faster, and the shapes after are tuned with the winner in place. Returns, per row count
+    and shape, each candidate's isolated and in-step time, the tuned table (every entry, kernels/
+    gemv_tuned_configs.json's fields) and, per row count, the whole step shipped against tuned, timed
+    alternately. budget_s: no new shape is started after it (the skipped ones are listed)."""
     from headroom.engine.runtime.decode_graphs import DecodeGraphs
     from headroom.kernels import gemv
-    from headroom.kernels.gemv import GemvConfig
+    from headroom.kernels.gemv import PLAIN_INPUT, GemvConfig
 
     started = time.perf_counter()
     device = runner.device
@@ -318,78 +323,90 @@ def step_gemv_tune(runner, budget_s: float = 240.0, candidates: int = STEP_CANDI
     shipped = gemv.load_tuned_configs(device)
     table = dict(shipped)
 
-    def step_us() -> float:
+    def step_us(m: int) -> float:
         gemv._tuned = table
-        graphs = DecodeGraphs(runner, 1)
-        graphs.capture()
-        times = sorted(graphs.replay_seconds(1, repeats=STEP_REPLAYS) for _ in range(STEP_TIMINGS))
+        graphs = DecodeGraphs(runner, m)
+        graphs.capture(sizes=(m,))
+        times = sorted(graphs.replay_seconds(m, repeats=STEP_REPLAYS) for _ in range(STEP_TIMINGS))
         del graphs
         torch.cuda.empty_cache()
         return times[len(times) // 2] * 1e6
 
-    def alone_us(config: GemvConfig, weights: list, x: torch.Tensor) -> float | None:
+    def alone_us(run, weights: list) -> float | None:
         try:
-            return _graph_time(lambda: [gemv.gemv(x, w, config) for w in weights], len(weights)) * 1e6
+            return _graph_time(lambda: [run(w) for w in weights], len(weights)) * 1e6
         except Exception:  # noqa: BLE001 - a configuration that does not compile or launch is not a candidate
             return None
 
-    sizes: dict[tuple[int, int], int] = {}  # weight elements a step reads through each shape
+    def put(keys: list, config: GemvConfig | None) -> None:
+        for key in keys:
+            if config is None:
+                table.pop(key, None)
+            else:
+                table[key] = config
+
+    traffic: dict[tuple[int, int], int] = {}  # weight elements a step reads through each shape
     for n, k, per_step in DECODE_SHAPES.values():
-        sizes[(n, k)] = sizes.get((n, k), 0) + per_step * n * k
-    shapes = sorted({(key[0], key[1]) for key in shipped if key[2] == 1}, key=lambda s: -sizes.get(s, s[0] * s[1]))
-    out: dict = {"sms": sms, "shapes": {}, "skipped_shapes": []}
+        if per_step:
+            traffic[(n, k)] = traffic.get((n, k), 0) + per_step * n * k
+    shapes = sorted(traffic, key=lambda shape: -traffic[shape])
+    out: dict = {"sms": sms, "min_gain": STEP_MIN_GAIN, "rows": {}, "skipped": []}
     try:
-        baseline = step_us()
-        out["shipped_step_us"] = baseline
-        for n, k in shapes:
-            if time.perf_counter() - started > budget_s:
-                out["skipped_shapes"].append(f"{n}x{k}")
-                continue
-            keys = [key for key in table if key[:3] == (n, k, 1)]
-            current = table[keys[0]]
-            copies = max(2, -(-300_000_000 // (n * k * 2)))
-            weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-            x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-            configs = gemv_configs(n, k, 1, sms)
-            if runner.compile_ahead is not None:  # every candidate compiled at once on the thread pool
-                runner.compile_ahead.prepare(
-                    lambda x=x, w=weights[0], configs=configs: [gemv.gemv(x, w, config) for config in configs])
-            timed = [(us, config) for config in configs if (us := alone_us(config, weights, x)) is not None]
-            del weights
-            torch.cuda.empty_cache()
-            timed.sort(key=lambda t: t[0])
-            tried = [current] + [config for _, config in timed if config != current][:candidates]
-            alone = {config: us for us, config in timed}
-            rows, best = [], (baseline, current)
-            for config in tried:
-                for key in keys:
-                    table[key] = config
-                try:
-                    us = baseline if config == current else step_us()
-                except Exception as error:  # noqa: BLE001 - kept out of the table, said in the row
-                    rows.append({"config": vars(config), "error": repr(error)[:300]})
+        for m in rows:
+            baseline = step_us(m)
+            tuned_rows: dict = {"shipped_step_us": baseline, "shapes": {}}
+            out["rows"][str(m)] = tuned_rows
+            for n, k in shapes:
+                if time.perf_counter() - started > budget_s:
+                    out["skipped"].append(f"{n}x{k} at {m} rows")
                     continue
-                rows.append({"config": vars(config), "alone_us": alone.get(config), "step_us": us})
-                if us < best[0]:
-                    best = (us, config)
-            for key in keys:
-                table[key] = best[1]
-            baseline = best[0]
-            out["shapes"][f"{n}x{k}"] = {"input_kinds": sorted(key[3] for key in keys), "configs_alone": len(timed),
-                                         "tried": rows, "chosen": vars(best[1]), "step_us": best[0],
-                                         "changed": best[1] != current}
-        # Shipped and tuned once more, alternately: the greedy walk's gain against drift over its minutes.
-        tuned = dict(table)
-        pairs = []
-        for _ in range(3):
-            table = shipped
-            before = step_us()
-            table = tuned
-            pairs.append((before, step_us()))
-        out["final_pairs_us"] = pairs
-        out["tuned_over_shipped"] = statistics.median(b / a for a, b in pairs)
-        out["variant"] = {f"{key[0]}x{key[1]}": {f: int(v) for f, v in vars(tuned[key]).items()}
-                          for key in tuned if key[2] == 1 and tuned[key] != shipped[key]}
+                keys = [key for key in table if key[:3] == (n, k, m)] or [(n, k, m, PLAIN_INPUT)]
+                current = table.get(keys[0])
+                copies = max(2, -(-300_000_000 // (n * k * 2)))
+                weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                configs = gemv_configs(n, k, m, sms)
+                if runner.compile_ahead is not None:  # every candidate compiled at once on the thread pool
+                    runner.compile_ahead.prepare(
+                        lambda x=x, w=weights[0], configs=configs: [gemv.gemv(x, w, config) for config in configs])
+                timed = [(us, config) for config in configs
+                         if (us := alone_us(lambda w, c=config, x=x: gemv.gemv(x, w, c), weights)) is not None]
+                cublas_alone = alone_us(lambda w, x=x: F.linear(x, w), weights)
+                del weights
+                torch.cuda.empty_cache()
+                timed.sort(key=lambda t: t[0])
+                alone = {config: us for us, config in timed}
+                tried = [current] + [config for _, config in timed if config != current][:candidates]
+                if current is not None:
+                    tried.append(None)
+                steps, best = [], (baseline, current)
+                for config in tried:
+                    put(keys, config)
+                    try:
+                        us = baseline if config == current else step_us(m)
+                    except Exception as error:  # noqa: BLE001 - kept out of the table, said in the row
+                        steps.append({"config": config and vars(config), "error": repr(error)[:300]})
+                        continue
+                    steps.append({"config": config and vars(config), "step_us": us,
+                                  "alone_us": cublas_alone if config is None else alone.get(config)})
+                    if us < best[0] * (1 - STEP_MIN_GAIN):
+                        best = (us, config)
+                put(keys, best[1])
+                baseline = best[0]
+                tuned_rows["shapes"][f"{n}x{k}"] = {
+                    "input_kinds": sorted(key[3] for key in keys), "configs_alone": len(timed), "tried": steps,
+                    "chosen": best[1] and vars(best[1]), "step_us": best[0], "changed": best[1] != current}
+            # Shipped and tuned once more, alternately: the greedy walk's gain against drift over its minutes.
+            tuned, pairs = dict(table), []
+            for _ in range(3):
+                table = shipped
+                before = step_us(m)
+                table = tuned
+                pairs.append((before, step_us(m)))
+            tuned_rows["final_pairs_us"] = pairs
+            tuned_rows["tuned_over_shipped"] = statistics.median(b / a for a, b in pairs)
+        out["table"] = [{"n": n, "k": k, "m": m, "input": kind, **vars(config)}
+                        for (n, k, m, kind), config in sorted(table.items())]
     finally:
         gemv._tuned = shipped
     out["seconds"] = time.perf_counter() - started

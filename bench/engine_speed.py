@@ -369,22 +369,35 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
 
 
 def part_gemv_step(state: dict) -> dict:
-    """Batch 1's GEMV table tuned in the graphed step (decode_parts.step_gemv_tune, budget ENGINE_SPEED_STEP_TUNE_S,
-    default 240 s), then part_llm's decode rows with the shipped table and with the tuned one (llm_bf16_gemv's
-    form): the tuned table's entries and their figures to ship in kernels/gemv_tuned_configs.json by hand."""
+    """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
+    ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s), then part_llm's
+    decode rows with the shipped table and with the tuned one, one process: the tuned entries and their figures,
+    to ship in kernels/gemv_tuned_configs.json by hand."""
     from headroom.engine.llm import LLM
+    from headroom.kernels import gemv
+    from headroom.kernels.gemv import GemvConfig
+
+    rows = tuple(int(m) for m in os.environ.get("ENGINE_SPEED_STEP_TUNE_ROWS", "1").split(","))
 
     def tune() -> dict:
         llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
         llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
-        return decode_parts.step_gemv_tune(llm.runner, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")))
+        return decode_parts.step_gemv_tune(llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")))
 
-    out = {"tune": tune()}
+    out: dict = {"tune": tune(), "decode": {}}
     gc.collect()
     torch.cuda.empty_cache()
-    variant = out["tune"].get("variant")
-    if variant:
-        out["decode"] = part_llm_gemv(state, "bf16", {"shipped": {}, "step_tuned": variant})
+    shipped = gemv.load_tuned_configs(torch.device("cuda"))
+    fields = set(vars(GemvConfig()))
+    tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
+             for e in out["tune"].get("table", [])}
+    if tuned and tuned != shipped:
+        try:
+            for name, table in (("shipped", shipped), ("step_tuned", tuned)):
+                gemv._tuned = table
+                out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
+        finally:
+            gemv._tuned = shipped
     return out
 
 

@@ -212,12 +212,15 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.runner.device)
         return (time.perf_counter() - started) / repeats
 
-    def capture(self) -> CaptureReport:
-        """Capture every batch size, largest first so the smaller graphs reuse its memory.
+    def capture(self, sizes: tuple[int, ...] | None = None) -> CaptureReport:
+        """Capture every batch size (or only `sizes`: a benchmark timing one size's step), largest first so the
+        smaller graphs reuse its memory.
 
         Call before any request runs: capture decodes placeholder tokens through KV slots and SSM slots
         0..max_batch-1, overwriting what they hold.
         """
+        if sizes is not None and not all(1 <= size <= self.max_batch for size in sizes):
+            raise ValueError(f"capture sizes {sizes} must be in 1..{self.max_batch} (max_batch)")
         if not self.capture_graphs:
             return CaptureReport((), 0.0, 0)
         started = time.perf_counter()
@@ -231,7 +234,7 @@ class DecodeGraphs:
         # One side stream for every warm pass: cuBLAS keeps a workspace per stream it has run on (about
         # 37 MiB each on the H200), so a new stream per size cost that much per graph.
         side = torch.cuda.Stream(device)
-        for size in range(self.max_batch, 0, -1):
+        for size in sorted(range(1, self.max_batch + 1) if sizes is None else set(sizes), reverse=True):
             self._index.zero_()
             for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW):
                 self._index[row] = self._arange[: self.max_batch]

@@ -18,7 +18,7 @@ V='{"shipped": {}, "l2_2": {"*": {"l2_prefetch": 2}}, "l2_4": {"*": {"l2_prefetc
     "narrow": {"2560x4096": {"block_n": 4, "block_k": 2048, "num_warps": 8, "num_stages": 2, "split": 1},
                "2560x9216": {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "split": 1}}}'
 PLAN=${1:-auto}
-if [[ $PLAN == auto* ]]; then [[ $G == *H200* ]] && PLAN=table || PLAN=variants${PLAN#auto}; fi
+if [[ $PLAN == auto* ]]; then [[ $G == *H200* ]] && PLAN=table || PLAN=${PLAN#auto_}; [[ $PLAN == auto* ]] && PLAN=variants${PLAN#auto}; fi
 echo "plan $PLAN" >> $R/gpu.txt
 export GEMV_FUZZ_CASES=8
 case $PLAN in
@@ -32,7 +32,7 @@ case $PLAN in
     es 200 n llm_bf16_gemv profile_decode_batches
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
   step)  # batch 1's GEMV table tuned in the graphed step, then the decode rows shipped against tuned
-    ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es 330 gs gemv_step ;;
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
   variants2)  # call 1's variants row met a GPU still held by the killed fuzz; the fuzz given its own time
     export ENGINE_SPEED_GEMV_VARIANTS="$V"; es 160 n2 llm_bf16_gemv
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 60 o2 llm_bf16_gemv

@@ -172,6 +172,14 @@ def test_graphs_are_off_by_default_on_the_cpu_and_capture_is_a_no_op(tiny_model_
     assert runner.capture_decode_graphs().batch_sizes == ()
     emulated = DecodeGraphs(runner, 2)
     assert emulated.capture().batch_sizes == ()
+    assert emulated.capture(sizes=(2,)).batch_sizes == ()
+
+
+def test_capture_refuses_a_size_outside_its_batches(tiny_model_factory):
+    model_dir, _ = tiny_model_factory("qwen3", 0)
+    runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64))
+    with pytest.raises(ValueError, match=r"capture sizes \(3,\) must be in 1..2"):
+        DecodeGraphs(runner, 2).capture(sizes=(3,))
 
 
 def test_a_one_token_prompt_starts_in_a_static_pass(tiny_model_factory):
