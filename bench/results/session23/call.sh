@@ -33,6 +33,11 @@ case $PLAN in
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
   step)  # batch 1's GEMV table tuned in the graphed step, then the decode rows shipped against tuned
     ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
+  serveab)  # the issue's HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
+    cp kernels/gemv_tuned_configs.json /tmp/table_new.json
+    es 120 sn serve
+    cp .old/kernels/gemv_tuned_configs.json kernels/; es 120 so serve; cp /tmp/table_new.json kernels/gemv_tuned_configs.json
+    es 120 sn2 serve ;;
   variants2)  # call 1's variants row met a GPU still held by the killed fuzz; the fuzz given its own time
     export ENGINE_SPEED_GEMV_VARIANTS="$V"; es 160 n2 llm_bf16_gemv
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 60 o2 llm_bf16_gemv
