@@ -370,7 +370,8 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
 
 def part_gemv_step(state: dict) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
-    ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s), then part_llm's
+    ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
+    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's
     decode rows with the shipped table and with the tuned one, one process: the tuned entries and their figures,
     to ship in kernels/gemv_tuned_configs.json by hand."""
     from headroom.engine.llm import LLM
@@ -382,7 +383,8 @@ def part_gemv_step(state: dict) -> dict:
     def tune() -> dict:
         llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
         llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
-        return decode_parts.step_gemv_tune(llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")))
+        return decode_parts.step_gemv_tune(llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")),
+                                           int(os.environ.get("ENGINE_SPEED_STEP_CANDIDATES", decode_parts.STEP_CANDIDATES)))
 
     out: dict = {"tune": tune(), "decode": {}}
     gc.collect()
