@@ -209,6 +209,36 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     assert module.load_tuned_configs(torch.device("cpu")) == {}
 
 
+def test_the_shipped_table_gives_each_shape_one_config(monkeypatch, tmp_path):
+    """Two layers of one shape (gdn_out_proj and attn_o_proj are both 2560 x 4096) share a key: entries that
+    disagree would leave the engine running whichever the loader read last, whatever the other's figures say
+    (session 23's in-step tuning rewrote such pairs together)."""
+    import json
+
+    import triton
+    from headroom.kernels import gdn_fla
+    from headroom.kernels import gemv as module
+
+    shipped_path, cuda = module.TUNED_CONFIGS, torch.device("cuda")
+
+    def load(path):
+        monkeypatch.setattr(module, "TUNED_CONFIGS", path)
+        return module.load_tuned_configs(cuda)
+
+    shipped = json.loads(shipped_path.read_text())
+    assert shipped
+    for gpu, table in shipped.items():
+        monkeypatch.setattr(triton, "__version__", table["triton"])
+        monkeypatch.setattr(gdn_fla, "gpu_name", lambda device=None, gpu=gpu: gpu)
+        loaded = load(shipped_path)
+        for entry in table["configs"]:
+            alone = tmp_path / "one.json"
+            alone.write_text(json.dumps({gpu: {**table, "configs": [entry]}}))
+            (key, config), = load(alone).items()
+            assert loaded[key] == config, (gpu, entry.get("layer"), key)
+            assert config.prefetch in (1, 2, 4) and config.l2_prefetch in (0, 1, 2, 4, 8), (gpu, key)
+
+
 def _gate_up(seed: int, rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     """A gate|up projection's output [rows, 2K] (gate first), as MergedLinear returns it before the split."""
     gen = torch.Generator().manual_seed(seed)
