@@ -371,14 +371,20 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
 def part_gemv_step(state: dict) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
     ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
-    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's
-    decode rows with the shipped table and with the tuned one, one process: the tuned entries and their figures,
-    to ship in kernels/gemv_tuned_configs.json by hand."""
+    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows with the
+    shipped table and with the tuned one, one process: the tuned entries and their figures, to ship in
+    kernels/gemv_tuned_configs.json by hand. ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS, 1 as
+    shipped): tune with the residual add and the next norm fused into the GEMVs of passes up to that many rows
+    (session 18 measured them losing at 8 and 16 rows with that session's table), the tuned rows then run with it
+    too, against the shipped setting and table."""
+    from headroom.engine.layers import residual
     from headroom.engine.llm import LLM
     from headroom.kernels import gemv
     from headroom.kernels.gemv import GemvConfig
 
     rows = tuple(int(m) for m in os.environ.get("ENGINE_SPEED_STEP_TUNE_ROWS", "1").split(","))
+    shipped_fused = residual.FUSED_ROWS
+    fused = int(os.environ.get("ENGINE_SPEED_FUSED_ROWS", shipped_fused))
 
     def tune() -> dict:
         llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
@@ -386,20 +392,25 @@ def part_gemv_step(state: dict) -> dict:
         return decode_parts.step_gemv_tune(llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")),
                                            int(os.environ.get("ENGINE_SPEED_STEP_CANDIDATES", decode_parts.STEP_CANDIDATES)))
 
-    out: dict = {"tune": tune(), "decode": {}}
-    gc.collect()
-    torch.cuda.empty_cache()
-    shipped = gemv.load_tuned_configs(torch.device("cuda"))
-    fields = set(vars(GemvConfig()))
-    tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
-             for e in out["tune"].get("table", [])}
-    if tuned and tuned != shipped:
-        try:
-            for name, table in (("shipped", shipped), ("step_tuned", tuned)):
-                gemv._tuned = table
-                out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
-        finally:
-            gemv._tuned = shipped
+    out: dict = {"fused_rows": fused, "shipped_fused_rows": shipped_fused, "decode": {}}
+    try:
+        residual.FUSED_ROWS = fused
+        out["tune"] = tune()
+        gc.collect()
+        torch.cuda.empty_cache()
+        shipped = gemv.load_tuned_configs(torch.device("cuda"))
+        fields = set(vars(GemvConfig()))
+        tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
+                 for e in out["tune"].get("table", [])}
+        if tuned and (tuned != shipped or fused != shipped_fused):
+            try:
+                for name, table, fused_rows in (("shipped", shipped, shipped_fused), ("step_tuned", tuned, fused)):
+                    gemv._tuned, residual.FUSED_ROWS = table, fused_rows
+                    out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
+            finally:
+                gemv._tuned = shipped
+    finally:
+        residual.FUSED_ROWS = shipped_fused
     return out
 
 

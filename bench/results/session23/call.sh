@@ -32,7 +32,7 @@ case $PLAN in
     es 200 n llm_bf16_gemv profile_decode_batches
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
   step)  # batch 1's GEMV table tuned in the graphed step, then the decode rows shipped against tuned
-    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_FUSED_ROWS=${FUSED_ROWS:-1} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
   serveab)  # the issue's HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
     cp kernels/gemv_tuned_configs.json /tmp/table_new.json
     es 120 sn serve
