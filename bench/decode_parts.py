@@ -305,17 +305,18 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
     winners lose microseconds in the step (session 23 on the H100: out_proj's 2560 x 4096 8.4 us in the sweep, 10.8
     in the step; 4-row tiles the sweep ranked lower gained 2.3% a step): what runs before a GEMV (norms, the conv,
     the delta rule, attention) and the PDL hand-off change which tile wins. For each row count, shape by shape,
-    most weight traffic a step first: every configuration the sweep would try (gemv_configs) timed alone on
-    weights L2 cannot hold; the `candidates` fastest, the table's own and cuBLAS (no entry) each set for every
-    input kind of that shape (plain, normed, residual, SwiGLU), a graph of that batch captured with them (runner's
-    model; no request may be running) and its replay timed; a candidate replaces the one before it only if its
-    step is STEP_MIN_GAIN faster, and the shapes after are tuned with the winner in place. Returns, per row count
-    and shape, each candidate's isolated and in-step time, the tuned table (every entry, kernels/
-    gemv_tuned_configs.json's fields) and, per row count, the whole step shipped against tuned, timed
-    alternately. budget_s: no new shape is started after it (the skipped ones are listed)."""
+    most weight traffic a step first, and for the MLP down projection then its fused SwiGLU input (FUSED_SHAPES):
+    every configuration the sweep would try (gemv_configs) timed alone on weights L2 cannot hold; the `candidates`
+    fastest, the table's own and none (cuBLAS for a plain entry, which also serves the normed, residual, conv and
+    gated launches; silu_mul then the plain entry for a fused one) each set into the table, a graph of that batch
+    captured with it (runner's model; no request may be running) and its replay timed; a candidate replaces the one
+    before it only if its step is STEP_MIN_GAIN faster, and the entries after are tuned with the winner in place.
+    Returns, per row count and entry, each candidate's isolated and in-step time, the tuned table (every entry,
+    kernels/gemv_tuned_configs.json's fields) and, per row count, the whole step shipped against tuned, timed
+    alternately. budget_s: no new entry is started after it (the skipped ones are listed)."""
     from headroom.engine.runtime.decode_graphs import DecodeGraphs
     from headroom.kernels import gemv
-    from headroom.kernels.gemv import PLAIN_INPUT, GemvConfig
+    from headroom.kernels.gates_triton import silu_mul
 
     started = time.perf_counter()
     device = runner.device
@@ -338,40 +339,55 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
         except Exception:  # noqa: BLE001 - a configuration that does not compile or launch is not a candidate
             return None
 
-    def put(keys: list, config: GemvConfig | None) -> None:
-        for key in keys:
-            if config is None:
-                table.pop(key, None)
-            else:
-                table[key] = config
+    def put(key: tuple, config) -> None:
+        if config is None:
+            table.pop(key, None)
+        else:
+            table[key] = config
 
     traffic: dict[tuple[int, int], int] = {}  # weight elements a step reads through each shape
     for n, k, per_step in DECODE_SHAPES.values():
         if per_step:
             traffic[(n, k)] = traffic.get((n, k), 0) + per_step * n * k
-    shapes = sorted(traffic, key=lambda shape: -traffic[shape])
+    fused_kinds = {DECODE_SHAPES[plain][:2]: kind for plain, kind in FUSED_SHAPES.values()}
+    entries = [(n, k, kind) for n, k in sorted(traffic, key=lambda shape: -traffic[shape])
+               for kind in ("x", fused_kinds.get((n, k))) if kind is not None]
     out: dict = {"sms": sms, "min_gain": STEP_MIN_GAIN, "rows": {}, "skipped": []}
     try:
         for m in rows:
             baseline = step_us(m)
-            tuned_rows: dict = {"shipped_step_us": baseline, "shapes": {}}
+            tuned_rows: dict = {"shipped_step_us": baseline, "entries": {}}
             out["rows"][str(m)] = tuned_rows
-            for n, k in shapes:
+            for n, k, kind in entries:
                 if time.perf_counter() - started > budget_s:
-                    out["skipped"].append(f"{n}x{k} at {m} rows")
+                    out["skipped"].append(f"{n}x{k} {kind} at {m} rows")
                     continue
-                keys = [key for key in table if key[:3] == (n, k, m)] or [(n, k, m, PLAIN_INPUT)]
-                current = table.get(keys[0])
+                key = (n, k, m, kind)
+                current, plain = table.get(key), table.get((n, k, m, "x"))
                 copies = max(2, -(-300_000_000 // (n * k * 2)))
                 weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                gate, up = torch.randn(m, 2 * k, device=device, dtype=torch.bfloat16).split([k, k], dim=-1)
+                if kind == "x":
+                    def product(w, c, x=x):
+                        return gemv.gemv(x, w, c)
+
+                    def unfused(w, x=x):
+                        return F.linear(x, w)
+                else:
+                    def product(w, c, gate=gate, up=up):
+                        return gemv.silu_mul_gemv(gate, up, w, c)
+
+                    def unfused(w, gate=gate, up=up, plain=plain):
+                        y = silu_mul(gate, up)
+                        return gemv.gemv(y, w, plain) if plain is not None else F.linear(y, w)
                 configs = gemv_configs(n, k, m, sms)
                 if runner.compile_ahead is not None:  # every candidate compiled at once on the thread pool
                     runner.compile_ahead.prepare(
-                        lambda x=x, w=weights[0], configs=configs: [gemv.gemv(x, w, config) for config in configs])
+                        lambda w=weights[0], configs=configs, product=product: [product(w, c) for c in configs])
                 timed = [(us, config) for config in configs
-                         if (us := alone_us(lambda w, c=config, x=x: gemv.gemv(x, w, c), weights)) is not None]
-                cublas_alone = alone_us(lambda w, x=x: F.linear(x, w), weights)
+                         if (us := alone_us(lambda w, c=config, product=product: product(w, c), weights)) is not None]
+                none_alone = alone_us(unfused, weights)
                 del weights
                 torch.cuda.empty_cache()
                 timed.sort(key=lambda t: t[0])
@@ -381,21 +397,21 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
                     tried.append(None)
                 steps, best = [], (baseline, current)
                 for config in tried:
-                    put(keys, config)
+                    put(key, config)
                     try:
                         us = baseline if config == current else step_us(m)
                     except Exception as error:  # noqa: BLE001 - kept out of the table, said in the row
                         steps.append({"config": config and vars(config), "error": repr(error)[:300]})
                         continue
                     steps.append({"config": config and vars(config), "step_us": us,
-                                  "alone_us": cublas_alone if config is None else alone.get(config)})
+                                  "alone_us": none_alone if config is None else alone.get(config)})
                     if us < best[0] * (1 - STEP_MIN_GAIN):
                         best = (us, config)
-                put(keys, best[1])
+                put(key, best[1])
                 baseline = best[0]
-                tuned_rows["shapes"][f"{n}x{k}"] = {
-                    "input_kinds": sorted(key[3] for key in keys), "configs_alone": len(timed), "tried": steps,
-                    "chosen": best[1] and vars(best[1]), "step_us": best[0], "changed": best[1] != current}
+                tuned_rows["entries"][f"{n}x{k} {kind}"] = {
+                    "configs_alone": len(timed), "tried": steps, "chosen": best[1] and vars(best[1]),
+                    "step_us": best[0], "changed": best[1] != current}
             # Shipped and tuned once more, alternately: the greedy walk's gain against drift over its minutes.
             tuned, pairs = dict(table), []
             for _ in range(3):
