@@ -429,6 +429,48 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
     return out
 
 
+def step_table(tune: dict, previous: list[dict]) -> list[dict]:
+    """kernels/gemv_tuned_configs.json's configs for this GPU after a step_gemv_tune: the previous entries (the
+    shipped table's for this GPU and Triton version) with each changed one's configuration and "us" (the chosen
+    configuration alone) replaced and marked "step_tuned"; an entry the tuning added (a shape cuBLAS ran, a fused
+    SwiGLU input) with its layer's name and the time of what it replaced alone ("cublas_us" for a plain entry,
+    "unfused_us", silu_mul then the plain entry, for a fused one); the entries whose shape the tuning moved back
+    to cuBLAS (or to silu_mul then the plain entry) dropped. Entries of row counts not tuned are kept as they are."""
+    fields = ("block_n", "block_k", "split", "num_warps", "num_stages", "swap_ab", "rows_on_cores", "prefetch",
+              "stream", "l2_prefetch")
+    names = {(n, k, "x"): name for name, (n, k, per_step) in reversed(DECODE_SHAPES.items()) if per_step}
+    names.update({(*DECODE_SHAPES[plain][:2], kind): fused for fused, (plain, kind) in FUSED_SHAPES.items()})
+    table = [dict(entry) for entry in previous]
+
+    def key_of(entry: dict) -> tuple:
+        return entry["n"], entry["k"], entry["m"], entry.get("input", "x")
+
+    for m, tuned in tune.get("rows", {}).items():
+        for label, result in tuned["entries"].items():
+            if not result["changed"]:
+                continue
+            shape, kind = label.split()
+            n, k = (int(v) for v in shape.split("x"))
+            key, chosen = (n, k, int(m), kind), result["chosen"]
+            if chosen is None:
+                table = [entry for entry in table if key_of(entry) != key]
+                continue
+            alone = next(row.get("alone_us") for row in result["tried"] if row["config"] == chosen)
+            updates = {**{f: chosen[f] for f in fields}, "us": round(alone, 2) if alone else None, "step_tuned": True}
+            mine = [entry for entry in table if key_of(entry) == key]
+            for entry in mine:
+                entry.update(updates)
+            if not mine:
+                unfused = next((row.get("alone_us") for row in result["tried"] if row["config"] is None), None)
+                entry = {"layer": names.get((n, k, kind), shape), "n": n, "k": k, "m": int(m)}
+                if kind != "x":
+                    entry["input"] = kind
+                entry.update(updates)
+                entry["cublas_us" if kind == "x" else "unfused_us"] = round(unfused, 2) if unfused else None
+                table.append(entry)
+    return table
+
+
 def _step_linear_ms(shapes: dict, m: str) -> dict:
     """A decode step's linear time at batch m: all cuBLAS, and the faster of cuBLAS and the GEMV per shape (the
     plain shapes, as before the fused ones); then with the MLP activation counted: silu_mul + cuBLAS for the

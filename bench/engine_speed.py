@@ -368,12 +368,13 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     return out
 
 
-def part_gemv_step(state: dict) -> dict:
+def part_gemv_step(state: dict, target: Path) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
     ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
     fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows with the
-    shipped table and with the tuned one, one process: the tuned entries and their figures, to ship in
-    kernels/gemv_tuned_configs.json by hand. ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS, 1 as
+    shipped table and with the tuned one, one process; the tuned table written as OUTDIR/gemv_tuned_configs.json
+    (decode_parts.step_table; this checkout's is left as it was: ship it once the decode rows agree).
+    ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS, 1 as
     shipped): tune with the residual add and the next norm fused into the GEMVs of passes up to that many rows
     (session 18 measured them losing at 8 and 16 rows with that session's table), the tuned rows then run with it
     too, against the shipped setting and table."""
@@ -381,6 +382,7 @@ def part_gemv_step(state: dict) -> dict:
     from headroom.engine.llm import LLM
     from headroom.kernels import gemv
     from headroom.kernels.gemv import GemvConfig
+    from headroom.kernels.tuned_table import entries_for, table_text
 
     rows = tuple(int(m) for m in os.environ.get("ENGINE_SPEED_STEP_TUNE_ROWS", "1").split(","))
     shipped_fused = residual.FUSED_ROWS
@@ -402,6 +404,12 @@ def part_gemv_step(state: dict) -> dict:
         fields = set(vars(GemvConfig()))
         tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
                  for e in out["tune"].get("table", [])}
+        if tuned:
+            source = (f"ENGINE_SPEED_STEP_TUNE_ROWS={','.join(map(str, rows))} python3 bench/engine_speed.py OUT "
+                      "gemv_step over the previous table (entries marked step_tuned)")
+            previous = entries_for(gemv.TUNED_CONFIGS, torch.device("cuda"))
+            (target / "gemv_tuned_configs.json").write_text(table_text(
+                torch.device("cuda"), decode_parts.step_table(out["tune"], previous), source, gemv.TUNED_CONFIGS))
         if tuned and (tuned != shipped or fused != shipped_fused):
             try:
                 for name, table, fused_rows in (("shipped", shipped, shipped_fused), ("step_tuned", tuned, fused)):
@@ -539,7 +547,7 @@ def main() -> None:
             "llm_bf16_after": lambda s: part_llm(s, "bf16", into_rows=False),
             "llm_bf16_prefetch": lambda s: part_llm_gemv(s, "bf16", prefetch_variants()),
             "llm_bf16_gemv": lambda s: part_llm_gemv(s, "bf16", gemv_variants()),
-            "gemv_step": part_gemv_step,
+            "gemv_step": lambda s: part_gemv_step(s, Path(sys.argv[1])),
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
             "kernels": lambda s: parts.kernel_checks(),

@@ -1,0 +1,52 @@
+"""bench/decode_parts.py's pure parts: the GEMV table a step tuning writes (the tuning itself runs on the GPU)."""
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "decode_parts", Path(__file__).resolve().parents[2] / "bench" / "decode_parts.py")
+decode_parts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(decode_parts)
+
+TILE = {"block_n": 16, "block_k": 512, "split": 1, "num_warps": 4, "num_stages": 2, "swap_ab": False,
+        "rows_on_cores": False, "prefetch": 1, "stream": 0, "l2_prefetch": 0}
+
+
+def _entry(layer, n, k, m, **fields):
+    return {"layer": layer, "n": n, "k": k, "m": m, **TILE, "us": 10.0, "cublas_us": 12.0, **fields}
+
+
+def _tried(shipped, chosen, alone=7.5, unfused=9.0):
+    rows = [{"config": shipped, "step_us": 100.0, "alone_us": 8.0}, {"config": None, "step_us": 99.0, "alone_us": unfused}]
+    return rows + [{"config": chosen, "step_us": 90.0, "alone_us": alone}] if chosen is not None else rows
+
+
+def test_step_table_changes_adds_and_drops_only_what_the_tuning_moved():
+    four_rows = {**TILE, "block_n": 4}
+    previous = [_entry("gdn_out_proj", 2560, 4096, 1), _entry("attn_o_proj", 2560, 4096, 1),
+                _entry("mlp_gate_up", 18432, 2560, 1), _entry("attn_qkv", 10240, 2560, 1),
+                _entry("mlp_gate_up", 18432, 2560, 16)]
+    tune = {"rows": {"1": {"entries": {
+        # both layers of the shared shape move together
+        "2560x4096 x": {"changed": True, "chosen": four_rows, "tried": _tried(TILE, four_rows)},
+        "18432x2560 x": {"changed": False, "chosen": TILE, "tried": _tried(TILE, None)},
+        "10240x2560 x": {"changed": True, "chosen": None, "tried": _tried(TILE, None)},  # back to cuBLAS
+        "2560x9216 silu_mul": {"changed": True, "chosen": four_rows, "tried": _tried(None, four_rows)},
+    }}, "8": {"entries": {
+        "2560x9216 x": {"changed": True, "chosen": TILE, "tried": _tried(None, TILE, alone=20.004, unfused=21.6)},
+    }}}}
+    table = decode_parts.step_table(tune, previous)
+    by_key = {(e["n"], e["k"], e["m"], e.get("input", "x"), e["layer"]): e for e in table}
+    assert len(table) == 6  # five, one dropped, two added
+    for layer in ("gdn_out_proj", "attn_o_proj"):
+        assert by_key[(2560, 4096, 1, "x", layer)] == {**_entry(layer, 2560, 4096, 1), **four_rows, "us": 7.5,
+                                                     "step_tuned": True}
+    assert by_key[(18432, 2560, 1, "x", "mlp_gate_up")] == previous[2]
+    assert by_key[(18432, 2560, 16, "x", "mlp_gate_up")] == previous[4]  # a row count not tuned
+    assert not any(e["n"] == 10240 for e in table)
+    assert by_key[(2560, 9216, 1, "silu_mul", "mlp_down_silu_mul")] == {
+        "layer": "mlp_down_silu_mul", "n": 2560, "k": 9216, "m": 1, "input": "silu_mul", **four_rows, "us": 7.5,
+        "step_tuned": True, "unfused_us": 9.0}
+    assert by_key[(2560, 9216, 8, "x", "mlp_down")] == {
+        "layer": "mlp_down", "n": 2560, "k": 9216, "m": 8, **TILE, "us": 20.0, "step_tuned": True, "cublas_us": 21.6}
+    assert previous[0]["block_n"] == 16  # the previous entries are not changed in place
