@@ -17,7 +17,9 @@ def _entry(layer, n, k, m, **fields):
 
 
 def _tried(shipped, chosen, alone=7.5, unfused=9.0):
-    rows = [{"config": shipped, "step_us": 100.0, "alone_us": 8.0}, {"config": None, "step_us": 99.0, "alone_us": unfused}]
+    """step_gemv_tune's rows: the shipped configuration (None: no entry), none, and the one chosen."""
+    rows = [{"config": shipped, "step_us": 100.0, "alone_us": 8.0}] if shipped is not None else []
+    rows.append({"config": None, "step_us": 99.0, "alone_us": unfused})
     return rows + [{"config": chosen, "step_us": 90.0, "alone_us": alone}] if chosen is not None else rows
 
 
