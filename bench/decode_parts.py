@@ -300,22 +300,26 @@ STEP_MIN_GAIN = 0.0025
 
 
 def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0,
-                   candidates: int = STEP_CANDIDATES) -> dict:
+                   candidates: int = STEP_CANDIDATES, out: dict | None = None) -> dict:
     """The GEMV table tuned in the graphed decode step rather than in chains of GEMVs alone. The sweep's isolated
     winners lose microseconds in the step (session 23 on the H100: out_proj's 2560 x 4096 8.4 us in the sweep, 10.8
     in the step; 4-row tiles the sweep ranked lower gained 2.3% a step): what runs before a GEMV (norms, the conv,
     the delta rule, attention) and the PDL hand-off change which tile wins. For each row count, shape by shape,
     most weight traffic a step first, and for the MLP down projection then its fused SwiGLU input (FUSED_SHAPES):
-    every configuration the sweep would try (gemv_configs) timed alone on weights L2 cannot hold; the `candidates`
-    fastest, the table's own and none (cuBLAS for a plain entry, which also serves the normed, residual, conv and
-    gated launches; silu_mul then the plain entry for a fused one) each set into the table, a graph of that batch
-    captured with it (runner's model; no request may be running) and its replay timed; a candidate replaces the one
-    before it only if its step is STEP_MIN_GAIN faster, and the entries after are tuned with the winner in place.
-    Returns, per row count and entry, each candidate's isolated and in-step time, the tuned table (every entry,
-    kernels/gemv_tuned_configs.json's fields) and, per row count, the whole step shipped against tuned, timed
-    alternately. budget_s: no new entry is started after it (the skipped ones are listed)."""
+    every configuration the sweep would try (gemv_configs) timed alone on weights L2 cannot hold (one whose output
+    is off the unfused path's as the sweep judges is dropped); the `candidates` fastest, the table's own and none
+    (cuBLAS for a plain entry, which also serves the normed, residual, conv and gated launches; silu_mul then the
+    plain entry for a fused one) each set into the table, a graph of that batch captured with it (runner's model;
+    no request may be running) and its replay timed; a candidate replaces the table's own only if its step is
+    STEP_MIN_GAIN faster than the table's own, re-timed for each entry, and the entries after are tuned with the
+    winner in place. While the plain down projection is tuned its fused entry is set aside (the step would not
+    read the plain one). Fills and returns `out` (given, it holds what was done when a part's time limit or an
+    error stops the walk): per row count and entry, each candidate's isolated and in-step time; the tuned table
+    (every entry, kernels/gemv_tuned_configs.json's fields); per row count, the whole step shipped against tuned,
+    timed alternately. budget_s: no new entry is started after it (the skipped ones are listed)."""
     from headroom.engine.runtime.decode_graphs import DecodeGraphs
     from headroom.kernels import gemv
+    from headroom.kernels.compile_ahead import CompileAhead, compile_threads, triton_compiles_ahead
     from headroom.kernels.gates_triton import silu_mul
 
     started = time.perf_counter()
@@ -323,9 +327,12 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     shipped = gemv.load_tuned_configs(device)
     table = dict(shipped)
+    threads = compile_threads() if triton_compiles_ahead() else 0
+    # The candidates of an entry compiled at once on a thread pool (the runner's own is off outside its warm-up).
+    compiler = CompileAhead(threads) if threads else None
 
-    def step_us(m: int) -> float:
-        gemv._tuned = table
+    def step_us(m: int, timed_table: dict | None = None) -> float:
+        gemv._tuned = table if timed_table is None else timed_table
         graphs = DecodeGraphs(runner, m)
         graphs.capture(sizes=(m,))
         times = sorted(graphs.replay_seconds(m, repeats=STEP_REPLAYS) for _ in range(STEP_TIMINGS))
@@ -333,8 +340,11 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
         torch.cuda.empty_cache()
         return times[len(times) // 2] * 1e6
 
-    def alone_us(run, weights: list) -> float | None:
+    def alone_us(run, weights: list, want: torch.Tensor | None) -> float | None:
         try:
+            got = run(weights[0])
+            if want is not None and not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
+                return None
             return _graph_time(lambda: [run(w) for w in weights], len(weights)) * 1e6
         except Exception:  # noqa: BLE001 - a configuration that does not compile or launch is not a candidate
             return None
@@ -345,6 +355,13 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
         else:
             table[key] = config
 
+    def dry(product, w, configs) -> None:
+        for c in configs:
+            try:
+                product(w, c)
+            except Exception:  # noqa: BLE001 - the timing below says which configurations fail
+                pass
+
     traffic: dict[tuple[int, int], int] = {}  # weight elements a step reads through each shape
     for n, k, per_step in DECODE_SHAPES.values():
         if per_step:
@@ -352,18 +369,24 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
     fused_kinds = {DECODE_SHAPES[plain][:2]: kind for plain, kind in FUSED_SHAPES.values()}
     entries = [(n, k, kind) for n, k in sorted(traffic, key=lambda shape: -traffic[shape])
                for kind in ("x", fused_kinds.get((n, k))) if kind is not None]
-    out: dict = {"sms": sms, "min_gain": STEP_MIN_GAIN, "rows": {}, "skipped": []}
+    out = {} if out is None else out
+    out.update({"sms": sms, "min_gain": STEP_MIN_GAIN, "compile_threads": threads, "rows": {}, "skipped": []})
+    pending: tuple | None = None
     try:
         for m in rows:
-            baseline = step_us(m)
-            tuned_rows: dict = {"shipped_step_us": baseline, "entries": {}}
+            tuned_rows: dict = {"entries": {}}
             out["rows"][str(m)] = tuned_rows
             for n, k, kind in entries:
                 if time.perf_counter() - started > budget_s:
                     out["skipped"].append(f"{n}x{k} {kind} at {m} rows")
                     continue
                 key = (n, k, m, kind)
+                # Tuning a plain shape that has a fused entry here: the fused one aside (back after), or the step
+                # would time the fused entry whatever the plain one holds.
+                fused_key = (n, k, m, fused_kinds[(n, k)]) if kind == "x" and (n, k) in fused_kinds else None
+                aside = table.pop(fused_key, None) if fused_key is not None else None
                 current, plain = table.get(key), table.get((n, k, m, "x"))
+                pending = (key, current, fused_key, aside)  # what the table holds again if the walk stops here
                 copies = max(2, -(-300_000_000 // (n * k * 2)))
                 weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
@@ -382,50 +405,58 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
                         y = silu_mul(gate, up)
                         return gemv.gemv(y, w, plain) if plain is not None else F.linear(y, w)
                 configs = gemv_configs(n, k, m, sms)
-                if runner.compile_ahead is not None:  # every candidate compiled at once on the thread pool
-                    runner.compile_ahead.prepare(
-                        lambda w=weights[0], configs=configs, product=product: [product(w, c) for c in configs])
+                if compiler is not None:
+                    compiler.prepare(lambda w=weights[0], configs=configs, product=product: dry(product, w, configs))
+                want = unfused(weights[0])
                 timed = [(us, config) for config in configs
-                         if (us := alone_us(lambda w, c=config, product=product: product(w, c), weights)) is not None]
-                none_alone = alone_us(unfused, weights)
-                del weights
+                         if (us := alone_us(lambda w, c=config, product=product: product(w, c), weights, want))
+                         is not None]
+                none_alone = alone_us(unfused, weights, None)
+                del weights, want
                 torch.cuda.empty_cache()
                 timed.sort(key=lambda t: t[0])
                 alone = {config: us for us, config in timed}
                 tried = [current] + [config for _, config in timed if config != current][:candidates]
                 if current is not None:
                     tried.append(None)
-                steps, best = [], (baseline, current)
+                steps, best, baseline = [], None, None
                 for config in tried:
                     put(key, config)
                     try:
-                        us = baseline if config == current else step_us(m)
+                        us = step_us(m)
                     except Exception as error:  # noqa: BLE001 - kept out of the table, said in the row
                         steps.append({"config": config and vars(config), "error": repr(error)[:300]})
                         continue
                     steps.append({"config": config and vars(config), "step_us": us,
                                   "alone_us": none_alone if config is None else alone.get(config)})
-                    if us < best[0] * (1 - STEP_MIN_GAIN):
+                    if config == current:
+                        baseline = us
+                    elif baseline is not None and us < baseline * (1 - STEP_MIN_GAIN) and (best is None or us < best[0]):
                         best = (us, config)
-                put(key, best[1])
-                baseline = best[0]
+                chosen = best[1] if best is not None else current
+                put(key, chosen)
+                if aside is not None:
+                    table[fused_key] = aside
+                pending = None
                 tuned_rows["entries"][f"{n}x{k} {kind}"] = {
-                    "configs_alone": len(timed), "tried": steps, "chosen": best[1] and vars(best[1]),
-                    "step_us": best[0], "changed": best[1] != current}
+                    "configs_alone": len(timed), "set_aside": vars(aside) if aside is not None else None,
+                    "tried": steps, "chosen": chosen and vars(chosen), "step_us": best[0] if best else baseline,
+                    "shipped_step_us": baseline, "changed": chosen != current}
             # Shipped and tuned once more, alternately: the greedy walk's gain against drift over its minutes.
-            tuned, pairs = dict(table), []
-            for _ in range(3):
-                table = shipped
-                before = step_us(m)
-                table = tuned
-                pairs.append((before, step_us(m)))
+            pairs = [(step_us(m, shipped), step_us(m)) for _ in range(3)]
             tuned_rows["final_pairs_us"] = pairs
             tuned_rows["tuned_over_shipped"] = statistics.median(b / a for a, b in pairs)
-        out["table"] = [{"n": n, "k": k, "m": m, "input": kind, **vars(config)}
-                        for (n, k, m, kind), config in sorted(table.items())]
     finally:
         gemv._tuned = shipped
-    out["seconds"] = time.perf_counter() - started
+        if pending is not None:  # stopped inside an entry: its candidate out, the table's own (and fused one) back
+            key, current, fused_key, aside = pending
+            put(key, current)
+            if aside is not None:
+                table[fused_key] = aside
+        # What was tuned so far, also when a limit or an error ends the walk early.
+        out["table"] = [{"n": n, "k": k, "m": m, "input": kind, **vars(config)}
+                        for (n, k, m, kind), config in sorted(table.items())]
+        out["seconds"] = time.perf_counter() - started
     return out
 
 

@@ -372,53 +372,63 @@ def part_gemv_step(state: dict, target: Path) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
     ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
     fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows with the
-    shipped table and with the tuned one, one process; the tuned table written as OUTDIR/gemv_tuned_configs.json
-    (decode_parts.step_table; this checkout's is left as it was: ship it once the decode rows agree).
-    ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS, 1 as
-    shipped): tune with the residual add and the next norm fused into the GEMVs of passes up to that many rows
-    (session 18 measured them losing at 8 and 16 rows with that session's table), the tuned rows then run with it
-    too, against the shipped setting and table."""
+    shipped table and with the tuned one, one process; the tuned table (what was tuned when a limit or an error
+    stopped the walk) written as OUTDIR/gemv_tuned_configs.json (decode_parts.step_table; this checkout's is left
+    as it was: ship it once the decode rows agree). ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS,
+    1 as shipped): tune with the residual add and the next norm fused into the GEMVs of passes up to that many rows
+    (session 18 measured them losing at 8 and 16 rows with that session's table); the decode rows then also run the
+    shipped table with that setting, so that the fusion and the table each show apart."""
     from headroom.engine.layers import residual
     from headroom.engine.llm import LLM
     from headroom.kernels import gemv
+    from headroom.kernels.gdn_fla import gpu_name
     from headroom.kernels.gemv import GemvConfig
+    from headroom.kernels.ops import GEMV_ROWS
     from headroom.kernels.tuned_table import entries_for, table_text
 
-    rows = tuple(int(m) for m in os.environ.get("ENGINE_SPEED_STEP_TUNE_ROWS", "1").split(","))
+    text = os.environ.get("ENGINE_SPEED_STEP_TUNE_ROWS", "1")
+    rows = tuple(int(m) for m in text.split(",") if m.strip())
+    limit = min(GEMV_ROWS, llm_settings("bf16")["max_running_requests"])
+    if not rows or not all(1 <= m <= limit for m in rows):
+        raise ValueError(f"ENGINE_SPEED_STEP_TUNE_ROWS={text!r}: a comma list of row counts in 1..{limit}")
     shipped_fused = residual.FUSED_ROWS
     fused = int(os.environ.get("ENGINE_SPEED_FUSED_ROWS", shipped_fused))
-
-    def tune() -> dict:
-        llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
-        llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
-        return decode_parts.step_gemv_tune(llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")),
-                                           int(os.environ.get("ENGINE_SPEED_STEP_CANDIDATES", decode_parts.STEP_CANDIDATES)))
-
-    out: dict = {"fused_rows": fused, "shipped_fused_rows": shipped_fused, "decode": {}}
+    out: dict = {"fused_rows": fused, "shipped_fused_rows": shipped_fused, "tune": {}, "decode": {}}
+    cuda = torch.device("cuda")
+    shipped = gemv.load_tuned_configs(cuda)
     try:
         residual.FUSED_ROWS = fused
-        out["tune"] = tune()
+        try:
+            llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
+            llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
+            decode_parts.step_gemv_tune(
+                llm.runner, rows, float(os.environ.get("ENGINE_SPEED_STEP_TUNE_S", "240")),
+                int(os.environ.get("ENGINE_SPEED_STEP_CANDIDATES", decode_parts.STEP_CANDIDATES)), out["tune"])
+        except Exception:  # noqa: BLE001 - a limit or an error mid-walk: keep and write what was tuned
+            out["tune_error"] = traceback.format_exc()[-3000:]
+        llm = None
         gc.collect()
         torch.cuda.empty_cache()
-        shipped = gemv.load_tuned_configs(torch.device("cuda"))
         fields = set(vars(GemvConfig()))
         tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
                  for e in out["tune"].get("table", [])}
         if tuned:
-            source = (f"ENGINE_SPEED_STEP_TUNE_ROWS={','.join(map(str, rows))} python3 bench/engine_speed.py OUT "
-                      "gemv_step over the previous table (entries marked step_tuned)")
-            previous = entries_for(gemv.TUNED_CONFIGS, torch.device("cuda"))
+            setting = f"ENGINE_SPEED_FUSED_ROWS={fused} " if fused != shipped_fused else ""
+            previous = entries_for(gemv.TUNED_CONFIGS, cuda)
+            source = (f"{setting}ENGINE_SPEED_STEP_TUNE_ROWS={','.join(map(str, rows))} python3 bench/engine_speed.py "
+                      "OUT gemv_step (entries marked step_tuned), over the previous table: "
+                      + json.loads(gemv.TUNED_CONFIGS.read_text()).get(gpu_name(cuda), {}).get("source", "none"))
             (target / "gemv_tuned_configs.json").write_text(table_text(
-                torch.device("cuda"), decode_parts.step_table(out["tune"], previous), source, gemv.TUNED_CONFIGS))
-        if tuned and (tuned != shipped or fused != shipped_fused):
-            try:
-                for name, table, fused_rows in (("shipped", shipped, shipped_fused), ("step_tuned", tuned, fused)):
-                    gemv._tuned, residual.FUSED_ROWS = table, fused_rows
-                    out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
-            finally:
-                gemv._tuned = shipped
+                cuda, decode_parts.step_table(out["tune"], previous), source, gemv.TUNED_CONFIGS))
+        runs = [("shipped", shipped, shipped_fused), ("step_tuned", tuned, fused)]
+        if fused != shipped_fused:
+            runs.append(("shipped_table_fused_rows", shipped, fused))
+        if tuned and "tune_error" not in out and (tuned != shipped or fused != shipped_fused):
+            for name, table, fused_rows in runs:
+                gemv._tuned, residual.FUSED_ROWS = table, fused_rows
+                out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
     finally:
-        residual.FUSED_ROWS = shipped_fused
+        gemv._tuned, residual.FUSED_ROWS = shipped, shipped_fused
     return out
 
 

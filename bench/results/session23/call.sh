@@ -25,14 +25,15 @@ case $PLAN in
   table)
     es 40 qn quantizers page_close gated_merge
     es 280 h serve llm_bf16 llm_int2 hf_prefill profile_decode_int2
-    es 150 fz gemv_fuzz ;;
+    es 90 fz gemv_fuzz ;;
   variants)
     export ENGINE_SPEED_GEMV_VARIANTS="$V"
     es 40 qn quantizers page_close gated_merge gemv_fuzz
     es 200 n llm_bf16_gemv profile_decode_batches
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
-  step)  # batch 1's GEMV table tuned in the graphed step, then the decode rows shipped against tuned
-    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_FUSED_ROWS=${FUSED_ROWS:-1} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
+  step)  # the GEMV table tuned in the graphed step at STEP_TUNE_ROWS, then the decode rows shipped against tuned
+    if [[ -n ${FUSED_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_ROWS=$FUSED_ROWS; fi  # else the shipped setting
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
   serveab)  # the issue's HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
     cp kernels/gemv_tuned_configs.json /tmp/table_new.json
     es 120 sn serve
