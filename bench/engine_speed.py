@@ -375,10 +375,11 @@ def part_gemv_step(state: dict, target: Path) -> dict:
     shipped table and with the tuned one, one process; the tuned table (what was tuned when a limit or an error
     stopped the walk) written as OUTDIR/gemv_tuned_configs.json (decode_parts.step_table; this checkout's is left
     as it was: ship it once the decode rows agree). ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS,
-    1 as shipped): tune with the residual add and the next norm fused into the GEMVs of passes up to that many rows
-    (session 18 measured them losing at 8 and 16 rows with that session's table); the decode rows then also run the
-    shipped table with that setting, so that the fusion and the table each show apart."""
-    from headroom.engine.layers import residual
+    1 as shipped) and ENGINE_SPEED_FUSED_CONV_ROWS (engine/layers/linear_attention.py FUSED_CONV_ROWS, 1): tune with
+    the residual add and the next norm, or the conv step, fused into the GEMVs of passes up to that many rows
+    (sessions 18 and 19 measured them losing at 8 and 16 rows, with tables tuned without them); the decode rows then
+    also run the shipped table with those settings, so that the fusions and the table each show apart."""
+    from headroom.engine.layers import linear_attention, residual
     from headroom.engine.llm import LLM
     from headroom.kernels import gemv
     from headroom.kernels.gdn_fla import gpu_name
@@ -391,13 +392,20 @@ def part_gemv_step(state: dict, target: Path) -> dict:
     limit = min(GEMV_ROWS, llm_settings("bf16")["max_running_requests"])
     if not rows or not all(1 <= m <= limit for m in rows):
         raise ValueError(f"ENGINE_SPEED_STEP_TUNE_ROWS={text!r}: a comma list of row counts in 1..{limit}")
-    shipped_fused = residual.FUSED_ROWS
-    fused = int(os.environ.get("ENGINE_SPEED_FUSED_ROWS", shipped_fused))
-    out: dict = {"fused_rows": fused, "shipped_fused_rows": shipped_fused, "tune": {}, "decode": {}}
+    switches = {"ENGINE_SPEED_FUSED_ROWS": (residual, "FUSED_ROWS"),
+                "ENGINE_SPEED_FUSED_CONV_ROWS": (linear_attention, "FUSED_CONV_ROWS")}
+    shipped_fused = {name: getattr(*where) for name, where in switches.items()}
+    fused = {name: int(os.environ.get(name, value)) for name, value in shipped_fused.items()}
+
+    def fuse(setting: dict[str, int]) -> None:
+        for name, (module, attribute) in switches.items():
+            setattr(module, attribute, setting[name])
+
+    out: dict = {"fused": fused, "shipped_fused": shipped_fused, "tune": {}, "decode": {}}
     cuda = torch.device("cuda")
     shipped = gemv.load_tuned_configs(cuda)
     try:
-        residual.FUSED_ROWS = fused
+        fuse(fused)
         try:
             llm = LLM(str(MODEL), cuda_graph_max_batch=1, **llm_settings("bf16"))
             llm.generate([prompt(64)], max_new_tokens=3, ignore_eos=True)  # every kernel compiled and loaded once
@@ -413,22 +421,24 @@ def part_gemv_step(state: dict, target: Path) -> dict:
         tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
                  for e in out["tune"].get("table", [])}
         if tuned:
-            setting = f"ENGINE_SPEED_FUSED_ROWS={fused} " if fused != shipped_fused else ""
+            asked = "".join(f"{name}={value} " for name, value in fused.items() if value != shipped_fused[name])
             previous = entries_for(gemv.TUNED_CONFIGS, cuda)
-            source = (f"{setting}ENGINE_SPEED_STEP_TUNE_ROWS={','.join(map(str, rows))} python3 bench/engine_speed.py "
+            source = (f"{asked}ENGINE_SPEED_STEP_TUNE_ROWS={','.join(map(str, rows))} python3 bench/engine_speed.py "
                       "OUT gemv_step (entries marked step_tuned), over the previous table: "
                       + json.loads(gemv.TUNED_CONFIGS.read_text()).get(gpu_name(cuda), {}).get("source", "none"))
             (target / "gemv_tuned_configs.json").write_text(table_text(
                 cuda, decode_parts.step_table(out["tune"], previous), source, gemv.TUNED_CONFIGS))
         runs = [("shipped", shipped, shipped_fused), ("step_tuned", tuned, fused)]
         if fused != shipped_fused:
-            runs.append(("shipped_table_fused_rows", shipped, fused))
+            runs.append(("shipped_table_fused", shipped, fused))
         if tuned and "tune_error" not in out and (tuned != shipped or fused != shipped_fused):
-            for name, table, fused_rows in runs:
-                gemv._tuned, residual.FUSED_ROWS = table, fused_rows
+            for name, table, setting in runs:
+                gemv._tuned = table
+                fuse(setting)
                 out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
     finally:
-        gemv._tuned, residual.FUSED_ROWS = shipped, shipped_fused
+        gemv._tuned = shipped
+        fuse(shipped_fused)
     return out
 
 

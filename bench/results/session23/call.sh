@@ -33,6 +33,7 @@ case $PLAN in
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
   step)  # the GEMV table tuned in the graphed step at STEP_TUNE_ROWS, then the decode rows shipped against tuned
     if [[ -n ${FUSED_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_ROWS=$FUSED_ROWS; fi  # else the shipped setting
+    if [[ -n ${FUSED_CONV_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_CONV_ROWS=$FUSED_CONV_ROWS; fi
     ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
     cp kernels/gemv_tuned_configs.json /tmp/table_new.json
