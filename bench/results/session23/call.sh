@@ -35,6 +35,10 @@ case $PLAN in
     if [[ -n ${FUSED_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_ROWS=$FUSED_ROWS; fi  # else the shipped setting
     if [[ -n ${FUSED_CONV_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_CONV_ROWS=$FUSED_CONV_ROWS; fi
     ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
+  step_serve)  # the step tuning, then the HTTP rows with the table it wrote (kernels/ here only: commit it by hand)
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1,8,16} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} \
+        ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-300} es ${STEP_DEADLINE:-400} gs gemv_step
+    if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
     cp kernels/gemv_tuned_configs.json /tmp/table_new.json
     es 120 sn serve
