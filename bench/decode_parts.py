@@ -441,7 +441,7 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
                 tuned_rows["entries"][f"{n}x{k} {kind}"] = {
                     "configs_alone": len(timed), "set_aside": vars(aside) if aside is not None else None,
                     "tried": steps, "chosen": chosen and vars(chosen), "step_us": best[0] if best else baseline,
-                    "shipped_step_us": baseline, "changed": chosen != current}
+                    "own_step_us": baseline, "changed": chosen != current}
             # Shipped and tuned once more, alternately: the greedy walk's gain against drift over its minutes.
             pairs = [(step_us(m, shipped), step_us(m)) for _ in range(3)]
             tuned_rows["final_pairs_us"] = pairs
