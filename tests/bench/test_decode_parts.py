@@ -52,3 +52,22 @@ def test_step_table_changes_adds_and_drops_only_what_the_tuning_moved():
     assert by_key[(2560, 9216, 8, "x", "mlp_down")] == {
         "layer": "mlp_down", "n": 2560, "k": 9216, "m": 8, **TILE, "us": 20.0, "step_tuned": True, "cublas_us": 21.6}
     assert previous[0]["block_n"] == 16  # the previous entries are not changed in place
+
+
+def test_step_table_gives_the_h100_table_shipped_from_session_23s_call_5():
+    """Real data: call 5's tuning at 8 and 16 rows (its output named each plain entry by shape alone, before the
+    fused SwiGLU entries had a kind of their own), over the table that call ran, against the H100 table shipped
+    from it (written by hand then)."""
+    import json
+
+    folder = Path(__file__).resolve().parents[2] / "bench" / "results" / "session23" / "call5_step_tune_bs8_16"
+    tune = json.loads((folder / "engine_speed_detail.json").read_text())["detail"]["gemv_step"]["tune"]
+    tune = {"rows": {m: {"entries": {f"{shape} x": result for shape, result in rows["shapes"].items()}}
+                     for m, rows in tune["rows"].items()}}
+    ran, shipped = (json.loads((folder / name).read_text())["configs"]
+                    for name in ("gemv_table_ran.json", "gemv_table_shipped_after.json"))
+
+    def keyed(entries):
+        return sorted(entries, key=lambda e: (e["n"], e["k"], e["m"], e.get("input", "x"), e["layer"]))
+
+    assert keyed(decode_parts.step_table(tune, ran)) == keyed(shipped)
