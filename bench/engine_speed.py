@@ -267,9 +267,11 @@ def llm_settings(kv: str) -> dict:
             "enable_prefix_cache": False}
 
 
-def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = False) -> dict:
-    """LLM API: prefill 8K/32K/128K and decode at batch 1/8 with 32K tokens of context per sequence (into the
-    issue's rows unless into_rows is False; decode_only: the decode rows alone, for A/Bs of decode kernels)."""
+def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = False,
+             decode_batches: tuple[int, ...] = (1, 8, 16), long_batches: tuple[int, ...] = (1, 8)) -> dict:
+    """LLM API: prefill 8K/32K/128K, decode at decode_batches with 256 tokens of context and at long_batches with
+    32K tokens of context per sequence (into the issue's rows unless into_rows is False; decode_only: the decode
+    rows alone, for A/Bs of decode kernels)."""
     from headroom.engine.llm import LLM
 
     settings = llm_settings(kv)
@@ -323,9 +325,9 @@ def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = F
         seconds, _ = gpu_engine.sync_time(lambda: llm.generate([prompt(8192)], max_new_tokens=1, ignore_eos=True))
         ops.set_fused(True)
         out["prefill"]["8192_unfused"] = {"seconds": seconds, "tokens_per_s": 8192 / seconds}
-    for batch in (1, 8, 16):  # short context, as the HTTP rows
+    for batch in decode_batches:  # short context, as the HTTP rows
         decode(batch, 256)
-    for batch in (1, 8):
+    for batch in long_batches:
         decode(batch, 32768)
     if not decode_only:
         prefill(131072)
@@ -439,6 +441,27 @@ def part_gemv_step(state: dict, target: Path) -> dict:
     finally:
         gemv._tuned = shipped
         fuse(shipped_fused)
+    return out
+
+
+# Batches with no GEMV table entry of their own (the tables have 1, 8 and 16 rows).
+NEAREST_BATCHES = (2, 3, 4, 6, 12)
+
+
+def part_llm_nearest(state: dict) -> dict:
+    """Decode at NEAREST_BATCHES (256 tokens of context) with kernels/gemv.py NEAREST_ROWS off (cuBLAS runs their
+    projections) and on (the next larger row count's entry), one engine after the other in one process: whether to
+    turn it on."""
+    from headroom.kernels import gemv
+
+    shipped, out = gemv.NEAREST_ROWS, {}
+    try:
+        for on in (False, True):
+            gemv.NEAREST_ROWS = on
+            out["nearest" if on else "exact_only"] = part_llm(state, "bf16", into_rows=False, decode_only=True,
+                                                              decode_batches=NEAREST_BATCHES, long_batches=())
+    finally:
+        gemv.NEAREST_ROWS = shipped
     return out
 
 
@@ -568,6 +591,7 @@ def main() -> None:
             "llm_bf16_prefetch": lambda s: part_llm_gemv(s, "bf16", prefetch_variants()),
             "llm_bf16_gemv": lambda s: part_llm_gemv(s, "bf16", gemv_variants()),
             "gemv_step": lambda s: part_gemv_step(s, Path(sys.argv[1])),
+            "llm_bf16_nearest": part_llm_nearest,
             "llm_int2_tuned": lambda s: part_llm_tuned(s, "int2", env_tuning("ENGINE_SPEED_EXTEND_TUNING"),
                                                        env_tuning("ENGINE_SPEED_DECODE_TUNING")),
             "kernels": lambda s: parts.kernel_checks(),

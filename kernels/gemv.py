@@ -31,6 +31,7 @@ cycle's issue leaves at 4.3 TB/s; the tensor-core tiles reached only ~3.5 TB/s a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,15 @@ TUNED_CONFIGS = Path(__file__).with_name("gemv_tuned_configs.json")
 PLAIN_INPUT, SILU_MUL_INPUT = "x", "silu_mul"
 # (out_features, in_features, rows, input) -> config, for this process's GPU; loaded on first use.
 _tuned: dict[tuple[int, int, int, str], GemvConfig] | None = None
+# The most rows a launch takes (x [M, K], M of 1 to 16).
+MAX_ROWS = 16
+# Row counts without an entry of their own (the sweep and the step tuning time 1, 8 and 16 rows): with NEAREST_ROWS
+# the next larger row count's entry of the same shape and input serves them (2-7 rows take 8's, 9-15 16's: every
+# several-row configuration runs any 2-16 rows, and the core-row tiles any 2-8), else cuBLAS runs them. Off until a
+# decode step at such batches shows it winning (bench/engine_speed.py llm_bf16_nearest). On, eager passes of 2-15
+# rows (short prompts' chunks) take those configurations too: check that serving compiles nothing after /ready
+# (bench serve's compile count) before shipping it on.
+NEAREST_ROWS = os.environ.get("HEADROOM_GEMV_NEAREST_ROWS", "0") == "1"
 
 
 @triton.jit
@@ -819,7 +829,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     residual_gemv writes, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
-    if w.shape[1] != k or num_rows > 16 or x.stride(-1) != 1 or not w.is_contiguous():
+    if w.shape[1] != k or num_rows > MAX_ROWS or x.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
                          "(contiguous [N, K])")
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
@@ -1006,6 +1016,9 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
     if _tuned is None:
         _tuned = load_tuned_configs(x.device)
     config = _tuned.get((w.shape[0], w.shape[1], x.shape[0], kind)) if x.dim() == 2 else None
+    if config is None and NEAREST_ROWS and x.dim() == 2 and 1 < x.shape[0] < MAX_ROWS:
+        config = next((c for m in range(x.shape[0] + 1, MAX_ROWS + 1)
+                       if (c := _tuned.get((w.shape[0], w.shape[1], m, kind))) is not None), None)
     if config is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 \
             or not w.is_contiguous():
         return None

@@ -209,6 +209,27 @@ def test_tuned_configs_are_per_gpu_and_triton_version(monkeypatch, tmp_path):
     assert module.load_tuned_configs(torch.device("cpu")) == {}
 
 
+def test_a_row_count_without_an_entry_takes_the_next_larger_ones_only_with_nearest_rows(monkeypatch):
+    from headroom.kernels import gemv as module
+
+    one, eight, sixteen = GemvConfig(8, 64), GemvConfig(32, 128, swap_ab=True), GemvConfig(64, 128, swap_ab=True)
+    fused = GemvConfig(16, 64, rows_on_cores=True)
+    monkeypatch.setattr(module, "_tuned", {(24, 64, 1, "x"): one, (24, 64, 8, "x"): eight, (24, 64, 16, "x"): sixteen,
+                                           (24, 64, 8, "silu_mul"): fused, (40, 64, 16, "x"): sixteen})
+    w = torch.zeros(24, 64, dtype=torch.bfloat16)
+
+    def config(rows: int, kind: str = "x", weight: torch.Tensor = w):
+        return module._tuned_config(torch.zeros(rows, 64, dtype=torch.bfloat16), weight, kind)
+
+    monkeypatch.setattr(module, "NEAREST_ROWS", False)
+    assert [config(m) for m in (1, 3, 8, 12, 16)] == [one, None, eight, None, sixteen]
+    monkeypatch.setattr(module, "NEAREST_ROWS", True)
+    assert [config(m) for m in (1, 2, 7, 8, 9, 15, 16)] == [one, eight, eight, eight, sixteen, sixteen, sixteen]
+    assert [config(m, "silu_mul") for m in (1, 5, 9)] == [None, fused, None]  # the same input kind only
+    assert config(3, weight=torch.zeros(40, 64, dtype=torch.bfloat16)) == sixteen
+    assert config(17) is None
+
+
 def test_the_shipped_table_gives_each_shape_one_config(monkeypatch, tmp_path):
     """Two layers of one shape (gdn_out_proj and attn_o_proj are both 2560 x 4096) share a key: entries that
     disagree would leave the engine running whichever the loader read last, whatever the other's figures say
