@@ -39,6 +39,8 @@ case $PLAN in
     ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1,8,16} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} \
         ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-300} es ${STEP_DEADLINE:-400} gs gemv_step
     if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi ;;
+  nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
+    es 150 nr llm_bf16_nearest ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
     cp kernels/gemv_tuned_configs.json /tmp/table_new.json
     es 120 sn serve
