@@ -64,6 +64,26 @@ def graph_replay_us(fn, calls: int, replays: int, before_each=None) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def weight_copies(n: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    """Random bf16 weights [n, k] in enough copies (at least two, 300 MB in all) that L2 holds none of them between
+    the calls of a replay that walks them in turn."""
+    copies = max(2, -(-300_000_000 // (n * k * 2)))
+    return [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+
+def checked_time(run, weights: list, want: torch.Tensor | None) -> float | None:
+    """Seconds a call of run(w) takes over `weights` (copies L2 cannot hold, each called once a replay), or None
+    where run does not compile or launch, or where its output on weights[0] is off `want` (None: not checked) by
+    more than a rounding moved by another summation order can explain."""
+    try:
+        got = run(weights[0])
+        if want is not None and not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
+            return None
+        return _graph_time(lambda: [run(w) for w in weights], len(weights))
+    except Exception:  # noqa: BLE001 - a configuration that does not compile or launch is not a candidate
+        return None
+
+
 def _graph_time(fn, calls_per_replay: int, replays: int = 20) -> float:
     """Seconds per call of fn (which makes calls_per_replay calls), replayed from a CUDA graph: launch gaps out."""
     fn()
@@ -224,8 +244,8 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
     for m, (batch_start, share) in _batch_spans(batches).items():
         for index, (name, n, k, _, kind, replaces) in enumerate(shapes):
             deadline = started + budget_s * (batch_start + (share - batch_start) * (index + 1) / len(shapes))
-            copies = max(2, -(-300_000_000 // (n * k * 2)))
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            weights = weight_copies(n, k, torch.device("cuda"))
+            copies = len(weights)
             weight_bytes = n * k * 2
             extra: dict = {}
             if kind == "x":
@@ -261,13 +281,8 @@ def gemv_sweep(budget_s: float = 150.0) -> dict:
                 if time.perf_counter() > deadline:
                     skipped += 1
                     continue
-                try:
-                    got = product(weights[0], config)
-                    if not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
-                        errors += 1
-                        continue
-                    seconds = _graph_time(lambda c=config, ws=weights, run=product: [run(w, c) for w in ws], copies)
-                except Exception:  # noqa: BLE001 - a config that does not compile or run is skipped
+                seconds = checked_time(lambda w, c=config, run=product: run(w, c), weights, want)
+                if seconds is None:
                     errors += 1
                     continue
                 timed += 1
@@ -341,13 +356,8 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
         return times[len(times) // 2] * 1e6
 
     def alone_us(run, weights: list, want: torch.Tensor | None) -> float | None:
-        try:
-            got = run(weights[0])
-            if want is not None and not torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.02):
-                return None
-            return _graph_time(lambda: [run(w) for w in weights], len(weights)) * 1e6
-        except Exception:  # noqa: BLE001 - a configuration that does not compile or launch is not a candidate
-            return None
+        seconds = checked_time(run, weights, want)
+        return None if seconds is None else seconds * 1e6
 
     def put(key: tuple, config) -> None:
         if config is None:
@@ -387,8 +397,7 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
                 aside = table.pop(fused_key, None) if fused_key is not None else None
                 current, plain = table.get(key), table.get((n, k, m, "x"))
                 pending = (key, current, fused_key, aside)  # what the table holds again if the walk stops here
-                copies = max(2, -(-300_000_000 // (n * k * 2)))
-                weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+                weights = weight_copies(n, k, device)
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 gate, up = torch.randn(m, 2 * k, device=device, dtype=torch.bfloat16).split([k, k], dim=-1)
                 if kind == "x":
@@ -467,8 +476,9 @@ def step_table(tune: dict, previous: list[dict]) -> list[dict]:
     SwiGLU input) with its layer's name and the time of what it replaced alone ("cublas_us" for a plain entry,
     "unfused_us", silu_mul then the plain entry, for a fused one); the entries whose shape the tuning moved back
     to cuBLAS (or to silu_mul then the plain entry) dropped. Entries of row counts not tuned are kept as they are."""
-    fields = ("block_n", "block_k", "split", "num_warps", "num_stages", "swap_ab", "rows_on_cores", "prefetch",
-              "stream", "l2_prefetch")
+    from headroom.kernels.gemv import GemvConfig
+
+    fields = [field.name for field in dataclasses.fields(GemvConfig)]
     names = {(n, k, "x"): name for name, (n, k, per_step) in reversed(DECODE_SHAPES.items()) if per_step}
     names.update({(*DECODE_SHAPES[plain][:2], kind): fused for fused, (plain, kind) in FUSED_SHAPES.items()})
     table = [dict(entry) for entry in previous]

@@ -830,8 +830,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > MAX_ROWS or x.stride(-1) != 1 or not w.is_contiguous():
-        raise ValueError(f"gemv: x {tuple(x.shape)} (at most 16 rows, last dim contiguous) against w {tuple(w.shape)} "
-                         "(contiguous [N, K])")
+        raise ValueError(f"gemv: x {tuple(x.shape)} (at most {MAX_ROWS} rows, last dim contiguous) against w "
+                         f"{tuple(w.shape)} (contiguous [N, K])")
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
