@@ -385,7 +385,6 @@ def part_gemv_step(state: dict, target: Path) -> dict:
     from headroom.engine.llm import LLM
     from headroom.kernels import gemv
     from headroom.kernels.gdn_fla import gpu_name
-    from headroom.kernels.gemv import GemvConfig
     from headroom.kernels.ops import GEMV_ROWS
     from headroom.kernels.tuned_table import entries_for, table_text
 
@@ -419,9 +418,7 @@ def part_gemv_step(state: dict, target: Path) -> dict:
         llm = None
         gc.collect()
         torch.cuda.empty_cache()
-        fields = set(vars(GemvConfig()))
-        tuned = {(e["n"], e["k"], e["m"], e["input"]): GemvConfig(**{f: e[f] for f in fields})
-                 for e in out["tune"].get("table", [])}
+        tuned = {(e["n"], e["k"], e["m"], e["input"]): gemv.config_of(e) for e in out["tune"].get("table", [])}
         if tuned:
             asked = "".join(f"{name}={value} " for name, value in fused.items() if value != shipped_fused[name])
             previous = entries_for(gemv.TUNED_CONFIGS, cuda)

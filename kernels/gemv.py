@@ -1034,8 +1034,12 @@ def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], 
     nothing before its wait."""
     from headroom.kernels.tuned_table import entries_for
 
-    return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)):
-            GemvConfig(c["block_n"], c["block_k"], c["split"], c["num_warps"], c["num_stages"],
-                       c.get("swap_ab", False), c.get("rows_on_cores", False), c.get("prefetch", 1),
-                       c.get("stream", 0), c.get("l2_prefetch", 0))
+    return {(c["n"], c["k"], c["m"], c.get("input", PLAIN_INPUT)): config_of(c)
             for c in entries_for(TUNED_CONFIGS, device)}
+
+
+def config_of(entry: dict) -> GemvConfig:
+    """A table entry's GemvConfig (load_tuned_configs says what a missing field means)."""
+    return GemvConfig(entry["block_n"], entry["block_k"], entry["split"], entry["num_warps"], entry["num_stages"],
+                      entry.get("swap_ab", False), entry.get("rows_on_cores", False), entry.get("prefetch", 1),
+                      entry.get("stream", 0), entry.get("l2_prefetch", 0))
