@@ -352,9 +352,9 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
 def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields
     for every one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input
-    alike)}}, each a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains of GEMVs; what
-    a change does between the small kernels of a step (the norms, the conv, the delta rule, attention) only a
-    step shows."""
+    alike)}}, each a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains
+    of GEMVs; what a change does between the small kernels of a step (the norms, the conv, the delta rule,
+    attention) only a step shows."""
     from headroom.kernels import gemv
 
     shipped = gemv.load_tuned_configs(torch.device("cuda"))
