@@ -446,17 +446,17 @@ NEAREST_BATCHES = (2, 3, 4, 6, 12)
 
 
 def part_llm_nearest(state: dict) -> dict:
-    """Decode at NEAREST_BATCHES (256 tokens of context) with kernels/gemv.py NEAREST_ROWS off (cuBLAS runs their
-    projections) and on (the next larger row count's entry), one engine after the other in one process: whether to
-    turn it on."""
+    """Decode at NEAREST_BATCHES (256 tokens of context) with kernels/gemv.py NEAREST_ROWS on (the next larger row
+    count's entry), off (cuBLAS runs their projections) and on again, one engine after the other in one process
+    (A/B/A: the second engine of session 24's first call, off then on, could have gained from the order alone)."""
     from headroom.kernels import gemv
 
     shipped, out = gemv.NEAREST_ROWS, {}
     try:
-        for on in (False, True):
+        for name, on in (("nearest", True), ("exact_only", False), ("nearest_again", True)):
             gemv.NEAREST_ROWS = on
-            out["nearest" if on else "exact_only"] = part_llm(state, "bf16", into_rows=False, decode_only=True,
-                                                              decode_batches=NEAREST_BATCHES, long_batches=())
+            out[name] = part_llm(state, "bf16", into_rows=False, decode_only=True, decode_batches=NEAREST_BATCHES,
+                                 long_batches=())
     finally:
         gemv.NEAREST_ROWS = shipped
     return out

@@ -45,6 +45,9 @@ case $PLAN in
     ENGINE_SPEED_STEP_TUNE_ROWS=1 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=180 \
         es 270 gs gemv_step
     es 150 nr llm_bf16_nearest ;;
+  nearest_serve)  # the HTTP rows with NEAREST_ROWS on (its compile count after /ready), then nearest on/off/on
+    HEADROOM_GEMV_NEAREST_ROWS=1 es 120 sn serve
+    es 200 nr llm_bf16_nearest ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
     es 150 nr llm_bf16_nearest ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
