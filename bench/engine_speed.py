@@ -373,8 +373,8 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
 def part_gemv_step(state: dict, target: Path) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
     ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
-    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows with the
-    shipped table and with the tuned one, one process; the tuned table (what was tuned when a limit or an error
+    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows (at 1, 8, 16
+    and each tuned row count) with the shipped table and with the tuned one, one process; the tuned table (what was tuned when a limit or an error
     stopped the walk) written as OUTDIR/gemv_tuned_configs.json (decode_parts.step_table; this checkout's is left
     as it was: ship it once the decode rows agree). ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS,
     1 as shipped) and ENGINE_SPEED_FUSED_CONV_ROWS (engine/layers/linear_attention.py FUSED_CONV_ROWS, 1): tune with
@@ -434,7 +434,8 @@ def part_gemv_step(state: dict, target: Path) -> dict:
             for name, table, setting in runs:
                 gemv._tuned = table
                 fuse(setting)
-                out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True)
+                out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True,
+                                               decode_batches=tuple(sorted({1, 8, 16} | set(rows))))
     finally:
         gemv._tuned = shipped
         fuse(shipped_fused)

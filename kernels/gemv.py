@@ -87,11 +87,12 @@ _tuned: dict[tuple[int, int, int, str], GemvConfig] | None = None
 MAX_ROWS = 16
 # Row counts without an entry of their own (the sweep and the step tuning time 1, 8 and 16 rows): with NEAREST_ROWS
 # the next larger row count's entry of the same shape and input serves them (2-7 rows take 8's, 9-15 16's: every
-# several-row configuration runs any 2-16 rows, and the core-row tiles any 2-8), else cuBLAS runs them. Off until a
-# decode step at such batches shows it winning (bench/engine_speed.py llm_bf16_nearest). On, eager passes of 2-15
-# rows (short prompts' chunks) take those configurations too: check that serving compiles nothing after /ready
-# (bench serve's compile count) before shipping it on.
-NEAREST_ROWS = os.environ.get("HEADROOM_GEMV_NEAREST_ROWS", "0") == "1"
+# several-row configuration runs any 2-16 rows, and the core-row tiles any 2-8), else cuBLAS runs them. On since
+# session 24: on an H100 the graphed decode step at 2, 3, 4, 6 and 12 sequences took 7-8% less time with it than
+# with cuBLAS (bench/engine_speed.py llm_bf16_nearest, on/off/on in one process), and a server with it on compiled
+# nothing after /ready (eager passes of 2-15 rows share the several-row configurations' compiled variants with the
+# graph captures of 2-16 sequences in the warm-up). HEADROOM_GEMV_NEAREST_ROWS=0 turns it off.
+NEAREST_ROWS = os.environ.get("HEADROOM_GEMV_NEAREST_ROWS", "1") == "1"
 
 
 @triton.jit
