@@ -51,6 +51,8 @@ case $PLAN in
   step_rows24)  # entries of their own for 2 and 4 rows (NEAREST_ROWS gives 2-7 the 8-row ones), then nearest with them
     ENGINE_SPEED_STEP_TUNE_ROWS=2,4 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=230 es 380 gs gemv_step
     if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 130 nr llm_bf16_nearest; fi ;;
+  rows)  # the HTTP and LLM rows with transformers beside them, the shipped table (the last minutes of a session)
+    es 250 h serve llm_bf16 llm_int2 hf_prefill ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
     es 150 nr llm_bf16_nearest ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
