@@ -129,16 +129,22 @@ class CompileAhead:
             raise ValueError(f"compile ahead: {threads} threads")
         self.report = CompileAheadReport(threads)
 
-    def prepare(self, dry_pass: Callable[[], object]) -> int:
-        """Run dry_pass with every launch that would compile skipped, then compile what it skipped on the thread
-        pool. Returns how many specialisations it met. A dry pass that raises is logged, not raised: it computes
-        on garbage, and the real pass after it shows whether the fault is real."""
-        pending = self._record(dry_pass)
+    def prepare(self, *dry_passes: Callable[[], object]) -> int:
+        """Run each dry pass with every launch that would compile skipped, then compile what they skipped on the
+        thread pool, all in one round (passes whose real runs come one after another, such as the decode graphs'
+        sizes, wait for one round of compiles instead of one each: a round lasts about as long as its slowest
+        compile). Returns how many specialisations they met. A dry pass that raises is logged, not raised: it
+        computes on garbage, and the real pass after it shows whether the fault is real; the passes after it
+        still run dry."""
+        pending: dict[tuple[int, str], tuple[Any, str]] = {}
+        for dry_pass in dry_passes:
+            for key, met in self._record(dry_pass).items():
+                pending.setdefault(key, met)
         if pending:
-            self._compile(pending)
+            self._compile(list(pending.values()))
         return len(pending)
 
-    def _record(self, dry_pass: Callable[[], object]) -> list[tuple[Any, str]]:
+    def _record(self, dry_pass: Callable[[], object]) -> dict[tuple[int, str], tuple[Any, str]]:
         from triton import knobs
         from triton.runtime.autotuner import Autotuner
 
@@ -180,7 +186,7 @@ class CompileAhead:
                     tuner.cache_results = cache_results
             self.report.dry_passes += 1
             self.report.dry_seconds += time.perf_counter() - started
-        return list(met.values())
+        return met
 
     def _compile(self, pending: list[tuple[Any, str]]) -> None:
         from triton.runtime._async_compile import AsyncCompileMode

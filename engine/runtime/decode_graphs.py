@@ -173,6 +173,13 @@ class DecodeGraphs:
             copy_into(self.table[entry.row, start:position], slots)
         return entry
 
+    def _placeholders(self) -> None:
+        """The static indices every captured size reads: token 0 at position 0 through KV slot, SSM slot, table
+        row and window row i for sequence i."""
+        self._index.zero_()
+        for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW):
+            self._index[row] = self._arange[: self.max_batch]
+
     def _pass(self, size: int) -> None:
         """The recorded work: write each token's slot into the table, then the model over static indices,
         its logits into the shared output buffer."""
@@ -234,16 +241,21 @@ class DecodeGraphs:
         # One side stream for every warm pass: cuBLAS keeps a workspace per stream it has run on (about
         # 37 MiB each on the H200), so a new stream per size cost that much per graph.
         side = torch.cuda.Stream(device)
-        for size in sorted(range(1, self.max_batch + 1) if sizes is None else set(sizes), reverse=True):
-            self._index.zero_()
-            for row in (_WRITE_SLOT, _SSM_SLOT, _TABLE_ROW, _WINDOW_ROW):
-                self._index[row] = self._arange[: self.max_batch]
-            # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel: in the
-            # warm-up, after a dry one whose kernels compile on every core (kernels/compile_ahead.py).
+        order = sorted(range(1, self.max_batch + 1) if sizes is None else set(sizes), reverse=True)
+        if self.runner.compile_ahead is not None:
+            # In the warm-up: every size's pass first runs dry, then what they met compiles on every core in one
+            # round (kernels/compile_ahead.py), not a round a size (sizes differ in the GEMVs' row configurations
+            # and specialisations, kernels/gemv.py NEAREST_ROWS).
+            self._placeholders()
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
-                if self.runner.compile_ahead is not None:
-                    self.runner.compile_ahead.prepare(lambda size=size: self._pass(size))
+                self.runner.compile_ahead.prepare(*(lambda size=size: self._pass(size) for size in order))
+            torch.cuda.current_stream(device).wait_stream(side)
+        for size in order:
+            self._placeholders()
+            # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel.
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
                 self._pass(size)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()

@@ -86,6 +86,59 @@ def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_
     assert got["failed_one_in_its_pass"] == "CompileTimeAssertionFailure"
 
 
+_CHILD_SEVERAL = r'''
+import triton.language as tl
+from headroom.kernels.compile_ahead import CompileAhead
+
+
+@triton.jit
+def scale_kernel(x, y, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
+
+
+x, y = torch.zeros(4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
+misses = []
+triton.knobs.runtime.jit_cache_hook = lambda **kw: misses.append(kw["fn"].name) and False
+ahead = CompileAhead(2)
+compiled_per_round = []
+compile = ahead._compile
+ahead._compile = lambda pending: (compiled_per_round.append(len(pending)), compile(pending))
+
+
+def launches(*blocks):
+    def dry():
+        for block in blocks:
+            scale_kernel[(1,)](x, y, 4096, 2.0, BLOCK=block)
+    return dry
+
+
+def raises():
+    scale_kernel[(1,)](x, y, 4096, 2.0, BLOCK=512)
+    raise RuntimeError("garbage index")
+
+
+# The decode graphs' sizes: passes that share some specialisations, one raising after it met one of its own.
+out = {"prepared": ahead.prepare(launches(64, 128), raises, launches(128, 256, 64)), "report": vars(ahead.report),
+       "rounds": compiled_per_round}
+seen = len(misses)
+for block in (64, 128, 256, 512):
+    scale_kernel.warmup(x, y, 4096, 2.0, BLOCK=block, grid=(1,))
+out["compiles_in_real_passes"] = len(misses) - seen
+print(json.dumps(out))
+'''
+
+
+def test_several_dry_passes_compile_what_they_met_in_one_round(tmp_path):
+    got = run_on_sm90(_CHILD_SEVERAL, tmp_path)
+    # 64, 128, 256 and the raising pass's 512: each once, in a single round, whatever pass met it first.
+    assert got["prepared"] == 4 and got["rounds"] == [4]
+    assert got["report"]["dry_passes"] == 3 and got["report"]["dry_failures"] == 1
+    assert got["report"]["compiled"] == 4 and got["report"]["failed"] == 0
+    assert got["compiles_in_real_passes"] == 0
+
+
 def test_cgroup_quota_lines():
     assert cgroup_cpus("200000 100000\n") == 2.0
     assert cgroup_cpus("150000 100000") == 1.5

@@ -213,3 +213,49 @@ def test_a_prefix_re_pointed_by_the_cache_is_uploaded_again(tiny_model_factory, 
                   cuda_graph_max_batch=graph_batch, chunked_prefill_size=chunk)
         out[graph_batch] = [g.token_ids for g in llm.generate([prompt, prompt], max_new_tokens=60)]
     assert out[0][0] == out[0][1] == out[2][0] == out[2][1]
+
+
+def _fake_cuda_capture(monkeypatch) -> None:
+    """torch.cuda's calls in DecodeGraphs.capture as no-ops: its order of passes runs on a CPU."""
+    import contextlib
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    cuda = torch.cuda
+    for name, fake in {"synchronize": lambda device=None: None, "empty_cache": lambda: None,
+                       "memory_reserved": lambda device=None: 0, "mem_get_info": lambda device=None: (0, 0),
+                       "graph_pool_handle": lambda: None, "Stream": Stream, "current_stream": lambda device=None: Stream(),
+                       "stream": lambda stream: contextlib.nullcontext(), "CUDAGraph": object,
+                       "graph": lambda graph, pool=None: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(cuda, name, fake)
+
+
+def test_capture_runs_every_size_dry_first_and_compiles_them_in_one_round(tiny_model_factory, monkeypatch):
+    """In the warm-up (compile ahead on), every size's pass runs dry before any real one and the compile ahead
+    gets them all in one prepare (one round of compiles, not one a size); without it, no dry pass at all."""
+    model_dir, _ = tiny_model_factory("qwen3", 0)
+    runner = ModelRunner(EngineConfig(model_path=str(model_dir), max_total_tokens=64))
+    _fake_cuda_capture(monkeypatch)
+    events: list = []
+
+    class Ahead:
+        def prepare(self, *dry_passes):
+            events.append(("prepare", len(dry_passes)))
+            for dry_pass in dry_passes:
+                dry_pass()
+            return 0
+
+    for ahead in (Ahead(), None):
+        events.clear()
+        runner.compile_ahead = ahead  # type: ignore[assignment]
+        graphs = DecodeGraphs(runner, 3, capture=True)
+        monkeypatch.setattr(graphs, "_pass", lambda size: events.append(("pass", size)))
+        assert graphs.capture().batch_sizes == (1, 2, 3)
+        # Each size: its eager warm pass, then the captured one; largest first.
+        real = [("pass", 3)] * 2 + [("pass", 2)] * 2 + [("pass", 1)] * 2
+        assert events == ([("prepare", 3), ("pass", 3), ("pass", 2), ("pass", 1)] if ahead else []) + real
