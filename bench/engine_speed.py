@@ -607,6 +607,11 @@ def main() -> None:
             "serve_cold_tuned": lambda s: part_serve(s, cold_start_only=True),
             "serve_cold_one_by_one": lambda s: part_serve(s, cold_start_only=True, label="cold_start_one_by_one_s",
                                                           extra_env={"HEADROOM_COMPILE_AHEAD": "0"}),
+            # The cold start with kernels/gemv.py NEAREST_ROWS off (session 24 turned it on; its two cold starts
+            # took 64 s on an H100 where session 23's took 38-40 s): serve_cold_tuned, this, serve_cold_tuned_again.
+            "serve_cold_exact_rows": lambda s: part_serve(s, cold_start_only=True, label="cold_start_exact_rows_s",
+                                                          extra_env={"HEADROOM_GEMV_NEAREST_ROWS": "0"}),
+            "serve_cold_tuned_again": lambda s: part_serve(s, cold_start_only=True, label="cold_start_tuned_again_s"),
             "serve_int2": lambda s: part_serve(s, kv="int2"),
             "serve_plain": lambda s: part_serve(s, flags=("--no-interjection",)),
             "serve_switch5": lambda s: part_serve(s, flags=("--gil-switch-ms", "5")),

@@ -53,6 +53,8 @@ case $PLAN in
     if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 130 nr llm_bf16_nearest; fi ;;
   rows)  # the HTTP and LLM rows with transformers beside them, the shipped table (the last minutes of a session)
     es 250 h serve llm_bf16 llm_int2 hf_prefill ;;
+  cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
+    es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
     es 150 nr llm_bf16_nearest ;;
   serveab)  # the HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
