@@ -1016,14 +1016,55 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
     global _tuned
     if _tuned is None:
         _tuned = load_tuned_configs(x.device)
-    config = _tuned.get((w.shape[0], w.shape[1], x.shape[0], kind)) if x.dim() == 2 else None
-    if config is None and NEAREST_ROWS and x.dim() == 2 and 1 < x.shape[0] < MAX_ROWS:
-        config = next((c for m in range(x.shape[0] + 1, MAX_ROWS + 1)
-                       if (c := _tuned.get((w.shape[0], w.shape[1], m, kind))) is not None), None)
-    if config is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 \
-            or not w.is_contiguous():
+    rows = _entry_rows(_tuned, w.shape[0], w.shape[1], x.shape[0], kind) if x.dim() == 2 else None
+    if rows is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 or not w.is_contiguous():
         return None
-    return config
+    return _tuned[(w.shape[0], w.shape[1], rows, kind)]
+
+
+def _entry_rows(table: dict[tuple[int, int, int, str], GemvConfig], n: int, k: int, m: int, kind: str) -> int | None:
+    """The row count of the entry that a launch of m rows takes: its own, or with NEAREST_ROWS the next larger one
+    of its shape and input; None: cuBLAS."""
+    if (n, k, m, kind) in table:
+        return m
+    if NEAREST_ROWS and 1 < m < MAX_ROWS:
+        return next((larger for larger in range(m + 1, MAX_ROWS + 1) if (n, k, larger, kind) in table), None)
+    return None
+
+
+def warm_up_rows(device: torch.device, already: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Row counts (1..MAX_ROWS) whose passes, with those of `already`, launch every GEMV specialisation that a pass
+    of 1 to MAX_ROWS rows can take with this GPU's table: each table entry with every class Triton specialises the
+    row count M on (1, a multiple of 16, the rest) among the row counts it serves. A warm-up that runs a pass of
+    each compiles them all before /ready; with NEAREST_ROWS, 9-15 rows take the 16-row entries in a variant of
+    their own, which a server capturing decode graphs up to 8 sequences (the int2 plan) otherwise met first in a
+    request of that many tokens. () on a device without a table."""
+    global _tuned
+    if device.type != "cuda":
+        return ()
+    if _tuned is None:
+        _tuned = load_tuned_configs(device)
+    return rows_covering(_tuned, already)
+
+
+def rows_covering(table: dict[tuple[int, int, int, str], GemvConfig], already: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """warm_up_rows for a given table: the fewest row counts found greedily (the smallest first among equals)."""
+    shapes = {(n, k, kind) for n, k, _, kind in table}
+
+    def launched(m: int) -> set[tuple[int, int, str, int, int]]:
+        # The entry each shape takes at m rows, and the class of m Triton specialises that variant on.
+        variant = 1 if m == 1 else 16 if m % 16 == 0 else 0
+        return {(n, k, kind, rows, variant) for n, k, kind in shapes
+                if (rows := _entry_rows(table, n, k, m, kind)) is not None}
+
+    candidates = {m: launched(m) for m in range(1, MAX_ROWS + 1)}
+    missing = set().union(*candidates.values()) - set().union(set(), *(candidates.get(m, set()) for m in already))
+    chosen = []
+    while missing:
+        best = max(candidates, key=lambda m: (len(candidates[m] & missing), -m))
+        chosen.append(best)
+        missing -= candidates[best]
+    return tuple(sorted(chosen))
 
 
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:

@@ -237,6 +237,14 @@ class ModelRunner:
         ahead, self.compile_ahead = self.compile_ahead, None
         return ahead.report if ahead is not None else None
 
+    def gemv_warm_up_lengths(self, already: tuple[int, ...]) -> tuple[int, ...]:
+        """Prompt lengths (1-16 tokens) whose passes, alone, with those of `already`, launch every GEMV variant that
+        serving's passes of up to 16 tokens can take with this GPU's tuned table (kernels/gemv.py warm_up_rows);
+        none off a GPU."""
+        from headroom.kernels.gemv import warm_up_rows
+
+        return warm_up_rows(self.device, already)
+
     def kivi_warm_up_lengths(self, chunk: int) -> tuple[int, int | None]:
         """Warm-up prompt lengths whose passes meet every path of a KIVI pool's long prefills
         (engine/layers/paged_attention.py), so that all their kernels are compiled before /ready: whole chunks past

@@ -247,7 +247,9 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
                 # Alone, so that its chunks fall where kivi_warm_up_lengths put them.
                 add("warmup-long-open", open_length, 2, 23, 3)
                 loop.run_until_idle()
-            for i, size in enumerate(WARMUP_ALONE_PROMPTS):
+            # And where the GEMV table has row counts those miss (kernels/gemv.py warm_up_rows), those too.
+            alone = sorted(set(WARMUP_ALONE_PROMPTS) | set(loop.runner.gemv_warm_up_lengths(WARMUP_ALONE_PROMPTS)))
+            for i, size in enumerate(alone):
                 if size < length:
                     add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
                     loop.run_until_idle()

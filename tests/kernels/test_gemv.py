@@ -230,6 +230,47 @@ def test_a_row_count_without_an_entry_takes_the_next_larger_ones_only_with_neare
     assert config(17) is None
 
 
+def test_warm_up_rows_launch_every_variant_a_pass_of_up_to_16_rows_can_take(monkeypatch):
+    """Every (entry, class of M) that a launch of 1-16 rows takes through the real lookup is taken by one of the
+    warm-up's rows (those already run, plus the ones warm_up_rows adds), with NEAREST_ROWS on and off, for the
+    H100's kind of table (2- and 4-row entries on one shape only) and random ones."""
+    import random
+
+    from headroom.kernels import gemv as module
+
+    def variants(table, rows):
+        monkeypatch.setattr(module, "_tuned", table)
+        got = set()
+        for n, k, kind in {(n, k, kind) for n, k, _, kind in table}:
+            for m in rows:
+                config = module._tuned_config(torch.zeros(m, k, dtype=torch.bfloat16),
+                                              torch.zeros(n, k, dtype=torch.bfloat16), kind)
+                if config is not None:
+                    got.add((n, k, kind, id(config), 1 if m == 1 else 16 if m % 16 == 0 else 0))
+        return got
+
+    configs = {m: GemvConfig(8 * m, 64) for m in (1, 2, 4, 8, 16)}
+    h100_like = {(n, 64, m, "x"): configs[m] for n in (24, 40) for m in (1, 8, 16)}
+    h100_like.update({(24, 64, 2, "x"): configs[2], (24, 64, 4, "x"): configs[4], (40, 64, 8, "silu_mul"): configs[8]})
+    already = (1, 3, 7, 16, 37)
+    monkeypatch.setattr(module, "NEAREST_ROWS", True)
+    # 2 rows: the 2-row entry; 9-15: the 16-row entries in their non-multiple-of-16 variant.
+    assert module.rows_covering(h100_like, already) == (2, 9)
+    monkeypatch.setattr(module, "NEAREST_ROWS", False)
+    assert module.rows_covering(h100_like, already) == (2, 4, 8)
+    assert module.rows_covering({}, already) == ()
+    rng = random.Random(7)
+    for nearest in (True, False):
+        monkeypatch.setattr(module, "NEAREST_ROWS", nearest)
+        for _ in range(30):
+            table = {(n, 64, m, kind): GemvConfig(8 * m, 64) for n in (24, 40) for kind in ("x", "silu_mul")
+                     for m in rng.sample(range(1, 17), rng.randint(0, 5))}
+            start = tuple(rng.sample(range(1, 17), rng.randint(0, 4)))
+            rows = module.rows_covering(table, start) + start
+            assert variants(table, rows) == variants(table, range(1, 17)), (nearest, table, start)
+    assert module.warm_up_rows(torch.device("cpu"), already) == ()
+
+
 def test_the_shipped_table_gives_each_shape_one_config(monkeypatch, tmp_path):
     """Two layers of one shape (gdn_out_proj and attn_o_proj are both 2560 x 4096) share a key: entries that
     disagree would leave the engine running whichever the loader read last, whatever the other's figures say
