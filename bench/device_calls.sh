@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The device calls' plans: `bash bench/device_calls.sh [PLAN]` from the repo root on the GPU machine (sessions 23-24
+# ran it as bench/results/session2N/call.sh, which now call this; the exact script of each call is in the commit its
+# README lists). Carry .whl and .old. Results go under /tmp/r, tarred into $OUT/r.tgz after every part (starts are scarce and a
+# call cut off at its limit still returns what $OUT holds).
+source bench/device_env.sh
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); R=/tmp/r; mkdir -p $R; echo "$G" > $R/gpu.txt
+es() { d=$1; o=$R/$2; shift 2; mkdir -p $o; local t0=$SECONDS
+    env TRITON_CACHE_DIR=/tmp/tc ENGINE_SPEED_INIT=/nonexistent ENGINE_SPEED_DEADLINE_S=$d timeout $((d+60)) \
+        python3 bench/engine_speed.py $o "$@" > $o/log.txt 2>&1
+    echo "$o rc $? $((SECONDS-t0)) s: $*" >> $R/gpu.txt; tar czf $OUT/r.tgz -C $R .
+    # A part killed at its limit can leave the GPU's memory held for a while (call 1's next LLM found 13.7 GB of 80
+    # free and refused to start): wait, up to a minute, for it to come back before the next part.
+    for _ in $(seq 60); do (( $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) < 2000 )) \
+        && break; sleep 1; done; }
+old() { F=$(cd .old && find . -name '*.py'); for f in $F; do mkdir -p /tmp/new/$(dirname $f); cp $f /tmp/new/$f
+    cp .old/$f $f; done; "$@"; for f in $F; do cp /tmp/new/$f $f; done; }
+V='{"shipped": {}, "l2_2": {"*": {"l2_prefetch": 2}}, "l2_4": {"*": {"l2_prefetch": 4}},
+    "narrow": {"2560x4096": {"block_n": 4, "block_k": 2048, "num_warps": 8, "num_stages": 2, "split": 1},
+               "2560x9216": {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "split": 1}}}'
+PLAN=${1:-auto}
+# auto: an H200 runs the step tuning and the HTTP rows with its table (the issue's machine); an H100 the batch-1 step
+# tuning with the tuner as changed after session 23's calls (the fused down projection's silu_mul entry) and nearest.
+if [[ $PLAN == auto ]]; then [[ $G == *H200* ]] && PLAN=step_serve || PLAN=h100; fi
+echo "plan $PLAN" >> $R/gpu.txt
+export GEMV_FUZZ_CASES=8
+case $PLAN in
+  table)
+    es 40 qn quantizers page_close gated_merge
+    es 280 h serve llm_bf16 llm_int2 hf_prefill profile_decode_int2
+    es 90 fz gemv_fuzz ;;
+  variants)
+    export ENGINE_SPEED_GEMV_VARIANTS="$V"
+    es 40 qn quantizers page_close gated_merge gemv_fuzz
+    es 200 n llm_bf16_gemv profile_decode_batches
+    export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 80 o quantizers page_close llm_bf16_gemv ;;
+  step)  # the GEMV table tuned in the graphed step at STEP_TUNE_ROWS, then the decode rows shipped against tuned
+    if [[ -n ${FUSED_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_ROWS=$FUSED_ROWS; fi  # else the shipped setting
+    if [[ -n ${FUSED_CONV_ROWS:-} ]]; then export ENGINE_SPEED_FUSED_CONV_ROWS=$FUSED_CONV_ROWS; fi
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-220} es ${STEP_DEADLINE:-330} gs gemv_step ;;
+  step_serve)  # the step tuning, then the HTTP rows with the table it wrote (kernels/ here only: commit it by hand)
+    ENGINE_SPEED_STEP_TUNE_ROWS=${STEP_TUNE_ROWS:-1,8,16} ENGINE_SPEED_STEP_CANDIDATES=${STEP_CANDIDATES:-5} \
+        ENGINE_SPEED_STEP_TUNE_S=${STEP_TUNE_S:-300} es ${STEP_DEADLINE:-400} gs gemv_step
+    if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi ;;
+  h100)
+    ENGINE_SPEED_STEP_TUNE_ROWS=1 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=180 \
+        es 270 gs gemv_step
+    es 150 nr llm_bf16_nearest ;;
+  nearest_serve)  # the HTTP rows with NEAREST_ROWS on (its compile count after /ready), then nearest on/off/on
+    HEADROOM_GEMV_NEAREST_ROWS=1 es 120 sn serve
+    es 200 nr llm_bf16_nearest ;;
+  step_rows24)  # entries of their own for 2 and 4 rows (NEAREST_ROWS gives 2-7 the 8-row ones), then nearest with them
+    ENGINE_SPEED_STEP_TUNE_ROWS=2,4 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=230 es 380 gs gemv_step
+    if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 130 nr llm_bf16_nearest; fi ;;
+  rows)  # the issue's HTTP and LLM rows with transformers beside them, the shipped table (the last minutes of a session)
+    es 250 h serve llm_bf16 llm_int2 hf_prefill ;;
+  cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
+    es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
+  nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
+    es 150 nr llm_bf16_nearest ;;
+  serveab)  # the issue's HTTP rows with this session's GEMV table, the table before it (.old/kernels/), this one again
+    cp kernels/gemv_tuned_configs.json /tmp/table_new.json
+    es 120 sn serve
+    cp .old/kernels/gemv_tuned_configs.json kernels/; es 120 so serve; cp /tmp/table_new.json kernels/gemv_tuned_configs.json
+    es 120 sn2 serve ;;
+  variants2)  # call 1's variants row met a GPU still held by the killed fuzz; the fuzz given its own time
+    export ENGINE_SPEED_GEMV_VARIANTS="$V"; es 160 n2 llm_bf16_gemv
+    export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}}'; old es 60 o2 llm_bf16_gemv
+    es 200 fz gemv_fuzz ;;
+esac
