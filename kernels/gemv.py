@@ -32,6 +32,7 @@ cycle's issue leaves at 4.3 TB/s; the tensor-core tiles reached only ~3.5 TB/s a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -836,7 +837,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
-    core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
+    core_rows, block_m = _rows_tile(config, num_rows)
     if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
             and conv is None:
         return _launch_stream(x, up, w, config), None
@@ -848,7 +849,6 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
-    block_m = 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
     # and several rows need even row strides too (the norm's weight is one row, read by every row)
@@ -1032,39 +1032,55 @@ def _entry_rows(table: dict[tuple[int, int, int, str], GemvConfig], n: int, k: i
     return None
 
 
-def warm_up_rows(device: torch.device, already: tuple[int, ...] = ()) -> tuple[int, ...]:
-    """Row counts (1..MAX_ROWS) whose passes, with those of `already`, launch every GEMV specialisation that a pass
-    of 1 to MAX_ROWS rows can take with this GPU's table: each table entry with every class Triton specialises the
-    row count M on (1, a multiple of 16, the rest) among the row counts it serves. A warm-up that runs a pass of
-    each compiles them all before /ready; with NEAREST_ROWS, 9-15 rows take the 16-row entries in a variant of
-    their own, which a server capturing decode graphs up to 8 sequences (the int2 plan) otherwise met first in a
-    request of that many tokens. () on a device without a table."""
+def warm_up_rows(device: torch.device, already: tuple[int, ...] = (), keep: Callable[[int, int], bool] | None = None,
+                 most: int = MAX_ROWS) -> tuple[int, ...]:
+    """Row counts (1..most) whose launches, with those of `already`, take every GEMV variant that launches of 1 to
+    `most` rows can take with this GPU's table, on the weight shapes (out, in) `keep` admits (all where None): each
+    table entry in every variant Triton compiles of it across the row counts it serves (rows_variant). A warm-up
+    that runs a pass of each compiles them all before /ready; with NEAREST_ROWS, 9-15 rows take the 16-row entries
+    in a variant of their own, which a server capturing decode graphs up to 8 sequences (the int2 plan) otherwise
+    met first in a request of that many tokens. () on a device without a table."""
     global _tuned
     if device.type != "cuda":
         return ()
     if _tuned is None:
         _tuned = load_tuned_configs(device)
-    return rows_covering(_tuned, already)
+    return rows_covering(_tuned, already, keep, most)
 
 
-def rows_covering(table: dict[tuple[int, int, int, str], GemvConfig], already: tuple[int, ...] = ()) -> tuple[int, ...]:
+def rows_covering(table: dict[tuple[int, int, int, str], GemvConfig], already: tuple[int, ...] = (),
+                  keep: Callable[[int, int], bool] | None = None, most: int = MAX_ROWS) -> tuple[int, ...]:
     """warm_up_rows for a given table: the fewest row counts found greedily (the smallest first among equals)."""
-    shapes = {(n, k, kind) for n, k, _, kind in table}
+    shapes = {(n, k, kind) for n, k, _, kind in table if keep is None or keep(n, k)}
 
-    def launched(m: int) -> set[tuple[int, int, str, int, int]]:
-        # The entry each shape takes at m rows, and the class of m Triton specialises that variant on.
-        variant = 1 if m == 1 else 16 if m % 16 == 0 else 0
-        return {(n, k, kind, rows, variant) for n, k, kind in shapes
+    def launched(m: int) -> set[tuple]:
+        return {(n, k, kind, rows, rows_variant(table[(n, k, rows, kind)], m)) for n, k, kind in shapes
                 if (rows := _entry_rows(table, n, k, m, kind)) is not None}
 
-    candidates = {m: launched(m) for m in range(1, MAX_ROWS + 1)}
-    missing = set().union(*candidates.values()) - set().union(set(), *(candidates.get(m, set()) for m in already))
+    candidates = {m: launched(m) for m in range(1, most + 1)}
+    missing = set().union(*candidates.values()) - set().union(*(candidates.get(m, set()) for m in already))
     chosen = []
     while missing:
         best = max(candidates, key=lambda m: (len(candidates[m] & missing), -m))
         chosen.append(best)
         missing -= candidates[best]
     return tuple(sorted(chosen))
+
+
+def rows_variant(config: GemvConfig, num_rows: int) -> tuple[int, bool, int]:
+    """What of a launch of num_rows rows with `config` Triton compiles a variant for: the class it specialises the
+    row count on (1, a multiple of 16, the rest), whether the rows run on the CUDA cores, and BLOCK_M (the
+    constexprs that follow them, PAIRS, SWAP_AB, ROW_SUM and the stream-K kernel, follow from these three and the
+    config)."""
+    core_rows, block_m = _rows_tile(config, num_rows)
+    return 1 if num_rows == 1 else 16 if num_rows % 16 == 0 else 0, core_rows, block_m
+
+
+def _rows_tile(config: GemvConfig, num_rows: int) -> tuple[bool, int]:
+    """(CORE_ROWS, BLOCK_M) of a launch: the rows on the CUDA cores for rows_on_cores configs up to CORE_ROWS_MAX
+    rows, in a tile of the next power of two; else one row, or a 16-row MMA tile."""
+    core_rows = config.rows_on_cores and 1 < num_rows <= CORE_ROWS_MAX
+    return core_rows, 1 if num_rows == 1 else triton.next_power_of_2(num_rows) if core_rows else 16
 
 
 def load_tuned_configs(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:

@@ -238,12 +238,36 @@ class ModelRunner:
         return ahead.report if ahead is not None else None
 
     def gemv_warm_up_lengths(self, already: tuple[int, ...]) -> tuple[int, ...]:
-        """Prompt lengths (1-16 tokens) whose passes, alone, with those of `already`, launch every GEMV variant that
-        serving's passes of up to 16 tokens can take with this GPU's tuned table (kernels/gemv.py warm_up_rows);
-        none off a GPU."""
+        """Prompt lengths (1-16 tokens) whose passes, alone, with lone prompts of the lengths `already` and the
+        captured decode graphs, launch every GEMV variant that serving's passes of up to 16 tokens can take with
+        this GPU's tuned table (kernels/gemv.py warm_up_rows), the LM head's aside (a prompt's runs on its last
+        row: gemv_warm_up_batches); none off a GPU."""
         from headroom.kernels.gemv import warm_up_rows
 
-        return warm_up_rows(self.device, already)
+        head = self._lm_head_shape()
+        return warm_up_rows(self.device, tuple(already) + self._graphed_sizes(), keep=lambda n, k: (n, k) != head)
+
+    def gemv_warm_up_batches(self, already: tuple[int, ...]) -> tuple[int, ...]:
+        """Numbers of sequences (2 up to max_running_requests, at most 16) that passes holding them together, with
+        passes of `already` sequences and the captured decode graphs, give the LM head every GEMV variant that
+        serving's can take: it runs on one row a sequence, so where decode steps of more sequences than the graphs
+        hold run eagerly, only such passes compile its variants. None off a GPU or where the graphs hold every
+        count."""
+        from headroom.kernels.gemv import MAX_ROWS, warm_up_rows
+
+        head = self._lm_head_shape()
+        if head is None:
+            return ()
+        most = min(MAX_ROWS, self.config.max_running_requests)
+        return warm_up_rows(self.device, (1, *already, *self._graphed_sizes()), keep=lambda n, k: (n, k) == head,
+                            most=most)
+
+    def _lm_head_shape(self) -> tuple[int, int] | None:
+        head = self.model.lm_head
+        return (head.shape[0], head.shape[1]) if isinstance(head, torch.Tensor) and head.dim() == 2 else None
+
+    def _graphed_sizes(self) -> tuple[int, ...]:
+        return self.decode_graphs.captured_sizes if self.decode_graphs is not None else ()
 
     def kivi_warm_up_lengths(self, chunk: int) -> tuple[int, int | None]:
         """Warm-up prompt lengths whose passes meet every path of a KIVI pool's long prefills

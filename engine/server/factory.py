@@ -163,6 +163,9 @@ WARMUP_SHORT_PROMPTS = (("warmup-short", 37), ("warmup-stops", 300))
 # such a shape compiled there: 1.8 s for a lone 30-token prompt on the H200, after the old warm-up.
 WARMUP_ALONE_PROMPTS = (1, 3, 7, 16, 37, 48, 256, 300, 600)
 WARMUP_CONCURRENT = (8, 64)
+# The prompt length of the warm-up's batches for the LM head's GEMV variants (gemv_warm_up_batches): short, so that
+# up to 16 of them (64 tokens) prefill in one pass and then decode together.
+WARMUP_BATCH_PROMPT = 4
 # After /ready, compiles are logged one by one up to this many, then every COMPILE_LOG_EVERY-th.
 COMPILE_LOG_FIRST, COMPILE_LOG_EVERY = 50, 100
 # Each logged compile's text: the kernel, its options and every argument's type and specialisation. The argument
@@ -247,16 +250,24 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
                 # Alone, so that its chunks fall where kivi_warm_up_lengths put them.
                 add("warmup-long-open", open_length, 2, 23, 3)
                 loop.run_until_idle()
-            # And where the GEMV table has row counts those miss (kernels/gemv.py warm_up_rows), those too.
-            alone = sorted(set(WARMUP_ALONE_PROMPTS) | set(loop.runner.gemv_warm_up_lengths(WARMUP_ALONE_PROMPTS)))
+            # And where the GEMV table has row counts those and the decode graphs miss (kernels/gemv.py
+            # warm_up_rows), those too.
+            alone = [size for size in WARMUP_ALONE_PROMPTS if size < length]
+            alone = sorted({*alone, *loop.runner.gemv_warm_up_lengths(tuple(alone))})
             for i, size in enumerate(alone):
-                if size < length:
-                    add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
-                    loop.run_until_idle()
+                add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
+                loop.run_until_idle()
             count, size = WARMUP_CONCURRENT
-            for i in range(min(count, loop.scheduler.config.max_running_requests)):
+            together = min(count, loop.scheduler.config.max_running_requests)
+            for i in range(together):
                 add(f"warmup-together-{i}", min(size, length - 1), 2, 19, 200 + i)
             loop.run_until_idle()
+            # The LM head runs on one row a sequence: where eager passes may hold more sequences than the decode
+            # graphs, batches of the counts whose variants nothing above launched (short prompts, one pass each).
+            for count in loop.runner.gemv_warm_up_batches((together,)):
+                for i in range(count):
+                    add(f"warmup-batch{count}-{i}", min(WARMUP_BATCH_PROMPT, length - 1), 2, 29, 300 + i)
+                loop.run_until_idle()
             # Those passes paid for the compiling (on a cold H200 both full chunks took seconds, the fit came out
             # at 2.7K tokens/s, and the pass bound cut 8K prompts into three passes): time clean ones for the fit.
             _report_compile_ahead(loop)

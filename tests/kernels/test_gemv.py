@@ -230,44 +230,80 @@ def test_a_row_count_without_an_entry_takes_the_next_larger_ones_only_with_neare
     assert config(17) is None
 
 
+def _launched_variants(monkeypatch, module, table, rows, keep=lambda n, k: True) -> set:
+    """What Triton would compile for launches of `rows` rows on every shape of `table` through the real lookup and
+    launcher: the kernel, the entry, the class of the row count (1, a multiple of 16, the rest) and every
+    constexpr the launch passes. The kernels are stand-ins that record their launches and run nothing."""
+    launches: list = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                launches.append((self.name, tuple(sorted((key, str(value)) for key, value in constexprs.items()))))
+            return launch
+
+    monkeypatch.setattr(module, "gemv_fwd_kernel", Recorder("gemv"))
+    monkeypatch.setattr(module, "gemv_stream_fwd_kernel", Recorder("stream"))
+    monkeypatch.setattr(module, "_tuned", table)
+    got = set()
+    for n, k, kind in {(n, k, kind) for n, k, _, kind in table if keep(n, k)}:
+        w = torch.zeros(n, k, dtype=torch.bfloat16)
+        for m in rows:
+            x = torch.zeros(m, 2 * k if kind == "silu_mul" else k, dtype=torch.bfloat16)
+            gate, up = x.split([k, k], dim=-1) if kind == "silu_mul" else (x, None)
+            config = module._tuned_config(gate, w, kind)
+            if config is None:
+                continue
+            launches.clear()
+            if up is None:
+                module.gemv(x, w, config)
+            else:
+                module.silu_mul_gemv(gate, up, w, config)
+            got |= {(id(config), m == 1, m % 16 == 0, *launch) for launch in launches}
+    return got
+
+
 def test_warm_up_rows_launch_every_variant_a_pass_of_up_to_16_rows_can_take(monkeypatch):
-    """Every (entry, class of M) that a launch of 1-16 rows takes through the real lookup is taken by one of the
-    warm-up's rows (those already run, plus the ones warm_up_rows adds), with NEAREST_ROWS on and off, for the
-    H100's kind of table (2- and 4-row entries on one shape only) and random ones."""
+    """Every variant that launches of 1-16 rows compile through the real lookup and launcher (their constexprs
+    recorded) is launched at one of the warm-up's row counts (those already run plus warm_up_rows'), NEAREST_ROWS
+    on and off, for the H100's kind of table (2- and 4-row entries on one shape, a CUDA-core 8-row entry, whose
+    tile follows the row count) and random ones with CUDA-core and stream-K entries; also with shapes left out
+    (the LM head's, covered by batches) and with fewer rows than 16 (max_running_requests)."""
     import random
 
     from headroom.kernels import gemv as module
 
-    def variants(table, rows):
-        monkeypatch.setattr(module, "_tuned", table)
-        got = set()
-        for n, k, kind in {(n, k, kind) for n, k, _, kind in table}:
-            for m in rows:
-                config = module._tuned_config(torch.zeros(m, k, dtype=torch.bfloat16),
-                                              torch.zeros(n, k, dtype=torch.bfloat16), kind)
-                if config is not None:
-                    got.add((n, k, kind, id(config), 1 if m == 1 else 16 if m % 16 == 0 else 0))
-        return got
+    def config(m, rng=None):
+        if rng is None:
+            return GemvConfig(8 * m, 64, rows_on_cores=m == 8)
+        return GemvConfig(rng.choice([8, 16]), 64, split=rng.choice([1, 2]), rows_on_cores=rng.random() < 0.4,
+                          swap_ab=rng.random() < 0.5, stream=rng.choice([0, 0, 1]))
 
-    configs = {m: GemvConfig(8 * m, 64) for m in (1, 2, 4, 8, 16)}
-    h100_like = {(n, 64, m, "x"): configs[m] for n in (24, 40) for m in (1, 8, 16)}
-    h100_like.update({(24, 64, 2, "x"): configs[2], (24, 64, 4, "x"): configs[4], (40, 64, 8, "silu_mul"): configs[8]})
+    h100_like = {(n, 64, m, "x"): config(m) for n in (24, 40) for m in (1, 8, 16)}
+    h100_like.update({(24, 64, 2, "x"): config(2), (24, 64, 4, "x"): config(4), (40, 64, 8, "silu_mul"): config(8)})
     already = (1, 3, 7, 16, 37)
     monkeypatch.setattr(module, "NEAREST_ROWS", True)
-    # 2 rows: the 2-row entry; 9-15: the 16-row entries in their non-multiple-of-16 variant.
+    # 2 rows: the 2-row entry and the CUDA-core 8-row entry's tile of 2 rows (3 and 7 launch its tiles of 4 and
+    # 8); 9-15: the 16-row entries in their non-multiple-of-16 variant.
     assert module.rows_covering(h100_like, already) == (2, 9)
+    assert module.rows_covering(h100_like, already, keep=lambda n, k: n == 40, most=8) == (2,)
     monkeypatch.setattr(module, "NEAREST_ROWS", False)
     assert module.rows_covering(h100_like, already) == (2, 4, 8)
     assert module.rows_covering({}, already) == ()
     rng = random.Random(7)
     for nearest in (True, False):
         monkeypatch.setattr(module, "NEAREST_ROWS", nearest)
-        for _ in range(30):
-            table = {(n, 64, m, kind): GemvConfig(8 * m, 64) for n in (24, 40) for kind in ("x", "silu_mul")
+        for case in range(25):
+            table = {(n, 64, m, kind): config(m, rng) for n in (24, 40) for kind in ("x", "silu_mul")
                      for m in rng.sample(range(1, 17), rng.randint(0, 5))}
             start = tuple(rng.sample(range(1, 17), rng.randint(0, 4)))
-            rows = module.rows_covering(table, start) + start
-            assert variants(table, rows) == variants(table, range(1, 17)), (nearest, table, start)
+            keep, most = (lambda n, k: n == 24, rng.randint(1, 16)) if case % 3 == 0 else (lambda n, k: True, 16)
+            rows = module.rows_covering(table, start, keep, most) + start
+            assert _launched_variants(monkeypatch, module, table, [m for m in rows if m <= most], keep) == \
+                _launched_variants(monkeypatch, module, table, range(1, most + 1), keep), (nearest, table, start)
     assert module.warm_up_rows(torch.device("cpu"), already) == ()
 
 

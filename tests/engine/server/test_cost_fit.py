@@ -80,6 +80,9 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
 
     asked: list[tuple[int, ...]] = []
     monkeypatch.setattr(ModelRunner, "gemv_warm_up_lengths", lambda self, already: asked.append(already) or (2, 9))
+    # And batches of sequences for the LM head's (it runs on one row a sequence).
+    batches: list[tuple[int, ...]] = []
+    monkeypatch.setattr(ModelRunner, "gemv_warm_up_batches", lambda self, already: batches.append(already) or (3,))
     for gpu in (False, True):
         monkeypatch.setattr(EngineLoop, "compiles_kernels", property(lambda self, gpu=gpu: gpu))
         names.append([])
@@ -98,7 +101,9 @@ def test_on_a_gpu_the_fit_uses_clean_timed_passes(tmp_path, monkeypatch):
     # of short prompts together (max_running_requests=4 of them) ran too; a CPU compiles nothing and skips them.
     alone = [n for n in names[1] if n.startswith("warmup-alone-")]
     assert alone == [f"warmup-alone-{n}" for n in sorted({*factory.WARMUP_ALONE_PROMPTS, 2, 9}) if n < 257]
-    assert len(alone) >= 8 and asked == [factory.WARMUP_ALONE_PROMPTS]
+    assert len(alone) >= 8 and asked == [tuple(n for n in factory.WARMUP_ALONE_PROMPTS if n < 257)]
+    assert [n for n in names[1] if n.startswith("warmup-batch")] == [f"warmup-batch3-{i}" for i in range(3)]
+    assert batches == [(4,)]  # after the four prompts together
     assert sum(n.startswith("warmup-together-") for n in names[1]) == 4
     assert not any(n.startswith(("warmup-alone-", "warmup-together-")) for n in names[0])
     # The timed passes take no checkpoint stops (the rounds between stops would price into the rate).
