@@ -1019,16 +1019,17 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | N
     rows = _entry_rows(_tuned, w.shape[0], w.shape[1], x.shape[0], kind) if x.dim() == 2 else None
     if rows is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 or not w.is_contiguous():
         return None
-    return _tuned[(w.shape[0], w.shape[1], rows, kind)]
+    return _tuned.get((w.shape[0], w.shape[1], rows, kind))
 
 
 def _entry_rows(table: dict[tuple[int, int, int, str], GemvConfig], n: int, k: int, m: int, kind: str) -> int | None:
     """The row count of the entry that a launch of m rows takes: its own, or with NEAREST_ROWS the next larger one
     of its shape and input; None: cuBLAS."""
-    if (n, k, m, kind) in table:
+    if table.get((n, k, m, kind)) is not None:
         return m
     if NEAREST_ROWS and 1 < m < MAX_ROWS:
-        return next((larger for larger in range(m + 1, MAX_ROWS + 1) if (n, k, larger, kind) in table), None)
+        return next((larger for larger in range(m + 1, MAX_ROWS + 1) if table.get((n, k, larger, kind)) is not None),
+                    None)
     return None
 
 
