@@ -253,7 +253,7 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
             # And where the GEMV table has row counts those and the decode graphs miss (kernels/gemv.py
             # warm_up_rows), those too.
             alone = [size for size in WARMUP_ALONE_PROMPTS if size < length]
-            alone = sorted({*alone, *loop.runner.gemv_warm_up_lengths(tuple(alone))})
+            alone = sorted(size for size in {*alone, *loop.runner.gemv_warm_up_lengths(tuple(alone))} if size < length)
             for i, size in enumerate(alone):
                 add(f"warmup-alone-{size}", size, 2, 17, 100 + i)
                 loop.run_until_idle()
