@@ -267,8 +267,12 @@ def llm_settings(kv: str) -> dict:
             "enable_prefix_cache": False}
 
 
+# The issue's decode batches (256 tokens of context each).
+DECODE_BATCHES = (1, 8, 16)
+
+
 def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = False,
-             decode_batches: tuple[int, ...] = (1, 8, 16), long_batches: tuple[int, ...] = (1, 8)) -> dict:
+             decode_batches: tuple[int, ...] = DECODE_BATCHES, long_batches: tuple[int, ...] = (1, 8)) -> dict:
     """LLM API: prefill 8K/32K/128K, decode at decode_batches with 256 tokens of context and at long_batches with
     32K tokens of context per sequence (into the issue's rows unless into_rows is False; decode_only: the decode
     rows alone, for A/Bs of decode kernels)."""
@@ -373,10 +377,10 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
 def part_gemv_step(state: dict, target: Path) -> dict:
     """The GEMV table tuned in the graphed step (decode_parts.step_gemv_tune at the row counts in
     ENGINE_SPEED_STEP_TUNE_ROWS, default "1"; budget ENGINE_SPEED_STEP_TUNE_S, default 240 s; the isolated sweep's
-    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows (at 1, 8, 16
-    and each tuned row count) with the shipped table and with the tuned one, one process; the tuned table (what was tuned when a limit or an error
-    stopped the walk) written as OUTDIR/gemv_tuned_configs.json (decode_parts.step_table; this checkout's is left
-    as it was: ship it once the decode rows agree). ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS,
+    fastest ENGINE_SPEED_STEP_CANDIDATES, default 5, tried in the step), then part_llm's decode rows (at
+    DECODE_BATCHES and each tuned row count) with the shipped table and with the tuned one, one process; the tuned
+    table (what was tuned when a limit or an error stopped the walk) written as OUTDIR/gemv_tuned_configs.json
+    (decode_parts.step_table; this checkout's is left as it was: ship it once the decode rows agree). ENGINE_SPEED_FUSED_ROWS (engine/layers/residual.py FUSED_ROWS,
     1 as shipped) and ENGINE_SPEED_FUSED_CONV_ROWS (engine/layers/linear_attention.py FUSED_CONV_ROWS, 1): tune with
     the residual add and the next norm, or the conv step, fused into the GEMVs of passes up to that many rows
     (sessions 18 and 19 measured them losing at 8 and 16 rows, with tables tuned without them); the decode rows then
@@ -435,7 +439,7 @@ def part_gemv_step(state: dict, target: Path) -> dict:
                 gemv._tuned = table
                 fuse(setting)
                 out["decode"][name] = part_llm(state, "bf16", into_rows=False, decode_only=True,
-                                               decode_batches=tuple(sorted({1, 8, 16} | set(rows))))
+                                               decode_batches=tuple(sorted({*DECODE_BATCHES, *rows})))
     finally:
         gemv._tuned = shipped
         fuse(shipped_fused)

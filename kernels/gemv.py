@@ -1012,14 +1012,20 @@ def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return residual_gemv(x, w, residual, config, up, gated)
 
 
-def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | None:
+def _table(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:
+    """This process's table, loaded on first use."""
     global _tuned
     if _tuned is None:
-        _tuned = load_tuned_configs(x.device)
-    rows = _entry_rows(_tuned, w.shape[0], w.shape[1], x.shape[0], kind) if x.dim() == 2 else None
+        _tuned = load_tuned_configs(device)
+    return _tuned
+
+
+def _tuned_config(x: torch.Tensor, w: torch.Tensor, kind: str) -> GemvConfig | None:
+    table = _table(x.device)
+    rows = _entry_rows(table, w.shape[0], w.shape[1], x.shape[0], kind) if x.dim() == 2 else None
     if rows is None or x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.stride(-1) != 1 or not w.is_contiguous():
         return None
-    return _tuned.get((w.shape[0], w.shape[1], rows, kind))
+    return table.get((w.shape[0], w.shape[1], rows, kind))
 
 
 def _entry_rows(table: dict[tuple[int, int, int, str], GemvConfig], n: int, k: int, m: int, kind: str) -> int | None:
@@ -1041,12 +1047,7 @@ def warm_up_rows(device: torch.device, already: tuple[int, ...] = (), keep: Call
     that runs a pass of each compiles them all before /ready; with NEAREST_ROWS, 9-15 rows take the 16-row entries
     in a variant of their own, which a server capturing decode graphs up to 8 sequences (the int2 plan) otherwise
     met first in a request of that many tokens. () on a device without a table."""
-    global _tuned
-    if device.type != "cuda":
-        return ()
-    if _tuned is None:
-        _tuned = load_tuned_configs(device)
-    return rows_covering(_tuned, already, keep, most)
+    return rows_covering(_table(device), already, keep, most) if device.type == "cuda" else ()
 
 
 def rows_covering(table: dict[tuple[int, int, int, str], GemvConfig], already: tuple[int, ...] = (),
