@@ -53,6 +53,13 @@ case $PLAN in
     if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 130 nr llm_bf16_nearest; fi ;;
   rows)  # the issue's HTTP and LLM rows with transformers beside them, the shipped table (session 24 ran it at 250 s,
     es 360 h serve llm_bf16 llm_int2 hf_prefill ;;  # which stopped hf_prefill)
+  cold_fla)  # fla's configs autotuned on this GPU (llm_bf16's shapes) and shipped for it, then cold starts with them /
+    # with only the configs shipped before (none for an H100: its fla kernels autotune in the warm-up) / with them
+    cp kernels/fla_tuned_configs.json /tmp/fla_shipped.json
+    es 200 fc llm_bf16 fla_configs; cp kernels/fla_tuned_configs.json /tmp/fla_this_gpu.json
+    es 100 c1 serve_cold_tuned
+    cp /tmp/fla_shipped.json kernels/fla_tuned_configs.json; es 100 c2 serve_cold_tuned
+    cp /tmp/fla_this_gpu.json kernels/fla_tuned_configs.json; es 100 c3 serve_cold_tuned ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on

@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger("headroom.kernels")
@@ -42,6 +42,8 @@ logger = logging.getLogger("headroom.kernels")
 # More threads than this only contend for the GIL (a compile holds it for its Python front end: a fifth of its time
 # with Triton 3.6, a twelfth with 3.9, bench/compile_threads.py on a 2-core machine).
 MAX_THREADS = 16
+# Compiles named in the report (and in each round's log line), longest first.
+SLOWEST_KEPT = 3
 
 
 @dataclass
@@ -57,13 +59,20 @@ class CompileAheadReport:
     compile_seconds: float = 0.0
     # Dry passes that raised (the real pass then runs as it would have, and raises again if the fault is real).
     dry_failures: int = 0
+    # The longest single compiles, (seconds, kernel), longest first: a round lasts at least as long as its slowest.
+    slowest: list[tuple[float, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         failed = f", {self.failed} left to their pass" if self.failed else ""
         raised = f", {self.dry_failures} of them raised" if self.dry_failures else ""
+        slowest = "; slowest: " + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in self.slowest) \
+            if self.slowest else ""
         return (f"{self.compiled} Triton specialisations compiled ahead on {self.threads} threads in "
                 f"{self.compile_seconds:.1f} s{failed} ({self.dry_passes} dry passes{raised}, "
-                f"{self.dry_seconds:.1f} s)")
+                f"{self.dry_seconds:.1f} s){slowest}")
+
+    def add_compile_times(self, times: list[tuple[float, str]]) -> None:
+        self.slowest = sorted([*self.slowest, *times], reverse=True)[:SLOWEST_KEPT]
 
 
 def cgroup_cpus(cpu_max: str) -> float | None:
@@ -137,11 +146,17 @@ class CompileAhead:
         computes on garbage, and the real pass after it shows whether the fault is real; the passes after it
         still run dry."""
         pending: dict[tuple[int, str], tuple[Any, str]] = {}
+        started = time.perf_counter()
         for dry_pass in dry_passes:
             for key, met in self._record(dry_pass).items():
                 pending.setdefault(key, met)
+        dry_seconds = time.perf_counter() - started
         if pending:
-            self._compile(list(pending.values()))
+            seconds, times = self._compile(list(pending.values()))
+            # One line a round: where a cold start's seconds went (which round, which kernel held it up).
+            logger.info("compile ahead: %d dry pass%s in %.2f s, then %d specialisations in %.1f s (slowest: %s)",
+                        len(dry_passes), "" if len(dry_passes) == 1 else "es", dry_seconds, len(pending), seconds,
+                        ", ".join(f"{name} {t:.1f} s" for t, name in sorted(times, reverse=True)[:SLOWEST_KEPT]))
         return len(pending)
 
     def _record(self, dry_pass: Callable[[], object]) -> dict[tuple[int, str], tuple[Any, str]]:
@@ -188,23 +203,52 @@ class CompileAhead:
             self.report.dry_seconds += time.perf_counter() - started
         return met
 
-    def _compile(self, pending: list[tuple[Any, str]]) -> None:
+    def _compile(self, pending: list[tuple[Any, str]]) -> tuple[float, list[tuple[float, str]]]:
+        """Compile these on the pool; returns the round's seconds and each compile's (seconds, kernel name)."""
         from triton.runtime._async_compile import AsyncCompileMode
 
         started = time.perf_counter()
         futures = []
         failed = 0
         with ThreadPoolExecutor(self.report.threads, thread_name_prefix="headroom-compile") as pool:
+            timed = TimedPool(pool)
             # Leaving the mode waits for every compile and puts each kernel in its function's cache; a compile that
             # fails is left out (ignore_errors), and its pass compiles it again and raises where it always did.
-            with AsyncCompileMode(pool, ignore_errors=True):
+            with AsyncCompileMode(timed, ignore_errors=True):  # type: ignore[arg-type] - it only calls submit
                 for fn, data in pending:
+                    timed.name = getattr(fn, "__name__", str(fn))
                     try:
                         futures.append(fn.preload(data))
                     except Exception as exc:  # noqa: BLE001 - a specialisation preload cannot rebuild: its pass compiles it
                         failed += 1
                         logger.debug("compile ahead: %s not preloaded: %s", fn, exc)
         failed += sum(1 for future in futures if getattr(future, "kernel", None) is None)
+        seconds = time.perf_counter() - started
         self.report.compiled += len(pending) - failed
         self.report.failed += failed
-        self.report.compile_seconds += time.perf_counter() - started
+        self.report.compile_seconds += seconds
+        self.report.add_compile_times(timed.times)
+        return seconds, timed.times
+
+
+class TimedPool:
+    """The executor AsyncCompileMode submits to: each compile timed on its thread, under the name of the kernel
+    being preloaded when it was submitted (preload submits at most one compile, from the caller's thread)."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self.pool = pool
+        self.name = ""
+        self.times: list[tuple[float, str]] = []
+
+    def submit(self, compile_fn: Callable[[], Any]) -> Any:
+        name = self.name
+
+        def timed() -> Any:
+            started = time.perf_counter()
+            try:
+                return compile_fn()
+            finally:
+                # list.append is atomic under the GIL: the pool's threads share the list without a lock.
+                self.times.append((time.perf_counter() - started, name))
+
+        return self.pool.submit(timed)

@@ -59,6 +59,7 @@ def dry():
 
 
 out = {"prepared": ahead.prepare(dry), "report": vars(ahead.report), "preloads_seen_by_hook": len(misses)}
+out["slowest"] = [[seconds, name] for seconds, name in ahead.report.slowest]
 out["hook_handed_back"] = triton.knobs.runtime.jit_cache_hook is own_hook
 out["tuner_choices_kept"] = len(tuned_kernel.cache)
 for block in (64, 128, 256):
@@ -78,6 +79,11 @@ def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_
     # Three scale specialisations, the failing one and the autotuner's two configs were met and skipped.
     assert got["prepared"] == 6
     assert got["report"]["compiled"] == 5 and got["report"]["failed"] == 1 and got["report"]["dry_passes"] == 1
+    # Each compile timed under its kernel's name (the failed one too: it ran, and its time counts), longest first.
+    names = [name for _, name in got["slowest"]]
+    assert len(names) == 3 and set(names) <= {"scale_kernel", "tuned_kernel"}
+    seconds = [s for s, _ in got["slowest"]]
+    assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
     # The preloads went through the hook that was installed before (a CompileWatch counts them there) ...
     assert got["preloads_seen_by_hook"] == 6 and got["hook_handed_back"]
     # ... and the real launches of the same specialisations compile nothing.
@@ -104,7 +110,7 @@ triton.knobs.runtime.jit_cache_hook = lambda **kw: misses.append(kw["fn"].name) 
 ahead = CompileAhead(2)
 compiled_per_round = []
 compile = ahead._compile
-ahead._compile = lambda pending: (compiled_per_round.append(len(pending)), compile(pending))
+ahead._compile = lambda pending: (compiled_per_round.append(len(pending)), compile(pending))[1]
 
 
 def launches(*blocks):
@@ -165,6 +171,11 @@ def test_report_summary():
                                 "pass (12 dry passes, 3.2 s)")
     report.dry_failures = 1
     assert "(12 dry passes, 1 of them raised, 3.2 s)" in report.summary()
+    # The longest compiles over every round, three kept, longest first.
+    report.add_compile_times([(2.5, "chunk_o"), (0.4, "norm")])
+    report.add_compile_times([(0.1, "gemv"), (7.25, "solve_tril")])
+    assert report.slowest == [(7.25, "solve_tril"), (2.5, "chunk_o"), (0.4, "norm")]
+    assert report.summary().endswith("3.2 s); slowest: solve_tril 7.2 s, chunk_o 2.5 s, norm 0.4 s")
 
 
 def test_a_dry_pass_that_raises_is_logged_and_everything_is_handed_back(caplog):
