@@ -60,6 +60,9 @@ case $PLAN in
     es 100 c1 serve_cold_tuned
     cp /tmp/fla_shipped.json kernels/fla_tuned_configs.json; es 100 c2 serve_cold_tuned
     cp /tmp/fla_this_gpu.json kernels/fla_tuned_configs.json; es 100 c3 serve_cold_tuned ;;
+  stacks)  # a cold start (this GPU's fla configs shipped) with its threads' Python stacks sampled (bench/stack_sampler.py, stacks_*.json)
+    ENGINE_SPEED_STACKS=1 es 100 st serve_cold_tuned
+    es 220 si serve_int2 ;;  # and the INT2 plan over HTTP: nothing may compile after /ready with the GEMV cover
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on

@@ -139,7 +139,12 @@ def part_serve(state: dict, cold_start_only: bool = False, kv: str = "bf16", fla
         # The row's cold start is a first start: an empty Triton compile cache, whatever earlier parts compiled.
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     started = time.perf_counter()
-    server = subprocess.Popen(headroom_cli(*args), cwd="/tmp", stdout=log, stderr=subprocess.STDOUT, env=env)
+    command = headroom_cli(*args)
+    if cold_start_only and os.environ.get("ENGINE_SPEED_STACKS") == "1":
+        # Where the start's seconds go, by thread and Python frame (bench/stack_sampler.py), beside the JSON.
+        command = [sys.executable, str(Path(__file__).with_name("stack_sampler.py")),
+                   str(Path(sys.argv[1]).resolve() / f"stacks_{label}.json"), "--", *args]
+    server = subprocess.Popen(command, cwd="/tmp", stdout=log, stderr=subprocess.STDOUT, env=env)
     out: dict = {"command": "headroom " + " ".join(args)}
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
