@@ -232,13 +232,15 @@ class CompileAhead:
 
 
 class TimedPool:
-    """The executor AsyncCompileMode submits to: each compile timed on its thread, under the name of the kernel
-    being preloaded when it was submitted (preload submits at most one compile, from the caller's thread)."""
+    """The executor AsyncCompileMode submits to: each compile, and then its launcher's build, on a pool thread,
+    timed under the name of the kernel being preloaded when it was submitted (preload submits at most one compile,
+    from the caller's thread)."""
 
-    def __init__(self, pool: ThreadPoolExecutor):
+    def __init__(self, pool: ThreadPoolExecutor, build_launcher: Callable[[Any], None] | None = None):
         self.pool = pool
         self.name = ""
         self.times: list[tuple[float, str]] = []
+        self.build_launcher = build_launcher if build_launcher is not None else build_triton_launcher
 
     def submit(self, compile_fn: Callable[[], Any]) -> Any:
         name = self.name
@@ -246,9 +248,28 @@ class TimedPool:
         def timed() -> Any:
             started = time.perf_counter()
             try:
-                return compile_fn()
+                kernel = compile_fn()
+                try:
+                    self.build_launcher(kernel)
+                except Exception as exc:  # noqa: BLE001 - the kernel's first launch builds it again, and raises there
+                    logger.debug("compile ahead: %s's launcher not built ahead: %s", name, exc)
+                return kernel
             finally:
                 # list.append is atomic under the GIL: the pool's threads share the list without a lock.
                 self.times.append((time.perf_counter() - started, name))
 
         return self.pool.submit(timed)
+
+
+def build_triton_launcher(kernel: Any) -> None:
+    """Build a compiled kernel's launcher into the Triton cache, so that its first launch only loads it.
+
+    Why: Triton (3.6) gives each kernel signature a launcher of its own, a C extension it compiles with the host's C
+    compiler on the kernel's first launch (cached by source in the Triton cache, which a cold start has empty). That
+    ran on the warm-up's thread, one gcc after another: 7 s of a 50 s cold start on an H100 (session 25's sampled
+    stacks, bench/stack_sampler.py), 3.5 s of it in the decode graphs' capture. Built here, on a compile thread,
+    they run side by side; the first launch finds the built module in the cache (compile_module_from_src's key is
+    the launcher's source) and only loads it. The object built here is dropped: the kernel makes its own there."""
+    from triton.runtime import driver
+
+    driver.active.launcher_cls(kernel.src, kernel.metadata)

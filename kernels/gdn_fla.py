@@ -8,12 +8,15 @@ when fla imports; everything else runs the reference.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,46 @@ FLA_CHUNK = 64
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 # The shipped entries for this GPU, waiting for fla's import (use_tuned_fla_configs sets them).
 _pending: dict[str, dict[str, dict]] | None = None
+# What gated_delta_rule_varlen imports; import_in_background starts it early.
+FLA_MODULE = "fla.ops.gated_delta_rule"
+_importing: threading.Thread | None = None
+
+logger = logging.getLogger("headroom.kernels")
+
+
+def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
+    """Import fla's ops on a thread of their own, from now until the first Gated DeltaNet call needs them.
+
+    Why: importing fla imports every op it has, and through their torch.compile decorators torch's dynamo and
+    inductor and sympy: 7-10 s of a 50 s cold start on an H100 (session 25's sampled stacks,
+    bench/stack_sampler.py), inside the first prefill pass of the warm-up. Started as the runner is built, it runs
+    beside the weights' load, the decode graphs' compile round and cuDNN's plan builds, which hold no GIL.
+    gated_delta_rule_varlen waits for it before its own import (then a lookup), so two threads never import fla's
+    modules at once. An import that fails here is logged; the call's own import raises it where it always did."""
+    global _importing
+    if _importing is not None or module in sys.modules:
+        return None
+    # fla's import asks Triton's driver for the device; Triton creates its driver on first use, unlocked, so it is
+    # created here, on this thread, before fla's thread and this one could both create one.
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
+
+    def run() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - raised again by the import that needs it
+            logger.warning("importing %s ahead failed: %s: %s", module, type(exc).__name__, exc)
+
+    _importing = threading.Thread(target=run, name="headroom-fla-import", daemon=True)
+    _importing.start()
+    return _importing
+
+
+def wait_for_import() -> None:
+    """Block until import_in_background's import (if any) has finished."""
+    if _importing is not None:
+        _importing.join()
 
 
 def use_tuned_fla_configs(device: torch.device) -> str | None:
@@ -143,6 +186,7 @@ def gated_delta_rule_varlen(
     own norm (the recurrent one norms inside its kernel, free).
     """
     _check(q, k, v, g, beta, states, cu_seqlens)
+    wait_for_import()
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
     if _pending:

@@ -43,6 +43,7 @@ from headroom.engine.runtime.forward_batch import (
     ItemSpan,
 )
 from headroom.engine.sequence import Sequence
+from headroom.kernels.gdn_fla import wait_for_import
 from headroom.kernels.host_copy import copy_into, to_device
 
 if TYPE_CHECKING:
@@ -251,6 +252,9 @@ class DecodeGraphs:
             with torch.cuda.stream(side):
                 self.runner.compile_ahead.prepare(*(lambda size=size: self._pass(size) for size in order))
             torch.cuda.current_stream(device).wait_stream(side)
+        # No other thread may call CUDA while a graph is captured (torch captures in its global mode, where another
+        # thread's allocation invalidates the capture): fla's import ahead asks the driver about the device.
+        wait_for_import()
         for size in order:
             self._placeholders()
             # One eager pass first (on a side stream, as torch asks) compiles and autotunes every kernel.

@@ -27,7 +27,7 @@ from headroom.kernels.compile_ahead import (
     compile_threads,
     triton_compiles_ahead,
 )
-from headroom.kernels.gdn_fla import use_tuned_fla_configs
+from headroom.kernels.gdn_fla import fla_available, import_in_background, use_tuned_fla_configs
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class ModelRunner:
             # Before fla's first import: the Gated DeltaNet kernels' configs tuned on this GPU, if shipped.
             tuned = use_tuned_fla_configs(self.device)
             logger.info("fla kernel configs: %s", f"shipped ones for this GPU ({tuned})" if tuned else "autotuned")
+            if fla_available():
+                # Seconds of a cold start, hidden behind the weights' load and the warm-up's first steps.
+                import_in_background()
         if tp is None:
             weights = load_weights(model_dir, self.dtype, self.device, mc.weight_quant)
         else:

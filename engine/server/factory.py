@@ -223,15 +223,17 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         # Until the timing passes: each warm-up pass runs dry first, and the kernels it meets compile on every core
         # at once instead of one by one inside it (kernels/compile_ahead.py).
         loop.start_compile_ahead()
+        # cuDNN's attention plans for long prefill spans: one per query bucket, built before any request meets one.
+        # First: cuDNN builds them holding no GIL, while fla imports on its thread (kernels/gdn_fla.py
+        # import_in_background), which the graphs' capture waits for.
+        plans = loop.runner.warm_attention_plans(chunk)
+        if plans:
+            logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
         # Before any request: capture decodes placeholders through the first slots of the pools.
         report = loop.capture_decode_graphs()
         if report.batch_sizes:
             logger.info("captured decode CUDA graphs for batch 1..%d in %.1f s (graph pool %d MiB)",
                         max(report.batch_sizes), report.seconds, report.pool_bytes // 2**20)
-        # cuDNN's attention plans for long prefill spans: one per query bucket, built before any request meets one.
-        plans = loop.runner.warm_attention_plans(chunk)
-        if plans:
-            logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
         add("warmup-decode", 3, 8, 1, 1)
         add("warmup-long", length, 2, 7, 0)
         # Short prompts too: a length that is no multiple of 16 and one with checkpoint stops inside compile

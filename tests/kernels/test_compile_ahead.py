@@ -44,6 +44,18 @@ def tuned_kernel(x, y, n, BLOCK: tl.constexpr):
     tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
 
 
+import threading
+
+
+class RecordingLauncher:
+    """Triton's launcher class, as the pool builds it after each compile: which kernel, on which thread."""
+    built = []
+
+    def __init__(self, src, metadata):
+        RecordingLauncher.built.append([src.fn.__name__, threading.current_thread().name, metadata.num_warps])
+
+
+driver.active.launcher_cls = RecordingLauncher
 x, y = torch.zeros(4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
 misses = []
 own_hook = lambda **kw: misses.append(kw["fn"].name) and False
@@ -60,6 +72,7 @@ def dry():
 
 out = {"prepared": ahead.prepare(dry), "report": vars(ahead.report), "preloads_seen_by_hook": len(misses)}
 out["slowest"] = [[seconds, name] for seconds, name in ahead.report.slowest]
+out["launchers"] = RecordingLauncher.built
 out["hook_handed_back"] = triton.knobs.runtime.jit_cache_hook is own_hook
 out["tuner_choices_kept"] = len(tuned_kernel.cache)
 for block in (64, 128, 256):
@@ -84,6 +97,9 @@ def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_
     assert len(names) == 3 and set(names) <= {"scale_kernel", "tuned_kernel"}
     seconds = [s for s, _ in got["slowest"]]
     assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
+    # Each compiled kernel's launcher was built on a compile thread, from the compiled kernel (the failed one has none).
+    assert sorted(name for name, _, _ in got["launchers"]) == ["scale_kernel"] * 3 + ["tuned_kernel"] * 2
+    assert all(thread.startswith("headroom-compile") for _, thread, _ in got["launchers"])
     # The preloads went through the hook that was installed before (a CompileWatch counts them there) ...
     assert got["preloads_seen_by_hook"] == 6 and got["hook_handed_back"]
     # ... and the real launches of the same specialisations compile nothing.
@@ -163,6 +179,30 @@ def test_threads_from_the_environment():
             compile_threads({"HEADROOM_COMPILE_THREADS": bad})
     with pytest.raises(ValueError, match="0 threads"):
         CompileAhead(0)
+
+
+def test_a_launcher_that_fails_to_build_ahead_loses_no_kernel(caplog):
+    """The pool hands back the compiled kernel whatever its launcher's build does (its first launch builds it again
+    and raises there), and times the compile; a compile that raises raises through the future, timed too."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    from headroom.kernels.compile_ahead import TimedPool
+
+    def broken_launcher(kernel):
+        raise OSError(f"gcc: not found ({kernel})")
+
+    caplog.set_level(logging.DEBUG, logger="headroom.kernels")
+    with ThreadPoolExecutor(2) as pool:
+        timed = TimedPool(pool, build_launcher=broken_launcher)
+        timed.name = "scale_kernel"
+        assert timed.submit(lambda: "compiled").result() == "compiled"
+        timed.name = "bad_kernel"
+        failing = timed.submit(lambda: (_ for _ in ()).throw(RuntimeError("static_assert")))
+        with pytest.raises(RuntimeError, match="static_assert"):
+            failing.result()
+    assert sorted(name for _, name in timed.times) == ["bad_kernel", "scale_kernel"]
+    assert "scale_kernel's launcher not built ahead: gcc: not found (compiled)" in caplog.text
 
 
 def test_report_summary():

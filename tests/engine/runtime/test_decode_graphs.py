@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from headroom.engine.config import EngineConfig  # noqa: E402
 from headroom.engine.llm import LLM  # noqa: E402
+from headroom.engine.runtime import decode_graphs  # noqa: E402
 from headroom.engine.runtime.decode_graphs import DecodeGraphs  # noqa: E402
 from headroom.engine.runtime.forward_batch import BatchItem  # noqa: E402
 from headroom.engine.runtime.model_runner import ModelRunner  # noqa: E402
@@ -255,7 +256,9 @@ def test_capture_runs_every_size_dry_first_and_compiles_them_in_one_round(tiny_m
         runner.compile_ahead = ahead  # type: ignore[assignment]
         graphs = DecodeGraphs(runner, 3, capture=True)
         monkeypatch.setattr(graphs, "_pass", lambda size: events.append(("pass", size)))
+        monkeypatch.setattr(decode_graphs, "wait_for_import", lambda: events.append(("fla imported",)))
         assert graphs.capture().batch_sizes == (1, 2, 3)
-        # Each size: its eager warm pass, then the captured one; largest first.
-        real = [("pass", 3)] * 2 + [("pass", 2)] * 2 + [("pass", 1)] * 2
+        # Each size: its eager warm pass, then the captured one; largest first. fla's import ahead (another thread)
+        # has finished before the first of them: no thread may call CUDA while a graph is captured.
+        real = [("fla imported",)] + [("pass", 3)] * 2 + [("pass", 2)] * 2 + [("pass", 1)] * 2
         assert events == ([("prepare", 3), ("pass", 3), ("pass", 2), ("pass", 1)] if ahead else []) + real

@@ -35,6 +35,13 @@ def test_warm_up_compiles_ahead_until_the_timed_passes_and_leaves_no_cached_pref
         return real_sequence(name, *a, **k)
 
     monkeypatch.setattr(factory, "Sequence", sequence)
+    # cuDNN's plans first: they build holding no GIL while fla imports on its thread, which the capture waits for.
+    order: list[str] = []
+    plans, capture = ModelRunner.warm_attention_plans, EngineLoop.capture_decode_graphs
+    monkeypatch.setattr(ModelRunner, "warm_attention_plans",
+                        lambda self, *a, **k: (order.append("cudnn plans"), plans(self, *a, **k))[1])
+    monkeypatch.setattr(EngineLoop, "capture_decode_graphs",
+                        lambda self, *a, **k: (order.append("decode graphs"), capture(self, *a, **k))[1])
     state = build_state(ServeOptions(model=str(ensure_default_model(tmp_path / "m")), context_length=1024,
                                      max_total_tokens=8192, chunked_prefill_size=128, max_running_requests=4,
                                      max_new_tokens=64))
@@ -42,6 +49,7 @@ def test_warm_up_compiles_ahead_until_the_timed_passes_and_leaves_no_cached_pref
         warm_up(state)
     try:
         assert state.ready.is_set() and state.warmup_error is None
+        assert order == ["cudnn plans", "decode graphs"]
         assert ahead.report.dry_passes > 10
         assert dry_before_timing == [ahead.report.dry_passes] * 2
         assert state.loop.runner.compile_ahead is None
