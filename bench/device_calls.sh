@@ -64,11 +64,10 @@ case $PLAN in
     ENGINE_SPEED_STACKS=1 es 100 st serve_cold_tuned
     es 220 si serve_int2 ;;  # and the INT2 plan over HTTP: nothing may compile after /ready with the GEMV cover
   startab)  # cold starts: this tree / .old's start-up (session 25: before launchers built on the compile threads, fla
-    # imported on a thread of its own and cuDNN's plans before the capture) / this tree / this tree, stacks sampled
+    # imported on a thread of its own and cuDNN's plans before the capture) / this tree with the HTTP rows
     es 100 a serve_cold_tuned
     old es 100 b serve_cold_tuned
-    es 100 c serve_cold_tuned
-    ENGINE_SPEED_STACKS=1 es 100 d serve_cold_tuned ;;
+    es 120 c serve ;;  # this tree again, a cold start and the HTTP rows (nothing may compile after /ready)
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
