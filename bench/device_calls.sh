@@ -68,6 +68,11 @@ case $PLAN in
     es 100 a serve_cold_tuned
     old es 100 b serve_cold_tuned
     es 120 c serve ;;  # this tree again, a cold start and the HTTP rows (nothing may compile after /ready)
+  startab2)  # cold starts: this tree (session 25: fla's import started after the weights' load) / .old's (started
+    # before it) / this tree with its threads' stacks sampled
+    es 80 a serve_cold_tuned
+    old es 80 b serve_cold_tuned
+    ENGINE_SPEED_STACKS=1 es 80 c serve_cold_tuned ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
