@@ -68,8 +68,8 @@ case $PLAN in
     es 100 a serve_cold_tuned
     old es 100 b serve_cold_tuned
     es 120 c serve ;;  # this tree again, a cold start and the HTTP rows (nothing may compile after /ready)
-  startab2)  # cold starts: this tree (session 25: fla's import started after the weights' load) / .old's (started
-    # before it) / this tree with its threads' stacks sampled
+  startab2)  # cold starts: this tree / .old's / this tree with its threads' stacks sampled (for session 26: .old
+    # holding engine/runtime/model_runner.py with fla's import started after the weights' load, or not at all)
     es 80 a serve_cold_tuned
     old es 80 b serve_cold_tuned
     ENGINE_SPEED_STACKS=1 es 80 c serve_cold_tuned ;;

@@ -118,6 +118,15 @@ def compile_threads(environ: dict[str, str] | os._Environ[str] = os.environ) -> 
     return threads if threads > 1 else 0
 
 
+def create_triton_driver() -> None:
+    """Create Triton's driver on this thread, now. Triton creates it on its first use, without a lock, so a thread
+    importing a module that uses it (fla's import ahead, kernels/gdn_fla.py import_in_background) and this one
+    could each create one."""
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
+
+
 def triton_compiles_ahead() -> bool:
     """Whether this Triton has what compiling ahead uses: the JIT cache hook, AsyncCompileMode and preload."""
     try:

@@ -53,16 +53,11 @@ def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
     bench/stack_sampler.py), inside the first prefill pass of the warm-up. Started as the runner is built, it runs
     beside the weights' load, the decode graphs' compile round and cuDNN's plan builds, which hold no GIL.
     gated_delta_rule_varlen waits for it before its own import (then a lookup), so two threads never import fla's
-    modules at once. An import that fails here is logged; the call's own import raises it where it always did."""
+    modules at once. An import that fails here is logged; the call's own import raises it where it always did.
+    Create Triton's driver first (kernels/compile_ahead.py create_triton_driver): fla's import uses it."""
     global _importing
     if _importing is not None or module in sys.modules:
         return None
-    # fla's import asks Triton's driver for the device; Triton creates its driver on first use, unlocked, so it is
-    # created here, on this thread, before fla's thread and this one could both create one.
-    from triton.runtime import driver
-
-    driver.active.get_current_target()
-
     def run() -> None:
         try:
             importlib.import_module(module)

@@ -25,6 +25,7 @@ from headroom.kernels.compile_ahead import (
     CompileAhead,
     CompileAheadReport,
     compile_threads,
+    create_triton_driver,
     triton_compiles_ahead,
 )
 from headroom.kernels.gdn_fla import fla_available, import_in_background, use_tuned_fla_configs
@@ -95,6 +96,12 @@ class ModelRunner:
             # Before fla's first import: the Gated DeltaNet kernels' configs tuned on this GPU, if shipped.
             tuned = use_tuned_fla_configs(self.device)
             logger.info("fla kernel configs: %s", f"shipped ones for this GPU ({tuned})" if tuned else "autotuned")
+            if fla_available():
+                # fla's import (7-10 s on an H100's GPU machine) out of the first prefill pass. Measured in session 25:
+                # it holds the GIL most of its time, so it slowed the weights' load and cuDNN's plans by about what
+                # it saved there; kept as measured, its start after the weights (device plan startab2) not yet run.
+                create_triton_driver()
+                import_in_background()
         if tp is None:
             weights = load_weights(model_dir, self.dtype, self.device, mc.weight_quant)
         else:
@@ -115,10 +122,6 @@ class ModelRunner:
         self.kv_allocator = KVAllocator(config.max_total_tokens, self.kv_pool.page_tokens)
         self.weight_bytes = weight_bytes
         self._check_budget()
-        if mc.is_hybrid and self.device.type == "cuda" and fla_available():
-            # Seconds of a cold start, beside the warm-up's first steps. After the weights' load, which it slowed
-            # from 1.5 to 5.4 s when started before it (the import holds the GIL most of its time; session 25).
-            import_in_background()
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
             graph_batch = decode_graph_batch(bool(mc.moe_layers), config.max_running_requests) \

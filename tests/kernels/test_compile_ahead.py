@@ -205,6 +205,25 @@ def test_a_launcher_that_fails_to_build_ahead_loses_no_kernel(caplog):
     assert "scale_kernel's launcher not built ahead: gcc: not found (compiled)" in caplog.text
 
 
+def test_triton_s_driver_is_created_on_the_calling_thread(monkeypatch):
+    """Before fla's import ahead starts on its thread: the driver Triton would otherwise create, unlocked, on
+    whichever thread used it first."""
+    import threading
+
+    from headroom.kernels.compile_ahead import create_triton_driver
+    from triton.runtime import driver
+
+    asked: list[str] = []
+
+    class Driver:
+        def get_current_target(self):
+            asked.append(threading.current_thread().name)
+
+    monkeypatch.setattr(driver, "_active", Driver())
+    create_triton_driver()
+    assert asked == [threading.current_thread().name]
+
+
 def test_report_summary():
     report = CompileAheadReport(8, dry_passes=12, compiled=49, failed=2, dry_seconds=3.25, compile_seconds=9.04)
     assert report.summary() == ("49 Triton specialisations compiled ahead on 8 threads in 9.0 s, 2 left to their "
