@@ -28,8 +28,10 @@ BUCKET_S = 0.5  # the timeline's resolution
 KEPT = 60  # frames kept per list
 DEPTH = 12  # innermost frames kept in a timeline's stack
 # Threads that only wait (the event loop's select, the compile pool between rounds) say nothing about where time
-# goes: a sample whose innermost frame is one of these is not counted.
-IDLE = ("selectors.py", "threading.py:", "queue.py", "concurrent/futures/thread.py", "stack_sampler.py")
+# goes: a sample whose innermost frame is one of these is not counted, except on the threads whose waits are the
+# start-up's critical path (the warm-up joining fla's import, waiting out a round of compiles).
+IDLE = ("selectors.py", "threading.py:", "queue.py", "concurrent/futures/thread.py")
+WAITS_COUNT_ON = ("headroom-warmup", "headroom-engine")
 
 
 def _short(filename: str) -> str:
@@ -59,9 +61,9 @@ class Sampler:
                 stack.append(frame)
                 frame = frame.f_back
             leaf = f"{_short(stack[0].f_code.co_filename)}:{stack[0].f_lineno} {stack[0].f_code.co_name}"
-            if any(marker in leaf for marker in IDLE):
-                continue
             name = names.get(ident, str(ident))
+            if name not in WAITS_COUNT_ON and any(marker in leaf for marker in IDLE):
+                continue
             with self.lock:
                 self.samples[name] += 1
                 self.leaf[name][leaf] += 1

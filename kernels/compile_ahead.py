@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +60,8 @@ class CompileAheadReport:
     compile_seconds: float = 0.0
     # Dry passes that raised (the real pass then runs as it would have, and raises again if the fault is real).
     dry_failures: int = 0
-    # The longest single compiles, (seconds, kernel), longest first: a round lasts at least as long as its slowest.
+    # The longest single compiles (each with its launcher's build), (seconds, kernel), longest first: a round lasts at
+    # least as long as its slowest.
     slowest: list[tuple[float, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -163,7 +165,8 @@ class CompileAhead:
         if pending:
             seconds, times = self._compile(list(pending.values()))
             # One line a round: where a cold start's seconds went (which round, which kernel held it up).
-            logger.info("compile ahead: %d dry pass%s in %.2f s, then %d specialisations in %.1f s (slowest: %s)",
+            logger.info("compile ahead: %d dry pass%s in %.2f s, then %d specialisations in %.1f s (slowest, with its "
+                        "launcher: %s)",
                         len(dry_passes), "" if len(dry_passes) == 1 else "es", dry_seconds, len(pending), seconds,
                         ", ".join(f"{name} {t:.1f} s" for t, name in sorted(times, reverse=True)[:SLOWEST_KEPT]))
         return len(pending)
@@ -243,13 +246,16 @@ class CompileAhead:
 class TimedPool:
     """The executor AsyncCompileMode submits to: each compile, and then its launcher's build, on a pool thread,
     timed under the name of the kernel being preloaded when it was submitted (preload submits at most one compile,
-    from the caller's thread)."""
+    from the caller's thread). A launcher is built once a round per launcher_key, by the first compile that needs
+    it (the specialisations of one kernel share it: Triton 3.6's launcher source follows the argument types only)."""
 
     def __init__(self, pool: ThreadPoolExecutor, build_launcher: Callable[[Any], None] | None = None):
         self.pool = pool
         self.name = ""
         self.times: list[tuple[float, str]] = []
         self.build_launcher = build_launcher if build_launcher is not None else build_triton_launcher
+        self._launchers: set[tuple[str, str]] = set()
+        self._launchers_lock = threading.Lock()
 
     def submit(self, compile_fn: Callable[[], Any]) -> Any:
         name = self.name
@@ -258,16 +264,36 @@ class TimedPool:
             started = time.perf_counter()
             try:
                 kernel = compile_fn()
-                try:
-                    self.build_launcher(kernel)
-                except Exception as exc:  # noqa: BLE001 - the kernel's first launch builds it again, and raises there
-                    logger.debug("compile ahead: %s's launcher not built ahead: %s", name, exc)
+                self._build_launcher_once(kernel, name)
                 return kernel
             finally:
                 # list.append is atomic under the GIL: the pool's threads share the list without a lock.
                 self.times.append((time.perf_counter() - started, name))
 
         return self.pool.submit(timed)
+
+    def _build_launcher_once(self, kernel: Any, name: str) -> None:
+        try:
+            key = launcher_key(kernel)
+        except Exception:  # noqa: BLE001 - no key: build it, as often as asked
+            key = None
+        if key is not None:
+            with self._launchers_lock:
+                if key in self._launchers:
+                    return
+                self._launchers.add(key)
+        try:
+            self.build_launcher(kernel)
+        except Exception as exc:  # noqa: BLE001 - the kernel's first launch builds it again, and raises there
+            logger.debug("compile ahead: %s's launcher not built ahead: %s", name, exc)
+
+
+def launcher_key(kernel: Any) -> tuple[str, str]:
+    """What a compiled kernel's launcher is built from in Triton 3.6 (make_launcher): its arguments' types and its
+    tensor descriptors. Constexpr values are not in it, so a kernel's specialisations share one launcher. Were a
+    Triton to put more into it, two kernels with one key would still each get a launcher: the second at its first
+    launch, as before compiling ahead built any."""
+    return repr(tuple(kernel.src.signature.items())), repr(getattr(kernel.metadata, "tensordesc_meta", None))
 
 
 def build_triton_launcher(kernel: Any) -> None:

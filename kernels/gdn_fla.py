@@ -8,6 +8,7 @@ when fla imports; everything else runs the reference.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.metadata
 import importlib.util
@@ -41,6 +42,10 @@ _pending: dict[str, dict[str, dict]] | None = None
 # What gated_delta_rule_varlen imports; import_in_background starts it early.
 FLA_MODULE = "fla.ops.gated_delta_rule"
 _importing: threading.Thread | None = None
+# The context variables the import set on its thread (fla sets Triton's allocator, a ContextVar, on GPUs with TMA),
+# and the threads that have taken them (wait_for_import).
+_import_context: list[tuple[contextvars.ContextVar, Any]] = []
+_context_taken = threading.local()
 
 logger = logging.getLogger("headroom.kernels")
 
@@ -63,6 +68,8 @@ def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
             importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001 - raised again by the import that needs it
             logger.warning("importing %s ahead failed: %s: %s", module, type(exc).__name__, exc)
+        # A thread starts with an empty context: whatever it holds now, the import set.
+        _import_context[:] = list(contextvars.copy_context().items())
 
     _importing = threading.Thread(target=run, name="headroom-fla-import", daemon=True)
     _importing.start()
@@ -70,9 +77,20 @@ def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
 
 
 def wait_for_import() -> None:
-    """Block until import_in_background's import (if any) has finished."""
+    """Block until import_in_background's import (if any) has finished (then a None check: every prefill's Gated
+    DeltaNet call asks), and give the calling thread the context variables the import set that it has no value of
+    its own for: set on the import's thread, fla's Triton allocator (TMA GPUs) would be missing on the threads that
+    launch its kernels, which the import on the first caller's thread used to give that thread."""
+    global _importing
     if _importing is not None:
         _importing.join()
+        _importing = None
+    if _import_context and not getattr(_context_taken, "done", False):
+        own = contextvars.copy_context()
+        for var, value in _import_context:
+            if var not in own:
+                var.set(value)
+        _context_taken.done = True
 
 
 def use_tuned_fla_configs(device: torch.device) -> str | None:

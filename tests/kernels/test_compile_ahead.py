@@ -97,8 +97,9 @@ def test_a_dry_pass_compiles_its_kernels_ahead_and_the_real_pass_finds_them(tmp_
     assert len(names) == 3 and set(names) <= {"scale_kernel", "tuned_kernel"}
     seconds = [s for s, _ in got["slowest"]]
     assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
-    # Each compiled kernel's launcher was built on a compile thread, from the compiled kernel (the failed one has none).
-    assert sorted(name for name, _, _ in got["launchers"]) == ["scale_kernel"] * 3 + ["tuned_kernel"] * 2
+    # Each compiled kernel's launcher was built on a compile thread, from the compiled kernel, once per launcher
+    # (scale's three specialisations share one, as the tuner's two configs do; the failed one needs none).
+    assert sorted(name for name, _, _ in got["launchers"]) == ["scale_kernel", "tuned_kernel"]
     assert all(thread.startswith("headroom-compile") for _, thread, _ in got["launchers"])
     # The preloads went through the hook that was installed before (a CompileWatch counts them there) ...
     assert got["preloads_seen_by_hook"] == 6 and got["hook_handed_back"]
@@ -222,6 +223,29 @@ def test_triton_s_driver_is_created_on_the_calling_thread(monkeypatch):
     monkeypatch.setattr(driver, "_active", Driver())
     create_triton_driver()
     assert asked == [threading.current_thread().name]
+
+
+def test_one_launcher_build_per_launcher_key_a_round():
+    """Kernels whose launchers share a source (same argument types and tensor descriptors) build it once; one with
+    other types builds its own; one the key cannot be read from builds every time it is asked."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from headroom.kernels.compile_ahead import TimedPool, launcher_key
+
+    def kernel(signature, name):
+        return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(), name=name)
+
+    ints = {"x": "*bf16", "n": "i32", "BLOCK": "constexpr"}
+    kernels = [kernel(ints, "block64"), kernel(dict(ints), "block128"), kernel({**ints, "n": "i64"}, "wide"),
+               SimpleNamespace(name="opaque"), SimpleNamespace(name="opaque")]
+    assert launcher_key(kernels[0]) == launcher_key(kernels[1]) != launcher_key(kernels[2])
+    built: list[str] = []
+    with ThreadPoolExecutor(4) as pool:
+        timed = TimedPool(pool, build_launcher=lambda k: built.append(k.name))
+        for k in kernels:
+            timed.submit(lambda k=k: k).result()
+    assert sorted(built) == ["block64", "opaque", "opaque", "wide"]
 
 
 def test_report_summary():
