@@ -42,8 +42,10 @@ _pending: dict[str, dict[str, dict]] | None = None
 # What gated_delta_rule_varlen imports; import_in_background starts it early.
 FLA_MODULE = "fla.ops.gated_delta_rule"
 _importing: threading.Thread | None = None
-# The context variables the import set on its thread (fla sets Triton's allocator, a ContextVar, on GPUs with TMA),
-# and the threads that have taken them (wait_for_import).
+# The context variables the import set on its thread that the threads launching fla's kernels need: Triton's
+# allocator (triton/runtime/_allocation.py's ContextVar "_allocator"), which fla sets at import on GPUs with TMA.
+# Only those: whatever else an import leaves in its thread's context stays there, as it would have.
+CONTEXT_TAKEN = frozenset({"_allocator"})
 _import_context: list[tuple[contextvars.ContextVar, Any]] = []
 _context_taken = threading.local()
 
@@ -69,7 +71,8 @@ def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
         except Exception as exc:  # noqa: BLE001 - raised again by the import that needs it
             logger.warning("importing %s ahead failed: %s: %s", module, type(exc).__name__, exc)
         # A thread starts with an empty context: whatever it holds now, the import set.
-        _import_context[:] = list(contextvars.copy_context().items())
+        _import_context[:] = [(var, value) for var, value in contextvars.copy_context().items()
+                              if var.name in CONTEXT_TAKEN]
 
     _importing = threading.Thread(target=run, name="headroom-fla-import", daemon=True)
     _importing.start()

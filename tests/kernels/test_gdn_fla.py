@@ -109,15 +109,17 @@ def test_an_import_that_fails_ahead_is_logged_not_raised(tmp_path, monkeypatch, 
 
 def test_the_context_the_import_set_reaches_every_thread_that_waits_for_it(tmp_path, monkeypatch):
     """fla's import sets Triton's allocator (a ContextVar) on TMA GPUs: on its own thread that would be lost to the
-    threads that launch fla's kernels. Each thread that waits takes what the import set, unless it set its own."""
+    threads that launch fla's kernels. Each thread that waits takes it, unless it set its own."""
     import threading
 
     from headroom.kernels import gdn_fla
 
     _slow_module(tmp_path, monkeypatch, "allocator_holder",
-                 "import contextvars\nALLOCATOR = contextvars.ContextVar('allocator', default='none')\n")
+                 "import contextvars\nALLOCATOR = contextvars.ContextVar('_allocator', default='none')\n"
+                 "OTHER = contextvars.ContextVar('fla_dplr_cp_context', default='none')\n")
     _slow_module(tmp_path, monkeypatch, "fla_setting_an_allocator",
-                 "import allocator_holder\nallocator_holder.ALLOCATOR.set('fla scratch')\n")
+                 "import allocator_holder\nallocator_holder.ALLOCATOR.set('fla scratch')\n"
+                 "allocator_holder.OTHER.set('import-time state')\n")
     import allocator_holder  # type: ignore[import-not-found]
 
     monkeypatch.setattr(gdn_fla, "_importing", None)
@@ -131,6 +133,7 @@ def test_the_context_the_import_set_reaches_every_thread_that_waits_for_it(tmp_p
             allocator_holder.ALLOCATOR.set(own)
         gdn_fla.wait_for_import()
         seen[name] = allocator_holder.ALLOCATOR.get()
+        seen[name + " other"] = allocator_holder.OTHER.get()
 
     threads = [threading.Thread(target=launcher, args=("engine",)),
                threading.Thread(target=launcher, args=("user", "user's own"))]
@@ -138,7 +141,8 @@ def test_the_context_the_import_set_reaches_every_thread_that_waits_for_it(tmp_p
         thread.start()
     for thread in threads:
         thread.join()
-    assert seen == {"engine": "fla scratch", "user": "user's own"}
+    # Triton's allocator only (CONTEXT_TAKEN): the import's other context stays on its thread.
+    assert seen == {"engine": "fla scratch", "user": "user's own", "engine other": "none", "user other": "none"}
 
 
 def test_the_gated_delta_call_waits_for_the_import_before_its_own(monkeypatch):
