@@ -224,8 +224,8 @@ def warm_up(state: ServerState, num_tokens: int | None = None) -> None:
         # at once instead of one by one inside it (kernels/compile_ahead.py).
         loop.start_compile_ahead()
         # cuDNN's attention plans for long prefill spans: one per query bucket, built before any request meets one.
-        # First: cuDNN builds them holding no GIL, while fla imports on its thread (kernels/gdn_fla.py
-        # import_in_background), which the graphs' capture waits for.
+        # Before the capture, which waits for fla's import on its thread (kernels/gdn_fla.py import_in_background):
+        # the plans run beside that import instead of after the wait.
         plans = loop.runner.warm_attention_plans(chunk)
         if plans:
             logger.info("start-up: built %d cuDNN attention plans for long prefill spans", plans)
