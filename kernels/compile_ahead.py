@@ -67,14 +67,18 @@ class CompileAheadReport:
     def summary(self) -> str:
         failed = f", {self.failed} left to their pass" if self.failed else ""
         raised = f", {self.dry_failures} of them raised" if self.dry_failures else ""
-        slowest = "; slowest: " + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in self.slowest) \
-            if self.slowest else ""
+        slowest = f"; slowest: {named_times(self.slowest)}" if self.slowest else ""
         return (f"{self.compiled} Triton specialisations compiled ahead on {self.threads} threads in "
                 f"{self.compile_seconds:.1f} s{failed} ({self.dry_passes} dry passes{raised}, "
                 f"{self.dry_seconds:.1f} s){slowest}")
 
     def add_compile_times(self, times: list[tuple[float, str]]) -> None:
         self.slowest = sorted([*self.slowest, *times], reverse=True)[:SLOWEST_KEPT]
+
+
+def named_times(times: list[tuple[float, str]]) -> str:
+    """The longest SLOWEST_KEPT of (seconds, kernel), longest first, as the log lines and the report name them."""
+    return ", ".join(f"{name} {seconds:.1f} s" for seconds, name in sorted(times, reverse=True)[:SLOWEST_KEPT])
 
 
 def cgroup_cpus(cpu_max: str) -> float | None:
@@ -157,18 +161,18 @@ class CompileAhead:
         computes on garbage, and the real pass after it shows whether the fault is real; the passes after it
         still run dry."""
         pending: dict[tuple[int, str], tuple[Any, str]] = {}
-        started = time.perf_counter()
+        dry_before = self.report.dry_seconds
         for dry_pass in dry_passes:
             for key, met in self._record(dry_pass).items():
                 pending.setdefault(key, met)
-        dry_seconds = time.perf_counter() - started
+        dry_seconds = self.report.dry_seconds - dry_before
         if pending:
             seconds, times = self._compile(list(pending.values()))
             # One line a round: where a cold start's seconds went (which round, which kernel held it up).
             logger.info("compile ahead: %d dry pass%s in %.2f s, then %d specialisations in %.1f s (slowest, with its "
                         "launcher: %s)",
                         len(dry_passes), "" if len(dry_passes) == 1 else "es", dry_seconds, len(pending), seconds,
-                        ", ".join(f"{name} {t:.1f} s" for t, name in sorted(times, reverse=True)[:SLOWEST_KEPT]))
+                        named_times(times))
         return len(pending)
 
     def _record(self, dry_pass: Callable[[], object]) -> dict[tuple[int, str], tuple[Any, str]]:
