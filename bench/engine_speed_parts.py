@@ -4,6 +4,7 @@ logits (prefill and graphed decode) against an fp32 transformers reference."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -35,6 +36,26 @@ def time_passes(runner) -> list[dict]:
 
     runner.forward = forward
     return steps
+
+
+@contextlib.contextmanager
+def pdl_off():
+    """Programmatic dependent launch off inside (HEADROOM_PDL=0): with it on, a profiled kernel starts before the one
+    it follows ends, and its time counts that one's tail (session 20's profile_decode_long had the split merge at
+    1.5 ms a step at batch 8)."""
+    from headroom.kernels import pdl
+
+    previous = os.environ.get("HEADROOM_PDL")
+    os.environ["HEADROOM_PDL"] = "0"
+    pdl._supported.cache_clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("HEADROOM_PDL", None)
+        else:
+            os.environ["HEADROOM_PDL"] = previous
+        pdl._supported.cache_clear()
 
 
 def kv_bytes_per_token(pool) -> float:
@@ -964,10 +985,7 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
     from headroom.kernels import pdl
     from torch.profiler import ProfilerActivity, profile
 
-    previous = os.environ.get("HEADROOM_PDL")
-    os.environ["HEADROOM_PDL"] = "0"
-    pdl._supported.cache_clear()
-    try:
+    with pdl_off():
         llm = LLM(str(model), device=device, dtype="bfloat16", kv_dtype=kv_dtype, max_total_tokens=16384, ssm_slots=40,
                   chunked_prefill_size=8192, context_length=4096, max_running_requests=16, enable_prefix_cache=False)
         rng = random.Random(9)
@@ -998,12 +1016,6 @@ def profile_decode_batches(model: Path, batches: tuple[int, ...] = (1, 8, 16), s
                                  # projection takes longer in the step than in the sweep's chains
                                  "gemv_by_grid": _step_grids(grids[steps + 1], grids[1], steps)}
         return out
-    finally:
-        if previous is None:
-            os.environ.pop("HEADROOM_PDL", None)
-        else:
-            os.environ["HEADROOM_PDL"] = previous
-        pdl._supported.cache_clear()
 
 
 def save_fla_configs(outdir: Path) -> dict:
@@ -1156,7 +1168,15 @@ def attention_backends() -> dict:
     return out
 
 
-def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, ...] = (1, 8)) -> dict:
+def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, ...] = (1, 8), pdl: bool = True) -> dict:
+    """profile_decode_long_steps, with programmatic dependent launch off unless pdl (pdl_off says why)."""
+    if pdl:
+        return profile_decode_long_steps(model, context, batches)
+    with pdl_off():
+        return profile_decode_long_steps(model, context, batches)
+
+
+def profile_decode_long_steps(model: Path, context: int, batches: tuple[int, ...]) -> dict:
     """Where a decode step at long context goes, bf16 KV against int2 (issue 18: int2 decode >= bf16 at 32K):
     B prompts of `context` tokens through the LLM API, eager decode (no graphs, so each kernel is named), one
     step under torch's profiler after a few untimed ones; kernel time by name and the step's wall time."""
@@ -1635,4 +1655,93 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
         if "graph_replay_ms" in fused_row and "graph_replay_ms" in unfused_row:
             out[f"bs{batch}"]["replay_ratio_fused_to_unfused"] = \
                 fused_row["graph_replay_ms"] / unfused_row["graph_replay_ms"]
+    return out
+
+
+def _sample_thread_stacks(ident: int, stop, interval_s: float, out: list) -> None:
+    """Append (seconds, innermost-first frame path) of thread `ident` every interval_s until stop is set."""
+    import sys
+
+    while not stop.is_set():
+        frame = sys._current_frames().get(ident)
+        path = []
+        while frame is not None and len(path) < 14:
+            path.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}")
+            frame = frame.f_back
+        out.append((time.perf_counter(), " < ".join(path)))
+        time.sleep(interval_s)
+
+
+def prefill_host(model: Path, lengths: tuple[int, ...] = (8192, 32768), repeats: int = 3) -> dict:
+    """Where a prefill's wall time outside the GPU's span goes (issue 18: prefill 32K at 1.46x transformers; session
+    20's profile_passes found the GPU busy 548 of the 557 ms between its first and last kernel, against 589 ms of
+    wall time). Through the LLM API with the issue's rows' settings: per length, one profiled run (CPU and CUDA
+    activity in one timeline) gives the host's seconds before the first kernel starts and after the last ends, and
+    the CPU ops there; then `repeats` unprofiled runs with the calling thread's Python stack sampled every 0.5 ms
+    give the frames of those two windows (at the profiled run's lengths), and the unprofiled wall times."""
+    import threading
+    from collections import Counter
+
+    from headroom.engine.llm import LLM
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    rng = random.Random(7)
+    settings = {"device": "cuda", "dtype": "bfloat16", "kv_dtype": "bf16", "max_total_tokens": 270336,
+                "ssm_slots": 40, "chunked_prefill_size": 8192, "context_length": 140000,
+                "max_running_requests": 16, "enable_prefix_cache": False}
+    llm = LLM(str(model), **settings)
+    out: dict = {}
+    for n in lengths:
+        def run(n=n):
+            return llm.generate([[rng.randrange(1000, 200000) for _ in range(n)]], max_new_tokens=1, ignore_eos=True)
+        run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function("headroom_generate"):
+                run()
+            torch.cuda.synchronize()
+        events = list(prof.events())
+        marker = next(e for e in events if e.name == "headroom_generate")
+        t0, t1 = marker.time_range.start, marker.time_range.end
+        gpu = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy")
+                     and not e.name.startswith("Memset"))
+        first, last = gpu[0][0], max(end for _, end in gpu)
+        pre_ms, post_ms = (first - t0) / 1000, max(0.0, t1 - last) / 1000
+
+        def ops_in(lo: float, hi: float, events: list = events) -> list[dict]:
+            cpu = Counter()
+            for e in events:
+                if e.device_type == torch.autograd.DeviceType.CPU and e.name != "headroom_generate" \
+                        and lo <= e.time_range.start and e.time_range.end <= hi:
+                    cpu[e.name[:70]] += e.time_range.elapsed_us()
+            return [{"name": name, "ms": us / 1000} for name, us in cpu.most_common(12)]
+
+        record = {"profiled_wall_ms": (t1 - t0) / 1000, "host_before_first_kernel_ms": pre_ms,
+                  "gpu_span_ms": (last - first) / 1000, "host_after_last_kernel_ms": post_ms,
+                  "cpu_ops_before_first_kernel": ops_in(t0, first), "cpu_ops_after_last_kernel": ops_in(last, t1)}
+        walls, pre_frames, post_frames = [], Counter(), Counter()
+        for _ in range(repeats):
+            samples: list = []
+            stop = threading.Event()
+            sampler = threading.Thread(target=_sample_thread_stacks,
+                                       args=(threading.get_ident(), stop, 0.0005, samples), daemon=True)
+            torch.cuda.synchronize()
+            sampler.start()
+            started = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            ended = time.perf_counter()
+            stop.set()
+            sampler.join()
+            walls.append((ended - started) * 1000)
+            for at, path in samples:
+                if started <= at <= started + pre_ms / 1000:
+                    pre_frames[path] += 1
+                elif ended - post_ms / 1000 <= at <= ended:
+                    post_frames[path] += 1
+        record.update(wall_ms=walls, tokens_per_s=[n / (w / 1000) for w in walls],
+                      frames_before_first_kernel=pre_frames.most_common(12),
+                      frames_after_last_kernel=post_frames.most_common(8))
+        out[str(n)] = record
     return out
