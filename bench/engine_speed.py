@@ -510,10 +510,10 @@ def env_tuning(name: str) -> dict:
     return value
 
 
-def part_hf(state: dict, decode: bool = True) -> dict:
+def part_hf(state: dict, decode: bool = True, prefill: bool = True) -> dict:
     """Warm transformers (sdpa + fla): same weights, prefill 8K/32K/128K, decode batch 1/8/16 and batch 1 at 32K
     (decode=False: the prefill rows only, the ones the issue's ratio goals are on; its decode runs at 7-150 tok/s
-    and takes two minutes)."""
+    and takes two minutes; prefill=False: the decode rows only, for a call of their own)."""
     from transformers import Qwen3_5ForCausalLM
 
     hf = Qwen3_5ForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16).to(gpu_engine.DEV).eval()
@@ -528,7 +528,7 @@ def part_hf(state: dict, decode: bool = True) -> dict:
     dev = gpu_engine.DEV
     run(torch.tensor([prompt(8192)], device=dev))
     run(torch.tensor([prompt(64) for _ in range(8)], device=dev), 3)
-    for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000), ("bf16_prefill_128k", 131072)):
+    for name, n in (("prefill_8k", 8192), ("prefill_32k", 32000), ("bf16_prefill_128k", 131072)) if prefill else ():
         try:
             # Warm at this very length first (until session 3 only 8K was: 32K and 128K were first calls).
             run(torch.tensor([prompt(n)], device=dev))
@@ -590,6 +590,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     todo = {"serve": part_serve, "llm_bf16": lambda s: part_llm(s, "bf16"), "hf": part_hf,
             "hf_prefill": lambda s: part_hf(s, decode=False),
+            "hf_decode": lambda s: part_hf(s, prefill=False),
             "llm_int2": lambda s: part_llm(s, "int2"),
             "llm_bf16_loops": lambda s: part_llm_tuned(s, "bf16", LOOP_VARIANT, LOOP_VARIANT),
             "llm_int2_loops": lambda s: part_llm_tuned(s, "int2", LOOP_VARIANT, LOOP_VARIANT),
