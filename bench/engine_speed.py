@@ -641,6 +641,9 @@ def main() -> None:
             "page_close": lambda s: __import__("gpu_kernels").check_page_close(),
             "quantizers": lambda s: __import__("gpu_kernels").check_quantizers(),
             "gated_merge": lambda s: __import__("gpu_kernels").check_gated_merge(),
+            "split_merges": lambda s: __import__("gpu_kernels").time_split_merges(),
+            "llm_bf16_decode": lambda s: part_llm(s, "bf16", into_rows=False, decode_only=True),
+            "llm_int2_decode": lambda s: part_llm(s, "int2", into_rows=False, decode_only=True),
             "gemv_fuzz": lambda s: __import__("gpu_kernels").check_fused_gemv(int(os.environ.get("GEMV_FUZZ_CASES", "12"))),
             "attention_check": lambda s: __import__("gpu_kernels").check_attention(),
             "gemv": lambda s: _gemv_part(s, Path(sys.argv[1])), "gemv_check": lambda s: parts._gemv_check(), "short_passes": lambda s: decode_parts.short_pass_sweep(MODEL)}

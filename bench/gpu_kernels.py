@@ -192,6 +192,33 @@ def check_gated_merge(tokens: int = 16) -> dict:
             "merge_then_sigmoid_mul_ms": do_bench(unfused)}
 
 
+def time_split_merges() -> dict:
+    """The gated split merge at a graphed decode step's shapes (16 query heads of 256; splits as default_num_splits
+    gives them: bf16 32 / 8 / 4 at batch 1 / 8 / 16, an int2 pool's 64 / 8 / 4 and its window one more), us a
+    launch replayed in a CUDA graph (do_bench's launches would time the host), each against merge_attention_states'
+    answer. Run it with this tree and with .old's kernels/attention_merge_triton.py for an A/B."""
+    from headroom.kernels.attention_merge import merge_attention_states
+    from headroom.kernels.attention_merge_triton import merge_splits_into
+    from headroom.kernels.gates_triton import sigmoid_mul
+    from triton.testing import do_bench_cudagraph
+
+    res: dict = {}
+    for tokens, splits in ((1, 32), (1, 65), (8, 8), (8, 9), (16, 4), (16, 5)):
+        parts = torch.randn(splits, tokens, HQ, D, device=DEV)
+        lses = torch.randn(splits, tokens, HQ, device=DEV) * 3
+        gate = (torch.randn(tokens, HQ, 2 * D, device=DEV) * 2).bfloat16()[..., D:]
+        out = torch.empty(tokens, HQ, D, device=DEV, dtype=torch.bfloat16)
+        lse = torch.empty(tokens, HQ, device=DEV)
+        merge_splits_into(parts, lses, out, lse, gate)
+        want, want_lse = merge_attention_states(parts, lses, torch.bfloat16)
+        want = sigmoid_mul(want.view(tokens, -1), gate).view(tokens, HQ, D)
+        res[f"bs{tokens}_splits{splits}"] = {
+            "us": 1000 * do_bench_cudagraph(lambda: merge_splits_into(parts, lses, out, lse, gate)),  # noqa: B023
+            "max_abs_err": (out.float() - want.float()).abs().max().item(),
+            "lse_max_abs_err": (lse - want_lse).abs().max().item()}
+    return res
+
+
 # The decode sweep's KIVI decode variants (kernels/kivi_decode.py, off by default; the general kernel with its loads
 # plain, against the defaults load_per_token and magic_register): each against naive_paged_attention at real sizes
 # before its timings count.

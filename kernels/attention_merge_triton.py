@@ -1,7 +1,8 @@
 """The log-sum-exp merge of split-K decode partials in one launch (reference: attention_merge.py's
 merge_attention_states, about fifteen torch kernels per attention layer and step). One program per
-(token, head) row reads its S partial outputs and lses and writes the merged row and lse in place (a KIVI decode
-step's residual windows arrive as one more split: kernels/paged_attention.py's WINDOW)."""
+(token, head) row and MERGE_CHANNELS of its channels reads its S partial outputs and lses and writes the merged
+channels (and, the row's first program, the lse) in place (a KIVI decode step's residual windows arrive as one
+more split: kernels/paged_attention.py's WINDOW)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 # tokens times the heads), are no specialisation keys for the same reason. 32: a graphed decode step over a bf16 pool
 # splits 32 ways at batch 1, so its merge is one chunk, one round trip to L2 (_splits_merged).
 SPLIT_CHUNK = 32
+# Channels a program merges. A graphed batch-1 step has 16 rows (one token's query heads): one program a row was 16
+# programs on 132 multiprocessors, each reading every split's 256 channels in dependent chunks (3.7 us a launch over a
+# bf16 pool's 32 splits, 12.1 us over an int2 pool's 65 before the one-pass merge; H200, session 20). A row's
+# channels in programs of 32 make that 128 programs of 32 x 32 fp32 a chunk. Each program takes the row's lses
+# again (S floats, against S x 32 of parts); the width is fixed so that the kernel compiles one variant per head
+# size whatever the batch.
+MERGE_CHANNELS = 32
 
 
 @triton.jit
@@ -50,16 +58,17 @@ def _splits_merged(p_parts, p_lse, num_splits, stride_ps, stride_ls, o_d, m_d, B
 
 @triton.jit
 def _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d, gate, stride_gt,
-                  stride_gh, GATE: tl.constexpr):
-    """The merged row into out (GATE: times sigmoid of the gate's row, as sigmoid_mul would make of the stored
-    row: the row rounded to out's dtype first), its lse into out_lse (never gated)."""
+                  stride_gh, GATE: tl.constexpr, STORE_LSE):
+    """The merged channels o_d into out (GATE: times sigmoid of the gate's, as sigmoid_mul would make of the stored
+    row: the row rounded to out's dtype first), and with STORE_LSE the row's lse into out_lse (never gated)."""
     merged = acc / tl.maximum(sum_w, 1e-30)
     if GATE:
         b_g = tl.load(gate + i_t * stride_gt + i_h * stride_gh + o_d, mask=m_d, other=0).to(tl.float32)
         merged = sigmoid_gate(merged.to(out.dtype.element_ty).to(tl.float32), b_g, out)
     tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, merged.to(out.dtype.element_ty), mask=m_d)
-    tl.store(out_lse + i_t * stride_olt + i_h,
-             tl.where(sum_w > 0, shift + tl.log(tl.maximum(sum_w, 1e-30)), float("-inf")))
+    if STORE_LSE:
+        tl.store(out_lse + i_t * stride_olt + i_h,
+                 tl.where(sum_w > 0, shift + tl.log(tl.maximum(sum_w, 1e-30)), float("-inf")))
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_ls"])
@@ -68,17 +77,19 @@ def merge_splits_fwd_kernel(
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_olt, gate, stride_gt,
     stride_gh, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, GATE: tl.constexpr = False,
 ):
-    """One (token, head) row: each split's part weighted by exp(lse - the largest lse), BLOCK_S splits at a time
-    (_splits_merged; GATE: the row stored times sigmoid(gate), _store_merged)."""
+    """BLOCK_D channels (program_id 1) of one (token, head) row (program_id 0): each split's part weighted by
+    exp(lse - the largest lse), BLOCK_S splits at a time (_splits_merged; GATE: stored times sigmoid(gate),
+    _store_merged); the row's first program stores its lse."""
     pdl_enter(PDL)
     i_r = tl.program_id(0).to(tl.int64)
+    i_c = tl.program_id(1)
     i_t, i_h = i_r // num_heads, i_r % num_heads
-    o_d = tl.arange(0, BLOCK_D)
+    o_d = i_c * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < head_dim
     acc, sum_w, shift = _splits_merged(parts + i_t * stride_pt + i_h * stride_ph, lses + i_t * stride_lt + i_h,
                                        num_splits, stride_ps, stride_ls, o_d, m_d, BLOCK_S, BLOCK_D)
     _store_merged(out, out_lse, acc, sum_w, shift, i_t, i_h, stride_ot, stride_oh, stride_olt, o_d, m_d, gate,
-                  stride_gt, stride_gh, GATE)
+                  stride_gt, stride_gh, GATE, i_c == 0)
 
 
 def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor,
@@ -96,14 +107,15 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         raise ValueError("merge: every last dimension must be contiguous")
     if tokens * heads == 0:
         return
-    merge_splits_fwd_kernel[(tokens * heads,)](
+    block_d = min(MERGE_CHANNELS, triton.next_power_of_2(dim))
+    merge_splits_fwd_kernel[(tokens * heads, triton.cdiv(dim, block_d))](
         parts, lses, out, out_lse, num_splits, heads, dim,
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0), gate if gate is not None else out,
         gate.stride(0) if gate is not None else 0, gate.stride(1) if gate is not None else 0,
-        BLOCK_S=SPLIT_CHUNK, BLOCK_D=triton.next_power_of_2(dim), GATE=gate is not None,
-        # (a chunk of 32 splits x 256 channels is 32 fp32 a thread at 8 warps, for the parts and the sums each)
-        num_warps=8 if SPLIT_CHUNK * triton.next_power_of_2(dim) >= 4096 else 4, **pdl_launch(parts.device),
+        BLOCK_S=SPLIT_CHUNK, BLOCK_D=block_d, GATE=gate is not None,
+        # (a chunk of 32 splits x 32 channels is 8 fp32 a thread at 4 warps, for the parts and the sums each)
+        num_warps=4, **pdl_launch(parts.device),
     )
 
 

@@ -25,7 +25,7 @@ KERNELS = [
     ("conv_update", "causal_conv1d_update_fwd_kernel", dict(x=BF, weight=BF, states=BF, slots=I64, out=BF),
      dict(CHANNELS=8192, KERNEL=4, BLOCK_C=128, BLOCK_K=4), ()),
     ("attention_merge_triton", "merge_splits_fwd_kernel", dict(parts=F32, lses=F32, out=BF, out_lse=F32),
-     dict(BLOCK_S=32, BLOCK_D=256), ()),
+     dict(BLOCK_S=32, BLOCK_D=32), ()),
     ("gdn_decode", "gated_delta_decode_fwd_kernel",
      dict(q=BF, k=BF, v=BF, g=BF, beta=BF, states=F32, slots=I64, bounds=I64, out=BF, neg_a=F32, dt_bias=BF),
      dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=16, ROWS=False, QK_NORMED=False, RAW_GATES=True), ("scale",)),
