@@ -73,14 +73,20 @@ case $PLAN in
     es 80 a serve_cold_tuned
     old es 80 b serve_cold_tuned
     ENGINE_SPEED_STACKS=1 es 80 c serve_cold_tuned ;;
-  s26a)  # session 26's first call: on an H200 the issue's table first (still session 20's); on either GPU then where a
+  s26a)  # session 26's first call. On an H200 (none since session 20): the GEMV table tuned in the graphed step at 1, 8
+    # and 16 rows and the HTTP rows with it (step_serve), then the split merges' timings. On an H100: where a
     # prefill's wall time outside the GPU's span goes, the 32K decode step's kernels with PDL off (bf16 / int2), and
     # the split merge in programs of 32 channels against .old's (kernels/attention_merge_triton.py: a program a row)
-    # alone and in the decode rows (int2 and bf16, LLM API; on an H100 only, for time)
-    if [[ $G == *H200* ]]; then es 330 h serve llm_bf16 llm_int2 hf_prefill; fi
-    es 110 g prefill_host profile_decode_long_nopdl
-    es 30 m split_merges; old es 30 mo split_merges
-    if [[ $G != *H200* ]]; then es 110 d llm_int2_decode llm_bf16_decode; old es 110 do llm_int2_decode llm_bf16_decode; fi ;;
+    # alone and in the decode rows (int2 and bf16, LLM API)
+    if [[ $G == *H200* ]]; then
+      ENGINE_SPEED_STEP_TUNE_ROWS=1,8,16 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=280 es 370 gs gemv_step
+      if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 90 sn serve; fi
+      es 20 m split_merges; old es 20 mo split_merges
+    else
+      es 110 g prefill_host profile_decode_long_nopdl
+      es 30 m split_merges; old es 30 mo split_merges
+      es 110 d llm_int2_decode llm_bf16_decode; old es 110 do llm_int2_decode llm_bf16_decode
+    fi ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
