@@ -300,7 +300,10 @@ def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = F
         llm.generate([prompt(n)], max_new_tokens=1, ignore_eos=True)
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([prompt(n)], max_new_tokens=1, ignore_eos=True))
+        # The prompt drawn before the clock starts (32K random ids take ~10 ms of the host; until session 26 the
+        # LLM API's prefill rows timed them, transformers' never did).
+        ids = prompt(n)
+        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([ids], max_new_tokens=1, ignore_eos=True))
         out["prefill"][n] = {"seconds": seconds, "tokens_per_s": n / seconds,
                              "peak_above_static_bytes": torch.cuda.max_memory_allocated() - before}
         row = f"{kv}_prefill_{n // 1024}k"
@@ -331,7 +334,8 @@ def part_llm(state: dict, kv: str, into_rows: bool = True, decode_only: bool = F
         from headroom.kernels import ops
 
         ops.set_fused(False)
-        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([prompt(8192)], max_new_tokens=1, ignore_eos=True))
+        ids = prompt(8192)
+        seconds, _ = gpu_engine.sync_time(lambda: llm.generate([ids], max_new_tokens=1, ignore_eos=True))
         ops.set_fused(True)
         out["prefill"]["8192_unfused"] = {"seconds": seconds, "tokens_per_s": 8192 / seconds}
     for batch in decode_batches:  # short context, as the HTTP rows

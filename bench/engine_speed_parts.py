@@ -1692,8 +1692,10 @@ def prefill_host(model: Path, lengths: tuple[int, ...] = (8192, 32768), repeats:
     llm = LLM(str(model), **settings)
     out: dict = {}
     for n in lengths:
-        def run(n=n):
-            return llm.generate([[rng.randrange(1000, 200000) for _ in range(n)]], max_new_tokens=1, ignore_eos=True)
+        prompts = [[rng.randrange(1000, 200000) for _ in range(n)] for _ in range(repeats + 2)]
+
+        def run(prompts=prompts):
+            return llm.generate([prompts.pop()], max_new_tokens=1, ignore_eos=True)
         run()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -96,12 +96,6 @@ class ModelRunner:
             # Before fla's first import: the Gated DeltaNet kernels' configs tuned on this GPU, if shipped.
             tuned = use_tuned_fla_configs(self.device)
             logger.info("fla kernel configs: %s", f"shipped ones for this GPU ({tuned})" if tuned else "autotuned")
-            if fla_available():
-                # fla's import (7-10 s on an H100's GPU machine) out of the first prefill pass. Measured in session 25:
-                # it holds the GIL most of its time, so it slowed the weights' load and cuDNN's plans by about what
-                # it saved there; kept as measured, its start after the weights (device plan startab2) not yet run.
-                create_triton_driver()
-                import_in_background()
         if tp is None:
             weights = load_weights(model_dir, self.dtype, self.device, mc.weight_quant)
         else:
@@ -122,6 +116,13 @@ class ModelRunner:
         self.kv_allocator = KVAllocator(config.max_total_tokens, self.kv_pool.page_tokens)
         self.weight_bytes = weight_bytes
         self._check_budget()
+        if mc.is_hybrid and self.device.type == "cuda" and fla_available():
+            # fla's import (7-10 s on an H100's GPU machine) out of the first prefill pass, on a thread of its own. It
+            # holds the GIL most of its time: started before the weights' load (session 25) it slowed that load 1.5
+            # -> 5.4 s; started here, once the pools fit the budget, it runs beside cuDNN's plans and the capture's
+            # compiles instead (session 26 on an H100: cold start 29.2 s against 32.9 s, bench/results/session26).
+            create_triton_driver()
+            import_in_background()
         graph_batch = config.cuda_graph_max_batch
         if graph_batch is None:
             graph_batch = decode_graph_batch(bool(mc.moe_layers), config.max_running_requests) \
