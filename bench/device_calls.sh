@@ -90,8 +90,8 @@ case $PLAN in
   s26b)  # fla's import ahead started after the pools (this tree) / from the runner's start (.old, session 25's), cold
     # starts alternated a b a b (the first start on a machine runs slow whatever it runs), then this tree's HTTP rows
     # (the split merge in them; nothing may compile after /ready)
-    # (on an H200, none since session 20: the issue's table first, its cold start and HTTP rows this tree's, then a b)
-    if [[ $G == *H200* ]]; then es 330 h serve llm_bf16 llm_int2 hf_prefill; es 60 a serve_cold_tuned; old es 60 b serve_cold_tuned
+    # (on an H200, none since session 20: the issue's HTTP rows and cold start first, then a b)
+    if [[ $G == *H200* ]]; then es 120 c serve; es 60 a serve_cold_tuned; old es 60 b serve_cold_tuned
     else es 70 a serve_cold_tuned; old es 70 b serve_cold_tuned; es 70 a2 serve_cold_tuned; old es 70 b2 serve_cold_tuned
          es 120 c serve; fi ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
