@@ -87,13 +87,12 @@ case $PLAN in
       es 30 m split_merges; old es 30 mo split_merges
       es 110 d llm_int2_decode llm_bf16_decode; old es 110 do llm_int2_decode llm_bf16_decode
     fi ;;
-  s26b)  # fla's import ahead started after the pools (this tree) / from the runner's start (.old, session 25's), cold
-    # starts alternated a b a b (the first start on a machine runs slow whatever it runs), then this tree's HTTP rows
-    # (the split merge in them; nothing may compile after /ready)
+  s26b)  # fla's import ahead started after the pools (this tree) / from the runner's start (.old, session 25's): this
+    # tree's HTTP rows with their cold start (the split merge in them; nothing may compile after /ready), then cold
+    # starts .old / this tree (the first start on a machine runs slow whatever it runs)
     # (on an H200, none since session 20: the issue's HTTP rows and cold start first, then a b)
     if [[ $G == *H200* ]]; then es 120 c serve; es 60 a serve_cold_tuned; old es 60 b serve_cold_tuned
-    else es 70 a serve_cold_tuned; old es 70 b serve_cold_tuned; es 70 a2 serve_cold_tuned; old es 70 b2 serve_cold_tuned
-         es 120 c serve; fi ;;
+    else es 110 c serve; old es 60 b serve_cold_tuned; es 60 a serve_cold_tuned; fi ;;  # (the time left: c b a)
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
