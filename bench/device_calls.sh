@@ -93,6 +93,8 @@ case $PLAN in
     # (on an H200, none since session 20: the HTTP rows and cold start first, then a b)
     if [[ $G == *H200* ]]; then es 120 c serve; es 60 a serve_cold_tuned; old es 60 b serve_cold_tuned
     else es 110 c serve; old es 60 b serve_cold_tuned; es 60 a serve_cold_tuned; fi ;;  # (the time left: c b a)
+  s26c)  # this tree's HTTP rows with their cold start alone (the split merge in serving: nothing may compile after /ready)
+    es 100 c serve ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
