@@ -95,6 +95,8 @@ case $PLAN in
     else es 110 c serve; old es 60 b serve_cold_tuned; es 60 a serve_cold_tuned; fi ;;  # (the time left: c b a)
   s26c)  # this tree's HTTP rows with their cold start alone (the split merge in serving: nothing may compile after /ready)
     es 100 c serve ;;
+  s26d)  # cold starts .old (fla's import from the runner's start) / this tree (after the pools), on s26c's warm machine
+    old es 50 b serve_cold_tuned; es 50 a serve_cold_tuned ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
