@@ -610,7 +610,7 @@ def main() -> None:
             "logits": lambda s: parts.logit_check(("tiny",)),
             "logits_4b": lambda s: parts.logit_check(("tiny", "4b")), "profile": lambda s: gpu_engine.section_profile(),
             "profile_passes": lambda s: parts.profile_passes(MODEL),
-            "prefill_host": lambda s: parts.prefill_host(MODEL),
+            "prefill_host": lambda s: parts.prefill_host(MODEL, llm_settings("bf16")),
             "profile_small": lambda s: parts.profile_small_passes(MODEL),
             "profile_decode_batches": lambda s: parts.profile_decode_batches(MODEL),
             "fused_residual": lambda s: parts.fusion_speed(MODEL, "residual"),

@@ -1169,57 +1169,51 @@ def attention_backends() -> dict:
 
 
 def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, ...] = (1, 8), pdl: bool = True) -> dict:
-    """profile_decode_long_steps, with programmatic dependent launch off unless pdl (pdl_off says why)."""
-    if pdl:
-        return profile_decode_long_steps(model, context, batches)
-    with pdl_off():
-        return profile_decode_long_steps(model, context, batches)
-
-
-def profile_decode_long_steps(model: Path, context: int, batches: tuple[int, ...]) -> dict:
     """Where a decode step at long context goes, bf16 KV against int2 (issue 18: int2 decode >= bf16 at 32K):
     B prompts of `context` tokens through the LLM API, eager decode (no graphs, so each kernel is named), one
-    step under torch's profiler after a few untimed ones; kernel time by name and the step's wall time."""
+    step under torch's profiler after a few untimed ones; kernel time by name and the step's wall time. pdl=False:
+    programmatic dependent launch off (pdl_off says why)."""
     import gc
 
     from gpu_engine import kernels_by_name
     from headroom.engine.llm import LLM
     from torch.profiler import ProfilerActivity, profile
 
-    rng = random.Random(12)
-    out: dict = {}
-    for kv in ("bf16", "int2"):
-        llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_tokens=max(batches) * (context + 64),
-                  ssm_slots=max(batches) + 4, chunked_prefill_size=8192, context_length=context + 64,
-                  max_running_requests=max(batches), enable_prefix_cache=False, cuda_graph_max_batch=0)
-        runner, inner = llm.runner, llm.runner.forward
-        for batch in batches:
-            decode_steps = [0]
-            record: dict = {}
+    with contextlib.nullcontext() if pdl else pdl_off():
+        rng = random.Random(12)
+        out: dict = {}
+        for kv in ("bf16", "int2"):
+            llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype=kv,
+                      max_total_tokens=max(batches) * (context + 64), ssm_slots=max(batches) + 4, chunked_prefill_size=8192, context_length=context + 64,
+                      max_running_requests=max(batches), enable_prefix_cache=False, cuda_graph_max_batch=0)
+            runner, inner = llm.runner, llm.runner.forward
+            for batch in batches:
+                decode_steps = [0]
+                record: dict = {}
 
-            def forward(items, all_positions=False, batch=batch, decode_steps=decode_steps, record=record,
-                        inner=inner, **kwargs):
-                if len(items) != batch or any(len(i.token_ids) != 1 for i in items):
-                    return inner(items, all_positions, **kwargs)
-                decode_steps[0] += 1
-                if decode_steps[0] != 4:
-                    return inner(items, all_positions, **kwargs)
-                torch.cuda.synchronize()
-                started = time.perf_counter()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    logits = inner(items, all_positions, **kwargs)
+                def forward(items, all_positions=False, batch=batch, decode_steps=decode_steps, record=record,
+                            inner=inner, **kwargs):
+                    if len(items) != batch or any(len(i.token_ids) != 1 for i in items):
+                        return inner(items, all_positions, **kwargs)
+                    decode_steps[0] += 1
+                    if decode_steps[0] != 4:
+                        return inner(items, all_positions, **kwargs)
                     torch.cuda.synchronize()
-                record.update(wall_ms=(time.perf_counter() - started) * 1000, **kernels_by_name(prof, top=20))
-                return logits
+                    started = time.perf_counter()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        logits = inner(items, all_positions, **kwargs)
+                        torch.cuda.synchronize()
+                    record.update(wall_ms=(time.perf_counter() - started) * 1000, **kernels_by_name(prof, top=20))
+                    return logits
 
-            runner.forward = forward
-            llm.generate([[rng.randrange(1000, 200000) for _ in range(context)] for _ in range(batch)],
-                         max_new_tokens=6, ignore_eos=True)
-            runner.forward = inner
-            out[f"{kv}_bs{batch}_ctx{context}"] = record
-        del llm, runner
-        gc.collect()
-        torch.cuda.empty_cache()
+                runner.forward = forward
+                llm.generate([[rng.randrange(1000, 200000) for _ in range(context)] for _ in range(batch)],
+                             max_new_tokens=6, ignore_eos=True)
+                runner.forward = inner
+                out[f"{kv}_bs{batch}_ctx{context}"] = record
+            del llm, runner
+            gc.collect()
+            torch.cuda.empty_cache()
     return out
 
 
@@ -1672,10 +1666,10 @@ def _sample_thread_stacks(ident: int, stop, interval_s: float, out: list) -> Non
         time.sleep(interval_s)
 
 
-def prefill_host(model: Path, lengths: tuple[int, ...] = (8192, 32768), repeats: int = 3) -> dict:
+def prefill_host(model: Path, settings: dict, lengths: tuple[int, ...] = (8192, 32768), repeats: int = 3) -> dict:
     """Where a prefill's wall time outside the GPU's span goes (issue 18: prefill 32K at 1.46x transformers; session
     20's profile_passes found the GPU busy 548 of the 557 ms between its first and last kernel, against 589 ms of
-    wall time). Through the LLM API with the issue's rows' settings: per length, one profiled run (CPU and CUDA
+    wall time). Through the LLM API with `settings` (the issue's rows' engine_speed.llm_settings): per length, one profiled run (CPU and CUDA
     activity in one timeline) gives the host's seconds before the first kernel starts and after the last ends, and
     the CPU ops there; then `repeats` unprofiled runs with the calling thread's Python stack sampled every 0.5 ms
     give the frames of those two windows (at the profiled run's lengths), and the unprofiled wall times."""
@@ -1686,9 +1680,6 @@ def prefill_host(model: Path, lengths: tuple[int, ...] = (8192, 32768), repeats:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     rng = random.Random(7)
-    settings = {"device": "cuda", "dtype": "bfloat16", "kv_dtype": "bf16", "max_total_tokens": 270336,
-                "ssm_slots": 40, "chunked_prefill_size": 8192, "context_length": 140000,
-                "max_running_requests": 16, "enable_prefix_cache": False}
     llm = LLM(str(model), **settings)
     out: dict = {}
     for n in lengths:

@@ -57,9 +57,10 @@ def import_in_background(module: str = FLA_MODULE) -> threading.Thread | None:
 
     Why: importing fla imports every op it has, and through their torch.compile decorators torch's dynamo and
     inductor and sympy: 7-10 s of a 50 s cold start on an H100 (session 25's sampled stacks,
-    bench/stack_sampler.py), inside the first prefill pass of the warm-up. Started as the runner is built, it runs
-    beside the weights' load and cuDNN's plan builds; it holds the GIL most of its time, so it slowed those by about
-    what it took out of the pass (session 25, call 4).
+    bench/stack_sampler.py), inside the first prefill pass of the warm-up. It holds the GIL most of its time: the
+    runner starts it once its weights and pools are in place, so that it runs beside cuDNN's plan builds and the
+    capture's compiles (started before the weights' load, it slowed that load by about what it took out of the
+    pass: session 25, call 4; session 26).
     gated_delta_rule_varlen waits for it before its own import (then a lookup), so two threads never import fla's
     modules at once. An import that fails here is logged; the call's own import raises it where it always did.
     Create Triton's driver first (kernels/compile_ahead.py create_triton_driver): fla's import uses it."""
