@@ -104,6 +104,9 @@ case $PLAN in
       ENGINE_SPEED_STEP_TUNE_ROWS=1,8,16 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=280 es 370 gs gemv_step
       if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi
     else es 360 h serve llm_bf16 llm_int2 hf_prefill; es 100 p profile_decode_int2; fi ;;
+  s27b)  # the issue's table with transformers' decode column too (none since session 20 on an H200): the HTTP and LLM
+    # rows, transformers' prefill and decode rows, one engine_speed.json
+    es 480 h serve llm_bf16 llm_int2 hf_prefill hf_decode ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
