@@ -105,8 +105,10 @@ case $PLAN in
       if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi
     else es 360 h serve llm_bf16 llm_int2 hf_prefill; es 100 p profile_decode_int2; fi ;;
   s27b)  # the issue's table with transformers' decode column too (none since session 20 on an H200): the HTTP and LLM
-    # rows, transformers' prefill and decode rows, one engine_speed.json
-    es 480 h serve llm_bf16 llm_int2 hf_prefill hf_decode ;;
+    # rows, transformers' prefill and decode rows, one engine_speed.json; then the whole engine's bf16 logits against
+    # transformers' own distance from fp32 (none since session 21; the split merge changed twice since)
+    es 430 h serve llm_bf16 llm_int2 hf_prefill hf_decode
+    es 110 l logits ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)
     es 330 cn serve_cold_tuned serve_cold_exact_rows serve_cold_tuned_again ;;
   nearest)  # decode at batches without a GEMV entry of their own, gemv.NEAREST_ROWS off and on
