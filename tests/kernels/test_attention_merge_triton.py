@@ -13,9 +13,11 @@ from headroom.kernels.attention_merge_triton import (
 
 
 # A row's channels go to programs of MERGE_CHANNELS (32): 40 and 72 channels end in a partial program, 256 is the 4B
-# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window).
+# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window). Splits are read SPLIT_CHUNK (128) at a
+# time: 129 and 300 take two and three chunks (the sums rescaled when a later chunk holds a larger lse).
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16),
-                                                     (3, 2, 2, 72), (65, 1, 16, 256)])
+                                                     (3, 2, 2, 72), (65, 1, 16, 256), (129, 2, 2, 16),
+                                                     (300, 1, 3, 40)])
 def test_merge_matches_reference(splits, tokens, heads, dim):
     gen = torch.Generator().manual_seed(splits * 7 + dim)
     parts = torch.randn(splits, tokens, heads, dim, generator=gen)
@@ -124,12 +126,14 @@ def test_in_place_pair_merge_loads_everything_before_any_store_on_sm90():
 
 
 def test_the_split_merge_compiles_for_sm90_gated_or_not():
-    """sm_90 (the H200): the one-pass merge of a chunk of 32 splits x 32 channels at 4 warps, with and without the
-    output gate (the interpreter does not hold it to the GPU compiler's typing of the loop's running maximum)."""
+    """sm_90 (the H200): the one-pass merge of a chunk of SPLIT_CHUNK splits x 32 channels at 4 warps, with and
+    without the output gate (the interpreter does not hold it to the GPU compiler's typing of the loop's running
+    maximum)."""
+    from headroom.kernels.attention_merge_triton import SPLIT_CHUNK
     from tests.kernels.sm90 import compile_sm90
 
     pointers = {"parts": "*fp32", "lses": "*fp32", "out_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
     variants = [("headroom.kernels.attention_merge_triton", "merge_splits_fwd_kernel", pointers,
-                 {"BLOCK_S": 32, "BLOCK_D": 32, "PDL": True, "GATE": gate}) for gate in (False, True)]
+                 {"BLOCK_S": SPLIT_CHUNK, "BLOCK_D": 32, "PDL": True, "GATE": gate}) for gate in (False, True)]
     for result in compile_sm90(variants, num_warps=4):
         assert result["ok"], result.get("error")
