@@ -130,6 +130,7 @@ def test_the_split_merge_compiles_for_sm90_gated_or_not():
     without the output gate (the interpreter does not hold it to the GPU compiler's typing of the loop's running
     maximum)."""
     from headroom.kernels.attention_merge_triton import SPLIT_CHUNK
+
     from tests.kernels.sm90 import compile_sm90
 
     pointers = {"parts": "*fp32", "lses": "*fp32", "out_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
