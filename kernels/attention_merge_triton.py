@@ -15,11 +15,9 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 # The splits are read SPLIT_CHUNK at a time whatever their number: one compiled variant for any split count (a tile
 # of next_power_of_2(splits) made one for each power of two, and serving met counts the warm-up had not: 64, 32 and
 # 16 splits of an int2 pool's short prompts, session 15's review). num_splits, and the lses' split stride (the pass's
-# tokens times the heads), are no specialisation keys for the same reason. 128: every graphed decode step's merge is
-# one chunk, one round trip to L2 (_splits_merged): a bf16 pool splits 32 ways at batch 1, an int2 pool 64 and its
-# window one more, which at 32 a chunk were three dependent chunks (4.61 us a launch against 3.09 for bf16's one,
-# H100, session 26); the masked rows of a shorter row load nothing.
-SPLIT_CHUNK = 128
+# tokens times the heads), are no specialisation keys for the same reason. 32: a graphed decode step over a bf16 pool
+# splits 32 ways at batch 1, so its merge is one chunk, one round trip to L2 (_splits_merged).
+SPLIT_CHUNK = 32
 # Channels a program merges. A graphed batch-1 step has 16 rows (one token's query heads): one program a row was 16
 # programs on 132 multiprocessors, each reading every split's 256 channels in dependent chunks (3.7 us a launch over a
 # bf16 pool's 32 splits, 12.1 us over an int2 pool's 65 before the one-pass merge; H200, session 20). A row's
@@ -116,7 +114,7 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         out.stride(0), out.stride(1), out_lse.stride(0), gate if gate is not None else out,
         gate.stride(0) if gate is not None else 0, gate.stride(1) if gate is not None else 0,
         BLOCK_S=SPLIT_CHUNK, BLOCK_D=block_d, GATE=gate is not None,
-        # (a chunk of 128 splits x 32 channels is 32 fp32 a thread at 4 warps, for the parts and the sums each)
+        # (a chunk of 32 splits x 32 channels is 8 fp32 a thread at 4 warps, for the parts and the sums each)
         num_warps=4, **pdl_launch(parts.device),
     )
 

@@ -13,8 +13,8 @@ from headroom.kernels.attention_merge_triton import (
 
 
 # A row's channels go to programs of MERGE_CHANNELS (32): 40 and 72 channels end in a partial program, 256 is the 4B
-# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window). Splits are read SPLIT_CHUNK (128) at a
-# time: 129 and 300 take two and three chunks (the sums rescaled when a later chunk holds a larger lse).
+# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window). Splits are read SPLIT_CHUNK at a time:
+# 65, 129 and 300 take several chunks whether it is 32 or 128 (the sums rescaled when a later chunk holds a larger lse).
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16),
                                                      (3, 2, 2, 72), (65, 1, 16, 256), (129, 2, 2, 16),
                                                      (300, 1, 3, 40)])
