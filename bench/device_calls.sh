@@ -109,12 +109,17 @@ case $PLAN in
     # transformers' own distance from fp32 (none since session 21; the split merge changed twice since)
     es 430 h serve llm_bf16 llm_int2 hf_prefill hf_decode
     es 110 l logits ;;
-  s27c)  # the split merge reading 128 splits a chunk (one chunk for an int2 pool's 65 at batch 1; SPLIT_CHUNK edited in
-    # for these parts only) against the shipped 32 (three chunks there), alone and in the int2 / bf16 decode rows
+  s27c)  # the split merge reading rows of more than 32 splits 128 at a time (WIDE_SPLIT_CHUNK; one chunk for an int2
+    # pool's 65 at batch 1, three now) or every row 128 at a time (SPLIT_CHUNK), each edited in for its parts only,
+    # against the shipped 32: the merge alone (all three), the int2 / bf16 decode rows (wide and shipped)
     cp kernels/attention_merge_triton.py /tmp/merge_shipped.py
     es 30 mo split_merges
+    sed -i 's/^WIDE_SPLIT_CHUNK = SPLIT_CHUNK$/WIDE_SPLIT_CHUNK = 128/' kernels/attention_merge_triton.py
+    grep -q '^WIDE_SPLIT_CHUNK = 128$' kernels/attention_merge_triton.py && { es 30 mw split_merges
+      es 110 dw llm_int2_decode llm_bf16_decode; }
+    cp /tmp/merge_shipped.py kernels/attention_merge_triton.py
     sed -i 's/^SPLIT_CHUNK = 32$/SPLIT_CHUNK = 128/' kernels/attention_merge_triton.py
-    grep -q '^SPLIT_CHUNK = 128$' kernels/attention_merge_triton.py && { es 30 m split_merges; es 110 d llm_int2_decode llm_bf16_decode; }
+    grep -q '^SPLIT_CHUNK = 128$' kernels/attention_merge_triton.py && es 30 m split_merges
     cp /tmp/merge_shipped.py kernels/attention_merge_triton.py
     es 110 do llm_int2_decode llm_bf16_decode ;;
   cold)  # cold starts to /ready, NEAREST_ROWS on / off / on, one process (each with an empty Triton cache)

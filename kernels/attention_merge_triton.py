@@ -18,6 +18,11 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 # tokens times the heads), are no specialisation keys for the same reason. 32: a graphed decode step over a bf16 pool
 # splits 32 ways at batch 1, so its merge is one chunk, one round trip to L2 (_splits_merged).
 SPLIT_CHUNK = 32
+# Rows of more splits than SPLIT_CHUNK are read WIDE_SPLIT_CHUNK at a time (a second compiled variant once it differs).
+# An int2 pool's batch-1 step merges 65 splits (64 and its window): three dependent chunks of 32, 4.61 us a launch
+# against 3.09 for bf16's 32 in one (H100, session 26); 128 would make it one. Equal to SPLIT_CHUNK (off) until a GPU
+# has timed it (bench/device_calls.sh s27c).
+WIDE_SPLIT_CHUNK = SPLIT_CHUNK
 # Channels a program merges. A graphed batch-1 step has 16 rows (one token's query heads): one program a row was 16
 # programs on 132 multiprocessors, each reading every split's 256 channels in dependent chunks (3.7 us a launch over a
 # bf16 pool's 32 splits, 12.1 us over an int2 pool's 65 before the one-pass merge; H200, session 20). A row's
@@ -113,7 +118,7 @@ def merge_splits_into(parts: torch.Tensor, lses: torch.Tensor, out: torch.Tensor
         parts.stride(0), parts.stride(1), parts.stride(2), lses.stride(0), lses.stride(1),
         out.stride(0), out.stride(1), out_lse.stride(0), gate if gate is not None else out,
         gate.stride(0) if gate is not None else 0, gate.stride(1) if gate is not None else 0,
-        BLOCK_S=SPLIT_CHUNK, BLOCK_D=block_d, GATE=gate is not None,
+        BLOCK_S=SPLIT_CHUNK if num_splits <= SPLIT_CHUNK else WIDE_SPLIT_CHUNK, BLOCK_D=block_d, GATE=gate is not None,
         # (a chunk of 32 splits x 32 channels is 8 fp32 a thread at 4 warps, for the parts and the sums each)
         num_warps=4, **pdl_launch(parts.device),
     )

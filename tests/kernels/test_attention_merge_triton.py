@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from headroom.kernels import attention_merge_triton as merge_module
 from headroom.kernels.attention_merge import merge_attention_states, merge_two
 from headroom.kernels.attention_merge_triton import (
     merge_pair_into,
@@ -18,7 +19,11 @@ from headroom.kernels.attention_merge_triton import (
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16),
                                                      (3, 2, 2, 72), (65, 1, 16, 256), (129, 2, 2, 16),
                                                      (300, 1, 3, 40)])
-def test_merge_matches_reference(splits, tokens, heads, dim):
+# Rows of more than SPLIT_CHUNK splits read WIDE_SPLIT_CHUNK at a time: as shipped, and 128 (plan s27c's variant).
+@pytest.mark.parametrize("wide", [None, 128])
+def test_merge_matches_reference(splits, tokens, heads, dim, wide, monkeypatch):
+    if wide is not None:
+        monkeypatch.setattr(merge_module, "WIDE_SPLIT_CHUNK", wide)
     gen = torch.Generator().manual_seed(splits * 7 + dim)
     parts = torch.randn(splits, tokens, heads, dim, generator=gen)
     lses = torch.randn(splits, tokens, heads, generator=gen) * 3
