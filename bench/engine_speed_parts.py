@@ -1184,7 +1184,8 @@ def profile_decode_long(model: Path, context: int = 32768, batches: tuple[int, .
         out: dict = {}
         for kv in ("bf16", "int2"):
             llm = LLM(str(model), device="cuda", dtype="bfloat16", kv_dtype=kv,
-                      max_total_tokens=max(batches) * (context + 64), ssm_slots=max(batches) + 4, chunked_prefill_size=8192, context_length=context + 64,
+                      max_total_tokens=max(batches) * (context + 64), ssm_slots=max(batches) + 4,
+                      chunked_prefill_size=8192, context_length=context + 64,
                       max_running_requests=max(batches), enable_prefix_cache=False, cuda_graph_max_batch=0)
             runner, inner = llm.runner, llm.runner.forward
             for batch in batches:
@@ -1669,10 +1670,11 @@ def _sample_thread_stacks(ident: int, stop, interval_s: float, out: list) -> Non
 def prefill_host(model: Path, settings: dict, lengths: tuple[int, ...] = (8192, 32768), repeats: int = 3) -> dict:
     """Where a prefill's wall time outside the GPU's span goes (issue 18: prefill 32K at 1.46x transformers; session
     20's profile_passes found the GPU busy 548 of the 557 ms between its first and last kernel, against 589 ms of
-    wall time). Through the LLM API with `settings` (the issue's rows' engine_speed.llm_settings): per length, one profiled run (CPU and CUDA
-    activity in one timeline) gives the host's seconds before the first kernel starts and after the last ends, and
-    the CPU ops there; then `repeats` unprofiled runs with the calling thread's Python stack sampled every 0.5 ms
-    give the frames of those two windows (at the profiled run's lengths), and the unprofiled wall times."""
+    wall time). Through the LLM API with `settings` (the issue's rows' engine_speed.llm_settings): per length, one
+    profiled run (CPU and CUDA activity in one timeline) gives the host's seconds before the first kernel starts and
+    after the last ends, and the CPU ops there; then `repeats` unprofiled runs with the calling thread's Python stack
+    sampled every 0.5 ms give the frames of those two windows (at the profiled run's lengths), and the unprofiled
+    wall times."""
     import threading
     from collections import Counter
 

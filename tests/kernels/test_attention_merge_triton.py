@@ -14,8 +14,8 @@ from headroom.kernels.attention_merge_triton import (
 
 
 # A row's channels go to programs of MERGE_CHANNELS (32): 40 and 72 channels end in a partial program, 256 is the 4B
-# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window). Splits are read SPLIT_CHUNK at a time:
-# 65, 129 and 300 take several chunks whether it is 32 or 128 (the sums rescaled when a later chunk holds a larger lse).
+# model's head in 8 (65 splits: an int2 pool's batch-1 step with its window; three chunks of 32, one of 128). 129 and
+# 300 splits take several chunks at 32 or 128 (the sums rescaled when a later chunk holds a larger lse).
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16),
                                                      (3, 2, 2, 72), (65, 1, 16, 256), (129, 2, 2, 16),
                                                      (300, 1, 3, 40)])
@@ -131,15 +131,16 @@ def test_in_place_pair_merge_loads_everything_before_any_store_on_sm90():
 
 
 def test_the_split_merge_compiles_for_sm90_gated_or_not():
-    """sm_90 (the H200): the one-pass merge of a chunk of SPLIT_CHUNK splits x 32 channels at 4 warps, with and
-    without the output gate (the interpreter does not hold it to the GPU compiler's typing of the loop's running
-    maximum)."""
-    from headroom.kernels.attention_merge_triton import SPLIT_CHUNK
+    """sm_90 (the H200): the one-pass merge at each chunk a launch may take (SPLIT_CHUNK, WIDE_SPLIT_CHUNK) x 32
+    channels at 4 warps, with and without the output gate (the interpreter does not hold it to the GPU compiler's
+    typing of the loop's running maximum)."""
+    from headroom.kernels.attention_merge_triton import SPLIT_CHUNK, WIDE_SPLIT_CHUNK
 
     from tests.kernels.sm90 import compile_sm90
 
     pointers = {"parts": "*fp32", "lses": "*fp32", "out_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
     variants = [("headroom.kernels.attention_merge_triton", "merge_splits_fwd_kernel", pointers,
-                 {"BLOCK_S": SPLIT_CHUNK, "BLOCK_D": 32, "PDL": True, "GATE": gate}) for gate in (False, True)]
+                 {"BLOCK_S": chunk, "BLOCK_D": 32, "PDL": True, "GATE": gate})
+                for chunk in sorted({SPLIT_CHUNK, WIDE_SPLIT_CHUNK}) for gate in (False, True)]
     for result in compile_sm90(variants, num_warps=4):
         assert result["ok"], result.get("error")
