@@ -97,13 +97,6 @@ case $PLAN in
     es 100 c serve ;;
   s26d)  # cold starts .old (fla's import from the runner's start) / this tree (after the pools), on s26c's warm machine
     old es 50 b serve_cold_tuned; es 50 a serve_cold_tuned ;;
-  s27a)  # session 27's first call. On an H200 (none since session 20): the GEMV table tuned in the graphed step at 1, 8
-    # and 16 rows and the HTTP rows with it (step_serve). On an H100: the issue's table on this tree (the last full
-    # one on an H100 was session 24's) and the graphed int2 decode profile at 32K
-    if [[ $G == *H200* ]]; then
-      ENGINE_SPEED_STEP_TUNE_ROWS=1,8,16 ENGINE_SPEED_STEP_CANDIDATES=5 ENGINE_SPEED_STEP_TUNE_S=280 es 370 gs gemv_step
-      if [[ -f $R/gs/gemv_tuned_configs.json ]]; then cp $R/gs/gemv_tuned_configs.json kernels/; es 100 sn serve; fi
-    else es 360 h serve llm_bf16 llm_int2 hf_prefill; es 100 p profile_decode_int2; fi ;;
   s27b)  # the issue's table with transformers' decode column too (none since session 20 on an H200): the HTTP and LLM
     # rows, transformers' prefill and decode rows, one engine_speed.json; then the whole engine's bf16 logits against
     # transformers' own distance from fp32 (none since session 21; the split merge changed twice since)
