@@ -18,11 +18,12 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 # tokens times the heads), are no specialisation keys for the same reason. 32: a graphed decode step over a bf16 pool
 # splits 32 ways at batch 1, so its merge is one chunk, one round trip to L2 (_splits_merged).
 SPLIT_CHUNK = 32
-# Rows of more splits than SPLIT_CHUNK are read WIDE_SPLIT_CHUNK at a time (a second compiled variant once it differs).
-# An int2 pool's batch-1 step merges 65 splits (64 and its window): three dependent chunks of 32, 4.61 us a launch
-# against 3.09 for bf16's 32 in one (H100, session 26); 128 would make it one. Equal to SPLIT_CHUNK (off) until a GPU
-# has timed it (bench/device_calls.sh s27c).
-WIDE_SPLIT_CHUNK = SPLIT_CHUNK
+# Rows of more splits than SPLIT_CHUNK are read WIDE_SPLIT_CHUNK at a time (a second compiled variant, met by an
+# int2 server's warm-up: bench/results/session27/variant_coverage_wide128.json). An int2 pool's batch-1 step merges
+# 65 splits (64 and its window): three dependent chunks of 32 took 4.63 / 4.66 us a launch, one of 128 2.45 / 2.46
+# (H100, two runs, bench/results/session28), eight launches a step. Every row read 128 at a time (SPLIT_CHUNK 128)
+# lost at batch 8 and 16 (3.46 -> 4.26 and 4.36 -> 7.44 us: the masked rows cost instructions), hence two chunks.
+WIDE_SPLIT_CHUNK = 128
 # Channels a program merges. A graphed batch-1 step has 16 rows (one token's query heads): one program a row was 16
 # programs on 132 multiprocessors, each reading every split's 256 channels in dependent chunks (3.7 us a launch over a
 # bf16 pool's 32 splits, 12.1 us over an int2 pool's 65 before the one-pass merge; H200, session 20). A row's

@@ -19,8 +19,9 @@ from headroom.kernels.attention_merge_triton import (
 @pytest.mark.parametrize("splits,tokens,heads,dim", [(5, 3, 2, 24), (1, 2, 3, 8), (32, 1, 4, 40), (37, 2, 2, 16),
                                                      (3, 2, 2, 72), (65, 1, 16, 256), (129, 2, 2, 16),
                                                      (300, 1, 3, 40)])
-# Rows of more than SPLIT_CHUNK splits read WIDE_SPLIT_CHUNK at a time: as shipped, and 128 (plan s27c's variant).
-@pytest.mark.parametrize("wide", [None, 128])
+# Rows of more than SPLIT_CHUNK splits read WIDE_SPLIT_CHUNK at a time: as shipped (128), and SPLIT_CHUNK's 32 (one
+# chunk size for every row, the form before session 28).
+@pytest.mark.parametrize("wide", [None, 32])
 def test_merge_matches_reference(splits, tokens, heads, dim, wide, monkeypatch):
     if wide is not None:
         monkeypatch.setattr(merge_module, "WIDE_SPLIT_CHUNK", wide)

@@ -459,8 +459,9 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     the query heads) and the split count follow the batch: as specialisation keys (or the merge's tile of the splits)
     they made up to three variants of each kernel (1, a multiple of 16, the rest; a power of two of the splits), and
     serving met the ones the warm-up had not. Decode launches of every class, through Triton's real JIT (compiled for
-    sm_90, nothing launched) in a child process: one key per kernel and pool kind, and per output dtype of the
-    merge; one more for paged attention's decode launches with windows, whatever their table's width."""
+    sm_90, nothing launched) in a child process: one key per kernel and pool kind, and per output dtype and chunk
+    of splits of the merge; one more for paged attention's decode launches with windows, whatever their table's
+    width."""
     from pathlib import Path
 
     from tests.kernels.sm90_child import run_on_sm90
@@ -469,8 +470,9 @@ def test_pass_shapes_compile_one_variant_of_each_attention_kernel(tmp_path):
     got = run_on_sm90(_SPECIALISATION_CHILD, tmp_path, PAGED_POOL=str(Path(__file__).with_name("paged_pool.py")))
     # One key a kernel, per pool kind where the kind is a constexpr (paged attention: dense and KIVI, and KIVI's
     # decode launches with windows, WINDOW), per output dtype where the output is a pointer's type (the merge: bf16
-    # and fp32).
-    assert got == {"paged_attention_fwd_kernel": 3, "merge_splits_fwd_kernel": 2, "kivi_decode_fwd_kernel": 1,
+    # and fp32), and for the merge per chunk of splits (SPLIT_CHUNK, and WIDE_SPLIT_CHUNK for rows of more splits:
+    # the split counts here above 32 and below).
+    assert got == {"paged_attention_fwd_kernel": 3, "merge_splits_fwd_kernel": 4, "kivi_decode_fwd_kernel": 1,
                    "kivi_dequantize_block_kernel": 1}, got
 
 

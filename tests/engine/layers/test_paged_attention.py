@@ -245,13 +245,16 @@ def test_page_aligned_prompts_and_mixed_batches_meet_no_kernel_variant_lone_mid_
     two of the splits); in mixed batches a short span's direct pass comes first, so a long span's block passes
     continue it and wrote fp32 where a lone prompt's continuing pass (the window's) wrote the model's dtype. Serving
     compiled such variants inside requests (session 15's review). Every variant those launch is one that lone
-    mid-page prompts launch."""
+    mid-page prompts or a batch-1 decode step (every warm-up's) launch: a one-page prompt's pool pass splits 64 ways,
+    as that step does, and its merge reads them in one wide chunk (WIDE_SPLIT_CHUNK), which no mid-page prompt
+    meets."""
     import tempfile
     from pathlib import Path
 
     from tests.engine.layers.attention_variants import variants_outside
 
-    groups = {"mid_page": [[33], [65], [100], [129], [560]], "aligned": [[32], [64], [96], [128], [544]],
-              "mixed": [[48, 369], [98, 291], [3, 37, 300]]}
+    groups = {"mid_page": [[33], [65], [100], [129], [560]], "decode_bs1": [[560]],
+              "aligned": [[32], [64], [96], [128], [544]], "mixed": [[48, 369], [98, 291], [3, 37, 300]]}
     with tempfile.TemporaryDirectory() as tmp:
-        assert variants_outside(["mid_page"], groups, "int2", Path(tmp)) == {"aligned": [], "mixed": []}
+        assert variants_outside(["mid_page", "decode_bs1"], groups, "int2", Path(tmp), decode={"decode_bs1": True}) \
+            == {"aligned": [], "mixed": []}
