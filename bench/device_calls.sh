@@ -102,10 +102,15 @@ case $PLAN in
     # transformers' own distance from fp32 (none since session 21; the split merge changed twice since)
     es 430 h serve llm_bf16 llm_int2 hf_prefill hf_decode
     es 110 l logits ;;
+  s28b)  # session 28's last start: an H200 the issue's table alone (s27b's first part); an H100 the int2 / bf16 decode
+    # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
+    if [[ $G == *H200* ]]; then es 330 h serve llm_bf16 llm_int2 hf_prefill hf_decode
+    else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;
-  s27c)  # the split merge reading rows of more than 32 splits 128 at a time (WIDE_SPLIT_CHUNK; one chunk for an int2
+  s27c)  # (run in session 28's calls 1 and 3, WIDE_SPLIT_CHUNK then off; now shipped at 128, so `mw` and `dw` no
+    # longer apply) the split merge reading rows of more than 32 splits 128 at a time (WIDE_SPLIT_CHUNK; one chunk for an int2
     # pool's 65 at batch 1, three now) or every row 128 at a time (SPLIT_CHUNK), each edited in for its parts only,
     # against the shipped 32: the merge alone (all three), the int2 / bf16 decode rows (wide and shipped)
     cp kernels/attention_merge_triton.py /tmp/merge_shipped.py
