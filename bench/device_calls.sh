@@ -104,7 +104,7 @@ case $PLAN in
     es 110 l logits ;;
   s28b)  # session 28's last start: an H200 the issue's table alone (s27b's first part); an H100 the int2 / bf16 decode
     # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
-    if [[ $G == *H200* ]]; then es 260 h serve llm_bf16 llm_int2 hf_prefill hf_decode
+    if [[ $G == *H200* ]]; then es ${S28B_H200_S:-260} h serve llm_bf16 llm_int2 hf_prefill hf_decode
     else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
