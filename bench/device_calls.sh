@@ -109,15 +109,15 @@ case $PLAN in
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;
-  s27c)  # (run in session 28's calls 1 and 3, WIDE_SPLIT_CHUNK then off; now shipped at 128, so `mw` and `dw` no
-    # longer apply) the split merge reading rows of more than 32 splits 128 at a time (WIDE_SPLIT_CHUNK; one chunk for an int2
-    # pool's 65 at batch 1, three now) or every row 128 at a time (SPLIT_CHUNK), each edited in for its parts only,
-    # against the shipped 32: the merge alone (all three), the int2 / bf16 decode rows (wide and shipped)
+  s27c)  # the split merge's chunks (session 28's calls 1 and 3 ran this plan as 381b21b has it, WIDE_SPLIT_CHUNK then
+    # off; it ships at 128 since): the shipped merge (`mo`, `do`) against rows of more than 32 splits read 32 at a
+    # time as well (WIDE_SPLIT_CHUNK = SPLIT_CHUNK: `mn`, `dn`) and every row 128 at a time (SPLIT_CHUNK 128: `m`),
+    # each edited in for its parts only: the merge alone (all three), the int2 / bf16 decode rows (narrow and shipped)
     cp kernels/attention_merge_triton.py /tmp/merge_shipped.py
     es 30 mo split_merges
-    sed -i 's/^WIDE_SPLIT_CHUNK = SPLIT_CHUNK$/WIDE_SPLIT_CHUNK = 128/' kernels/attention_merge_triton.py
-    grep -q '^WIDE_SPLIT_CHUNK = 128$' kernels/attention_merge_triton.py && { es 30 mw split_merges
-      es 110 dw llm_int2_decode llm_bf16_decode; }
+    sed -i 's/^WIDE_SPLIT_CHUNK = 128$/WIDE_SPLIT_CHUNK = SPLIT_CHUNK/' kernels/attention_merge_triton.py
+    grep -q '^WIDE_SPLIT_CHUNK = SPLIT_CHUNK$' kernels/attention_merge_triton.py && { es 30 mn split_merges
+      es 110 dn llm_int2_decode llm_bf16_decode; }
     cp /tmp/merge_shipped.py kernels/attention_merge_triton.py
     sed -i 's/^SPLIT_CHUNK = 32$/SPLIT_CHUNK = 128/' kernels/attention_merge_triton.py
     grep -q '^SPLIT_CHUNK = 128$' kernels/attention_merge_triton.py && es 30 m split_merges
