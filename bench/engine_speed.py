@@ -22,7 +22,8 @@ captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), 
 LLM API rows with the attention loop's variants on, beside the rows), profile_decode_batches (a graphed decode step's GPU time by kernel at batch 1, 8 and 16, PDL off),
 fused_residual (graphed decode at batch 1, 8 and 16 with the residual add and norm inside the GEMVs against
 HEADROOM_FUSED_RESIDUAL=0, one engine after the other: steps, graph replays, the same greedy tokens), fused_conv (the
-same for Gated DeltaNet's decode conv in the in-projection's GEMV against HEADROOM_FUSED_CONV=0), gemv_fuzz (the
+same for Gated DeltaNet's decode conv in the in-projection's GEMV against HEADROOM_FUSED_CONV=0), fused_gate_norm
+(the same for its output norm in the delta rule's decode kernel, HEADROOM_DECODE_GATE_NORM=1 against 0), gemv_fuzz (the
 GEMV's fused modes against the unfused kernels over random configurations),
 llm_int2_tuned (the int2 LLM API rows with the
 paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
@@ -621,6 +622,7 @@ def main() -> None:
             "profile_decode_batches": lambda s: parts.profile_decode_batches(MODEL),
             "fused_residual": lambda s: parts.fusion_speed(MODEL, "residual"),
             "fused_conv": lambda s: parts.fusion_speed(MODEL, "conv"),
+            "fused_gate_norm": lambda s: parts.fusion_speed(MODEL, "gate_norm"),
             "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
                                               for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),

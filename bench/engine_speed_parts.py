@@ -596,7 +596,19 @@ def _gdn_decode_check(batch: int) -> dict:
     raw = gdn_decode.gated_delta_decode(qd, kd, vd, raw_a, raw_b, raw_states, slots, raw_gates=(neg_a, dt_bias))
     raw_beta, raw_g = naive_gdn_gates(raw_b, raw_a, neg_a, dt_bias)
     raw_want = gated_delta.naive_gated_delta_decode(qd, kd, vd, raw_g, raw_beta, raw_ref, slots)
+    # The step with the layer's gated output norm (a program a whole head) against the naive rule, then the norm.
+    from headroom.kernels.norm import naive_gated_rms_norm
+
+    z, norm_w = torch.randn(batch, 32, 128, device=DEV, dtype=bf), torch.rand(128, device=DEV, dtype=bf) + 0.5
+    normed_states, normed_ref = states.clone(), states.clone()
+    normed = gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, normed_states, slots, gate_norm=(z, norm_w, 1e-6))
+    normed_want = naive_gated_rms_norm(gated_delta.naive_gated_delta_decode(qd, kd, vd, gd, bd, normed_ref, slots),
+                                       z, norm_w, 1e-6)
     return {
+        "gate_norm_out_vs_naive": _diff(normed, normed_want), "gate_norm_states_vs_naive": _diff(normed_states,
+                                                                                               normed_ref),
+        "gate_norm_ms": _bench(lambda: gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots,
+                                                                     gate_norm=(z, norm_w, 1e-6))),
         "raw_gates_out_vs_naive": _diff(raw, raw_want), "raw_gates_states_vs_naive": _diff(raw_states, raw_ref),
         "out_vs_naive": _diff(got, want), "states_vs_naive": _diff(states, ref_states),
         "fla_out_vs_naive": _diff(fla_out, want), "fla_states_vs_naive": _diff(fla_final, ref_states[slots]),
@@ -1586,14 +1598,16 @@ def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], un
 
 
 # The decode fusions fusion_speed switches: name -> (module of headroom.engine.layers, its switch).
-FUSIONS = {"residual": ("residual", "FUSED_RESIDUAL"), "conv": ("linear_attention", "FUSED_CONV")}
+FUSIONS = {"residual": ("residual", "FUSED_RESIDUAL"), "conv": ("linear_attention", "FUSED_CONV"),
+           "gate_norm": ("linear_attention", "DECODE_GATE_NORM")}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
                  device: str = "cuda") -> dict:
     """Graphed decode with a fusion on against off (FUSIONS: "residual", the residual add and the RMSNorm inside the
     GEMVs, engine/layers/residual.py, against add_rms_norm between them; "conv", Gated DeltaNet's decode conv in the
-    in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel), one engine after the other
+    in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
+    in the delta rule's decode kernel at 4 or more sequences, against gated_rms_norm's launch), one engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not

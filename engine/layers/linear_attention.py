@@ -33,6 +33,15 @@ RECURRENT_ROWS = 256
 # Off with HEADROOM_FUSED_CONV=0.
 FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
 FUSED_CONV_ROWS = 1
+# A decode step of at least DECODE_GATE_NORM_ROWS sequences applies the layer's gated output norm inside the delta
+# rule's kernel (kernels/gdn_decode.py gate_norm, a program a whole value head) instead of a gated_rms_norm launch
+# before the out-projection: 24 launches a step fewer on the 4B model, whose gated norms took 0.047 ms of a 4.19 ms
+# batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). Smaller steps keep the narrow value
+# blocks their delta rule was tuned with (a program a head is 32 programs at one sequence), and one row has the
+# norm in its out-projection's GEMV already (residual.py). Off until measured (bench/engine_speed.py
+# fused_gate_norm): HEADROOM_DECODE_GATE_NORM=1 turns it on.
+DECODE_GATE_NORM = os.environ.get("HEADROOM_DECODE_GATE_NORM", "0") == "1"
+DECODE_GATE_NORM_ROWS = 4
 
 
 class GatedDeltaNet:
@@ -82,19 +91,29 @@ class GatedDeltaNet:
                                                           _bounds(batch, x.device), lengths, self.key_dim, dk)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
+        gate_norm = (z.reshape(n, hv, dv), self.norm, cfg.rms_norm_eps)
+        # The gated norm in the decode step's kernel where that runs it (DECODE_GATE_NORM), else with the
+        # out-projection below.
+        norm_in_step = batch.is_decode_only and DECODE_GATE_NORM and n >= DECODE_GATE_NORM_ROWS \
+            and ops.decodes_with_gate_norm(x)
         # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere); short chunks
         # token by token in the same launch.
         core = None
         if batch.is_decode_only:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots,
-                                          raw_gates=(self.neg_a, self.dt_bias) if raw_gates else None)
+                                          raw_gates=(self.neg_a, self.dt_bias) if raw_gates else None,
+                                          gate_norm=gate_norm if norm_in_step else None)
+            # (a step the kernel did not run, the reference's below, keeps the norm for the out-projection)
+            norm_in_step = norm_in_step and core is not None
         elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device), qk_normed)
         if core is None:
             core = self._varlen(q, k, v, g, beta, recurrent, slots, batch, qk_normed)
-        # The gated norm goes with the out-projection: at decode both run in its GEMV, with the residual add.
+        # Else the gated norm goes with the out-projection: at one-row decode both run in its GEMV, with the
+        # residual add.
         return deferred(Projection(core.reshape(n, hv * dv), self.out_proj,
-                                   gate_norm=(z.reshape(n, hv * dv), self.norm, cfg.rms_norm_eps)))
+                                   gate_norm=None if norm_in_step else (z.reshape(n, hv * dv), self.norm,
+                                                                        cfg.rms_norm_eps)))
 
     def _varlen(self, q, k, v, g, beta, recurrent, slots, batch: ForwardBatch, qk_normed: bool) -> torch.Tensor:
         """Prefill chunks (or decode off the fused path): the varlen call, or the reference per sequence.

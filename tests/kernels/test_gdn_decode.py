@@ -74,6 +74,45 @@ def test_decode_makes_its_gates_from_the_raw_projection():
         gated_delta_decode(q, k, v, a, b, states, slots, torch.tensor([0, 1, 2, 3]), raw_gates=(neg_a, dt_bias))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv", [(4, 2, 4, 16, 32), (5, 1, 2, 8, 24)])
+def test_decode_applies_the_gate_norm_to_whole_heads(num_seqs, hk, hv, dk, dv, dtype):
+    """gate_norm: the step stores gated_rms_norm(o, z) by value heads (z strided out of the in-projection, a head
+    of 24 channels masked in a 32-wide block), the states advanced as without it."""
+    from headroom.kernels.norm import naive_gated_rms_norm
+
+    gen = torch.Generator().manual_seed(num_seqs * 10 + dv)
+    conv_out = torch.randn(num_seqs, 2 * hk * dk + hv * dv, generator=gen).to(dtype)
+    q, k, v = torch.split(conv_out, [hk * dk, hk * dk, hv * dv], dim=-1)
+    q, k, v = q.reshape(num_seqs, hk, dk), k.reshape(num_seqs, hk, dk), v.reshape(num_seqs, hv, dv)
+    projected = torch.randn(num_seqs, 3 + hv * dv, generator=gen).to(dtype)
+    z = projected[:, 3:].reshape(num_seqs, hv, dv)
+    weight = (torch.rand(dv, generator=gen) + 0.5).to(dtype)
+    g = -torch.rand(num_seqs, hv, generator=gen)
+    beta = torch.rand(num_seqs, hv, generator=gen).to(dtype)
+    states = torch.randn(6, hv, dk, dv, generator=gen)
+    slots = torch.randperm(6, generator=gen)[:num_seqs]
+    ref_states = states.clone()
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, gate_norm=(z, weight, 1e-6))
+    core = naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots)
+    want = naive_gated_rms_norm(core, z, weight, 1e-6)
+    assert out.dtype == dtype
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tolerance)
+    torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
+
+
+def test_gate_norm_is_refused_with_rows_or_a_mismatched_gate():
+    q, v = torch.zeros(3, 1, 8), torch.zeros(3, 2, 8)
+    args = (q, q, v, torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(4, 2, 8, 8), torch.arange(3))
+    with pytest.raises(ValueError, match=r"gate norm takes one token per sequence"):
+        gated_delta_decode(*args, torch.tensor([0, 1, 2, 3]), gate_norm=(v, torch.ones(8), 1e-6))
+    with pytest.raises(ValueError, match=r"z \(3, 2, 4\) as v \(3, 2, 8\)"):
+        gated_delta_decode(*args, gate_norm=(torch.zeros(3, 2, 4), torch.ones(8), 1e-6))
+    with pytest.raises(ValueError, match=r"weight \(4,\) \[8\]"):
+        gated_delta_decode(*args, gate_norm=(v, torch.ones(4), 1e-6))
+
+
 def test_bad_state_shape_is_named():
     q = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="states"):
@@ -133,10 +172,11 @@ def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypa
                         type("K", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append((grid, kw))})())
     before = {name: dict(entry) for name, entry in CONFIGS.items()}
 
-    def call(num_seqs, bounds=None, config=None):
+    def call(num_seqs, bounds=None, config=None, gated=False):
         q, v = torch.zeros(num_seqs, 1, 8), torch.zeros(num_seqs, 2, 64)
+        gate_norm = (v, torch.ones(64), 1e-6) if gated else None
         gated_delta_decode(q, q, v, torch.zeros(num_seqs, 2), torch.zeros(num_seqs, 2), torch.zeros(20, 2, 8, 64),
-                           torch.arange(num_seqs), bounds, config=config)
+                           torch.arange(num_seqs), bounds, config=config, gate_norm=gate_norm)
         grid, kw = launched.pop()
         return grid[2], kw["BLOCK_V"], kw["num_warps"]
 
@@ -148,6 +188,9 @@ def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypa
     assert call(SMALL_BATCH) == entry("decode")
     assert call(2, torch.tensor([0, 1, 2])) == entry("rows")
     assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1)
+    # The gate norm's programs hold whole heads, whatever the batch or a config's block_v.
+    assert call(SMALL_BATCH, gated=True) == (1, 64, CONFIGS["decode_gated"]["num_warps"])
+    assert call(1, config={"block_v": 8, "num_warps": 2}, gated=True) == (1, 64, 2)
     assert CONFIGS == before
 
 
@@ -171,7 +214,7 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     bf, f32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
     shape = dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, PDL=True)
     decode = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, slots=i64, bounds=i64, out=bf, neg_a=f32, dt_bias=bf,
-                  scale="fp32")
+                  z=bf, norm_w=bf, scale="fp32", eps="fp32")
     tail = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, out=bf, pool=f32, row_lo=i32, row_hi=i32, snap_at=i32,
                 snap_slot=i32, scale="fp32")
     variants = [("gated_delta_decode_fwd_kernel", decode, {**shape, "ROWS": rows, "QK_NORMED": normed,
@@ -180,6 +223,10 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     # The graphs' step with its gates made in the kernel (g and beta pointers then hold the raw bf16 a and b).
     variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf},
                      {**shape, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True}))
+    # ... and with the gated output norm, a program a whole value head.
+    variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf},
+                     {**shape, "BLOCK_V": 128, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True,
+                      "GATE_NORM": True}))
     variants += [("gated_delta_tail_fwd_kernel", tail, {**shape, "MAX_SNAPS": 8, "QK_NORMED": normed})
                  for normed in (False, True)]
     results = compile_sm90([("headroom.kernels.gdn_decode", name, pointers, constants)

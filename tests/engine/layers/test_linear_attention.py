@@ -78,3 +78,52 @@ def test_decode_without_a_table_entry_or_switched_off_runs_the_conv_kernel(tiny_
     assert linear_attention.FUSED_CONV_ROWS == 1 and residual.FUSED_ROWS == 1
     _, _, calls = _run(monkeypatch, model_dir, vocab, fused_conv=True, conv_rows=1)
     assert set(calls["conv_gemv"]) == {1} and set(calls["causal_conv1d_update"]) == {2}
+
+
+def _run_gate_norm(monkeypatch, model_dir, vocab: int, in_step: bool):
+    """_generate with every fused kernel in the interpreter (no GEMV table: cuBLAS's reference for the
+    projections), the gated output norm in the decode step's kernel at two or more rows where in_step."""
+    from headroom.kernels import gdn_decode, norm_triton
+
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(linear_attention, "DECODE_GATE_NORM", in_step)
+    monkeypatch.setattr(linear_attention, "DECODE_GATE_NORM_ROWS", 2)
+    calls = _count(monkeypatch, norm_triton, ("gated_rms_norm",))
+    steps: list[tuple[int, bool]] = []
+    run = gdn_decode.gated_delta_decode
+
+    def recorded(q, *args, **kwargs):
+        if len(args) < 7 or args[6] is None:  # one token per sequence: a decode step
+            steps.append((q.shape[0], kwargs.get("gate_norm") is not None))
+        return run(q, *args, **kwargs)
+
+    monkeypatch.setattr(gdn_decode, "gated_delta_decode", recorded)
+    logits = _decode_logits(monkeypatch)
+    outputs = _generate(model_dir, vocab)
+    monkeypatch.undo()
+    return outputs, logits, calls, steps
+
+
+def test_decode_steps_of_several_rows_norm_their_output_in_the_delta_rule(tiny_model_factory, monkeypatch):
+    """DECODE_GATE_NORM: two-row decode steps hand the gated norm to the delta rule's kernel (no gated_rms_norm
+    launch there), the one-row steps keep it for the out-projection; the same tokens as with the norm's own kernel,
+    and decode logits within bf16 rounding of them (the head's sum of squares is taken in another order). Off (as
+    shipped until measured), every decode step runs the norm's kernel."""
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    gdn_layers = reference.config.layer_types.count("linear_attention")
+    apart, apart_logits, apart_calls, apart_steps = _run_gate_norm(monkeypatch, model_dir, vocab, in_step=False)
+    fused, fused_logits, fused_calls, fused_steps = _run_gate_norm(monkeypatch, model_dir, vocab, in_step=True)
+    assert not any(normed for _, normed in apart_steps)
+    assert {rows for rows, normed in fused_steps if normed} == {2}
+    assert {rows for rows, normed in fused_steps if not normed} == {1}
+    two_row_steps = sum(1 for rows, _ in fused_steps if rows == 2) // gdn_layers
+    assert two_row_steps >= 3
+    # the norm's own launches: one fewer a layer in each two-row decode step
+    assert len(apart_calls["gated_rms_norm"]) - len(fused_calls["gated_rms_norm"]) == two_row_steps * gdn_layers
+    for a, b in zip(apart, fused, strict=True):
+        assert a.token_ids == b.token_ids
+    assert len(apart_logits) == len(fused_logits)
+    for a, b in zip(apart_logits, fused_logits, strict=True):
+        torch.testing.assert_close(b, a, atol=2e-2, rtol=2e-2)
+    assert linear_attention.DECODE_GATE_NORM is False
