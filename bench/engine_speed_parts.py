@@ -596,7 +596,8 @@ def _gdn_decode_check(batch: int) -> dict:
     raw = gdn_decode.gated_delta_decode(qd, kd, vd, raw_a, raw_b, raw_states, slots, raw_gates=(neg_a, dt_bias))
     raw_beta, raw_g = naive_gdn_gates(raw_b, raw_a, neg_a, dt_bias)
     raw_want = gated_delta.naive_gated_delta_decode(qd, kd, vd, raw_g, raw_beta, raw_ref, slots)
-    # The step with the layer's gated output norm (a program a whole head) against the naive rule, then the norm.
+    # The step with the layer's gated output norm (a head's value blocks meeting at the last) against the naive
+    # rule, then the norm.
     from headroom.kernels.norm import naive_gated_rms_norm
 
     z, norm_w = torch.randn(batch, 32, 128, device=DEV, dtype=bf), torch.rand(128, device=DEV, dtype=bf) + 0.5
@@ -1607,7 +1608,7 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     """Graphed decode with a fusion on against off (FUSIONS: "residual", the residual add and the RMSNorm inside the
     GEMVs, engine/layers/residual.py, against add_rms_norm between them; "conv", Gated DeltaNet's decode conv in the
     in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
-    in the delta rule's decode kernel at 4 or more sequences, against gated_rms_norm's launch), one engine after the other
+    in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch), one engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not

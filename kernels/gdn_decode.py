@@ -6,8 +6,9 @@ their fp32 copies and the scatter back (about four passes over B x 2 MiB of stat
 one pass that reads and writes each state once. Same recurrence and L2 norms as naive_gated_delta_rule:
 S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q, q/k L2-normalised (eps 1e-6; or by the prefill conv,
 qk_normed), q scaled by Dk^-1/2. One program per (sequence, value head, block of value channels); the key
-dimension is one tile. A decode step may also apply the layer's gated output norm (gate_norm) to o, a program
-then holding a whole value head: one launch a layer fewer where the out-projection's GEMV cannot fuse that norm. The token-by-token paths (rows, tail) prefetch each next row's inputs during a row's math.
+dimension is one tile. A decode step may also apply the layer's gated output norm (gate_norm) to o: one launch a
+layer fewer where the out-projection's GEMV cannot fuse that norm. A head's value blocks then meet as split-K's do
+(quant_matmul._split_total): each parks its rows and its sum of squares, and the last to arrive norms the head. The token-by-token paths (rows, tail) prefetch each next row's inputs during a row's math.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 from headroom.kernels.gates_triton import gdn_gate_values
 from headroom.kernels.pdl import pdl_enter, pdl_launch
+from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters
 
 # Launch configuration by kind of call: "decode_small" (fewer than SMALL_BATCH sequences, one token each), "decode"
 # (more), "rows" (bounds given) and "tail" (gated_delta_tail). block_v: value channels a program (the key axis is
@@ -33,10 +35,6 @@ CONFIGS: dict[str, dict] = {
     # every width and batch of that sweep, and is gone.
     "decode_small": {"block_v": 16, "num_warps": 1},
     "decode": {"block_v": 64, "num_warps": 4},
-    # A decode step with the gated output norm (gate_norm): a program holds a whole value head (block_v is the
-    # head's power of 2 whatever this says; only num_warps is free), the state tile 128 x 128 for the 4B model,
-    # 64 fp32 registers a thread at 8 warps. Not yet measured against "decode" plus the norm's own launch.
-    "decode_gated": {"num_warps": 8},
     # Session 11 (bench/results/session11/call2/gdn_decode_sweep.json), the pipelined walks on normed q/k: rows
     # 50.7 us (bv8), tail 106.1 us at bv16 against 109.7 at bv8 (session 10: 80 and 248).
     "rows": {"block_v": 8, "num_warps": 1},
@@ -108,30 +106,64 @@ def _row_math(b_s, c_q, c_k, c_v, c_g, c_beta, out, t, i_hv, stride_ot, stride_o
 
 
 @triton.jit
-def _gated_head_norm(b_o, b_z, b_w, eps, DV: tl.constexpr, dtype: tl.constexpr):
-    """A whole value head's output row o (fp32, 0 past DV) through Gated DeltaNet's output norm, rounded where
-    and as norm_triton's gated_rms_norm rounds it reading o back in dtype: w * rmsnorm(o) * silu(z), z and w fp32."""
-    b_o = b_o.to(dtype).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(b_o * b_o, 0) / DV + eps)
+def _gated_head_norm(b_o, b_z, b_w, rstd, dtype: tl.constexpr):
+    """Output rows o (fp32, as stored in dtype) of a head through Gated DeltaNet's output norm with the head's
+    1 / rms, rounded where and as norm_triton's gated_rms_norm rounds them: w * rmsnorm(o) * silu(z), z, w fp32."""
     b_y = ((b_o * rstd).to(dtype).to(tl.float32) * b_w).to(dtype).to(tl.float32)
     return b_y * (b_z / (1.0 + tl.exp(-b_z)))
 
 
 @triton.jit
+def _store_gate_normed(b_o, p_o, z, norm_w, ws, counters, o_v, m_v, eps, i_v, head, DV: tl.constexpr,
+                       BLOCKS: tl.constexpr, HEAD_BLOCK: tl.constexpr):
+    """Store a program's output rows o (fp32, channels o_v of the head at p_o; gate z and norm weight norm_w at
+    the head's channels) gated-normed by the whole head's 1 / rms. One block a head (BLOCKS 1): at once. Else each
+    block parks its rows, rounded as stored, at p_o and its sum of squares at ws[head, i_v]; the head's last block
+    to arrive (counters[head], reset to 0 after) sums the parts in block order and norms the head's HEAD_BLOCK
+    channels from p_o (the others' loads and stores masked off by tl.where: see quant_matmul._split_total)."""
+    dtype: tl.constexpr = p_o.dtype.element_ty
+    b_o = b_o.to(dtype).to(tl.float32)
+    squares = tl.sum(b_o * b_o, 0)
+    if BLOCKS == 1:
+        b_z = tl.load(z + o_v, mask=m_v, other=0).to(tl.float32)
+        b_w = tl.load(norm_w + o_v, mask=m_v, other=0).to(tl.float32)
+        y = _gated_head_norm(b_o, b_z, b_w, 1.0 / tl.sqrt(squares / DV + eps), dtype)
+        tl.store(p_o + o_v, y.to(dtype), mask=m_v)
+    else:
+        tl.store(p_o + o_v, b_o.to(dtype), mask=m_v)
+        tl.store(ws + head * BLOCKS + i_v, squares)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counters + head, 1, sem="acq_rel")
+        last = arrived == BLOCKS - 1
+        o_h = tl.arange(0, HEAD_BLOCK)
+        m_h = tl.where(last, o_h < DV, False)
+        total = 0.0
+        for j in tl.static_range(BLOCKS):
+            total += tl.load(ws + head * BLOCKS + j, mask=last, other=0.0, cache_modifier=".cg")
+        rstd = 1.0 / tl.sqrt(total / DV + eps)
+        b_h = tl.load(p_o + o_h, mask=m_h, other=0, cache_modifier=".cg").to(tl.float32)
+        b_z = tl.load(z + o_h, mask=m_h, other=0).to(tl.float32)
+        b_w = tl.load(norm_w + o_h, mask=m_h, other=0).to(tl.float32)
+        tl.store(p_o + o_h, _gated_head_norm(b_h, b_z, b_w, rstd, dtype).to(dtype), mask=m_h)
+        tl.atomic_xchg(counters + head, 0, mask=last)
+
+
+@triton.jit
 def gated_delta_decode_fwd_kernel(
-    q, k, v, g, beta, states, slots, bounds, out, neg_a, dt_bias, z, norm_w,
+    q, k, v, g, beta, states, slots, bounds, out, neg_a, dt_bias, z, norm_w, ws, counters,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, stride_zb, stride_zh, scale, eps,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, QK_NORMED: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr,
-    GATE_NORM: tl.constexpr = False,
+    GATE_NORM: tl.constexpr = False, HEAD_BLOCK: tl.constexpr = 1,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers. QK_NORMED: q and k come
     L2-normed (_delta_rule_math). RAW_GATES (ROWS False): g and beta hold the projection's a and b, and the step
     makes its gates from them with neg_a and dt_bias [Hv] (gdn_gate_values: the gates kernel's launch saved).
-    GATE_NORM (ROWS False, BLOCK_V covering DV): the row stored is _gated_head_norm of o with the gate z (row
-    strides stride_zb, stride_zh) and the norm's weight norm_w [DV]."""
+    GATE_NORM (ROWS False): the rows stored are gated-normed by value heads (_store_gate_normed) with the gate z
+    (row strides stride_zb, stride_zh) and the norm's weight norm_w [DV]; ws [B * Hv * blocks] fp32 and counters
+    (zeros, at least B * Hv) where a head has several value blocks; HEAD_BLOCK: DV's power of 2."""
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -147,10 +179,6 @@ def gated_delta_decode_fwd_kernel(
         # each), q and k last (_key_inputs).
         b_v, b_g, b_beta = _value_inputs(v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
                                          beta + i_b * stride_betab + i_hv, o_v, m_v)
-        if GATE_NORM:
-            # the norm's inputs go out with the value's (none depends on the state)
-            b_z = tl.load(z + i_b * stride_zb + i_hv * stride_zh + o_v, mask=m_v, other=0).to(tl.float32)
-            b_w = tl.load(norm_w + o_v, mask=m_v, other=0).to(tl.float32)
         if RAW_GATES:
             b_beta, b_g = gdn_gate_values(b_beta, b_g, tl.load(dt_bias + i_hv).to(tl.float32), tl.load(neg_a + i_hv),
                                           beta.dtype.element_ty)
@@ -159,10 +187,14 @@ def gated_delta_decode_fwd_kernel(
         b_q, b_k = _key_inputs(q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
                                o_k, m_k)
         b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale, QK_NORMED)
-        if GATE_NORM:
-            b_o = _gated_head_norm(b_o, b_z, b_w, eps, DV, out.dtype.element_ty)
-        tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+        # the state first: the gate norm's last block waits on its head's other blocks
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
+        if GATE_NORM:
+            _store_gate_normed(b_o, out + i_b * stride_ob + i_hv * stride_oh, z + i_b * stride_zb + i_hv * stride_zh,
+                               norm_w, ws, counters, o_v, m_v, eps, i_v, i_b * tl.num_programs(1) + i_hv, DV,
+                               (DV + BLOCK_V - 1) // BLOCK_V, HEAD_BLOCK)
+        else:
+            tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
     else:
         # Software-pipelined: row t+1's loads go out before row t's math, so a row waits on the math's chain
         # alone, not on a memory round trip as well (the first row's loads travel with the state's).
@@ -197,7 +229,8 @@ def gated_delta_decode(
     b, made into gates in the step (as naive_gdn_gates makes them).
     gate_norm (z [N, Hv, Dv] with strided rows allowed, weight [Dv], eps), one token per sequence only: out is
     gated_rms_norm(o, z, weight, eps) by value heads instead of o (Gated DeltaNet's output norm, as
-    kernels/norm_triton.py computes it from o stored in v's dtype), each program a whole head.
+    kernels/norm_triton.py computes it from o stored in v's dtype; a head's sum of squares is taken by value
+    blocks, in block order).
     config: keys of a CONFIGS entry, for this call only (the sweep's)."""
     num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
@@ -227,20 +260,24 @@ def gated_delta_decode(
         return out
     # Small batches may want narrower value blocks (more programs share the state reads), rows too (each program
     # walks its rows one after another, so more of them shorten the pass): CONFIGS says, by measurement.
-    kind = "rows" if bounds is not None else "decode_gated" if gate_norm is not None \
-        else "decode_small" if num_seqs < SMALL_BATCH else "decode"
+    kind = "rows" if bounds is not None else "decode_small" if num_seqs < SMALL_BATCH else "decode"
     cfg = _config(kind, config)
-    # the gate norm's rows are whole heads: one program a head, whatever a config says
-    block_v = triton.next_power_of_2(value_dim) if gate_norm is not None else cfg["block_v"]
-    grid = (num_seqs, num_v_heads, triton.cdiv(value_dim, block_v))
-    gated_delta_decode_fwd_kernel[grid](
-        q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out, neg_a, dt_bias, z, norm_w,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), z.stride(0),
-        z.stride(1), key_dim**-0.5, eps,
+    blocks = triton.cdiv(value_dim, cfg["block_v"])
+    ws, counters = out, out
+    if gate_norm is not None and blocks > 1:
+        if num_seqs * num_v_heads > _COUNTER_SLOTS:
+            raise ValueError(f"gated delta decode: the gate norm counts {num_seqs} x {num_v_heads} heads' value "
+                             f"blocks, more than the {_COUNTER_SLOTS} counters")
+        ws = torch.empty(num_seqs * num_v_heads * blocks, dtype=torch.float32, device=v.device)
+        counters = _counters(v.device)
+    gated_delta_decode_fwd_kernel[(num_seqs, num_v_heads, blocks)](
+        q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out, neg_a, dt_bias, z, norm_w, ws,
+        counters, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
+        beta.stride(0), states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
+        z.stride(0), z.stride(1), key_dim**-0.5, eps,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
-        BLOCK_V=block_v, ROWS=bounds is not None, QK_NORMED=qk_normed, RAW_GATES=raw_gates is not None,
-        GATE_NORM=gate_norm is not None, num_warps=cfg["num_warps"],
+        BLOCK_V=cfg["block_v"], ROWS=bounds is not None, QK_NORMED=qk_normed, RAW_GATES=raw_gates is not None,
+        GATE_NORM=gate_norm is not None, HEAD_BLOCK=triton.next_power_of_2(value_dim), num_warps=cfg["num_warps"],
         **pdl_launch(q.device),
     )
     return out

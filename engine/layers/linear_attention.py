@@ -34,14 +34,13 @@ RECURRENT_ROWS = 256
 FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
 FUSED_CONV_ROWS = 1
 # A decode step of at least DECODE_GATE_NORM_ROWS sequences applies the layer's gated output norm inside the delta
-# rule's kernel (kernels/gdn_decode.py gate_norm, a program a whole value head) instead of a gated_rms_norm launch
-# before the out-projection: 24 launches a step fewer on the 4B model, whose gated norms took 0.047 ms of a 4.19 ms
-# batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). Smaller steps keep the narrow value
-# blocks their delta rule was tuned with (a program a head is 32 programs at one sequence), and one row has the
+# rule's kernel (kernels/gdn_decode.py gate_norm: a head's value blocks meet at the last to arrive) instead of a
+# gated_rms_norm launch before the out-projection: 24 launches a step fewer on the 4B model, whose gated norms took
+# 0.047 ms of a 4.19 ms batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). One row has the
 # norm in its out-projection's GEMV already (residual.py). Off until measured (bench/engine_speed.py
 # fused_gate_norm): HEADROOM_DECODE_GATE_NORM=1 turns it on.
 DECODE_GATE_NORM = os.environ.get("HEADROOM_DECODE_GATE_NORM", "0") == "1"
-DECODE_GATE_NORM_ROWS = 4
+DECODE_GATE_NORM_ROWS = 2
 
 
 class GatedDeltaNet:

@@ -74,12 +74,16 @@ def test_decode_makes_its_gates_from_the_raw_projection():
         gated_delta_decode(q, k, v, a, b, states, slots, torch.tensor([0, 1, 2, 3]), raw_gates=(neg_a, dt_bias))
 
 
+@pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}, {"block_v": 32, "num_warps": 2},
+                                    {"block_v": 64, "num_warps": 4}])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv", [(4, 2, 4, 16, 32), (5, 1, 2, 8, 24)])
-def test_decode_applies_the_gate_norm_to_whole_heads(num_seqs, hk, hv, dk, dv, dtype):
-    """gate_norm: the step stores gated_rms_norm(o, z) by value heads (z strided out of the in-projection, a head
-    of 24 channels masked in a 32-wide block), the states advanced as without it."""
+@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv", [(4, 2, 4, 16, 32), (2, 1, 2, 8, 24)])
+def test_decode_applies_the_gate_norm_by_heads(num_seqs, hk, hv, dk, dv, dtype, config):
+    """gate_norm: the step stores gated_rms_norm(o, z) by value heads (z strided out of the in-projection), a head
+    in one program or in several value blocks that meet at the last to arrive (3 blocks of 8 for 24 channels, a
+    masked 32-wide one), the states advanced as without it and the arrival counters left at zero."""
     from headroom.kernels.norm import naive_gated_rms_norm
+    from headroom.kernels.quant_matmul import _counters
 
     gen = torch.Generator().manual_seed(num_seqs * 10 + dv)
     conv_out = torch.randn(num_seqs, 2 * hk * dk + hv * dv, generator=gen).to(dtype)
@@ -93,7 +97,8 @@ def test_decode_applies_the_gate_norm_to_whole_heads(num_seqs, hk, hv, dk, dv, d
     states = torch.randn(6, hv, dk, dv, generator=gen)
     slots = torch.randperm(6, generator=gen)[:num_seqs]
     ref_states = states.clone()
-    out = gated_delta_decode(q, k, v, g, beta, states, slots, gate_norm=(z, weight, 1e-6))
+    out = gated_delta_decode(q, k, v, g, beta, states, slots, gate_norm=(z, weight, 1e-6), config=config)
+    assert not _counters(out.device).any()
     core = naive_gated_delta_decode(q, k, v, g, beta, ref_states, slots)
     want = naive_gated_rms_norm(core, z, weight, 1e-6)
     assert out.dtype == dtype
@@ -188,9 +193,9 @@ def test_config_picks_the_entry_of_the_call_and_overrides_one_call_only(monkeypa
     assert call(SMALL_BATCH) == entry("decode")
     assert call(2, torch.tensor([0, 1, 2])) == entry("rows")
     assert call(1, config={"block_v": 8, "num_warps": 1}) == (8, 8, 1)
-    # The gate norm's programs hold whole heads, whatever the batch or a config's block_v.
-    assert call(SMALL_BATCH, gated=True) == (1, 64, CONFIGS["decode_gated"]["num_warps"])
-    assert call(1, config={"block_v": 8, "num_warps": 2}, gated=True) == (1, 64, 2)
+    # The gate norm keeps the batch's entry.
+    assert call(SMALL_BATCH, gated=True) == entry("decode")
+    assert call(1, gated=True) == entry("decode_small")
     assert CONFIGS == before
 
 
@@ -223,10 +228,11 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     # The graphs' step with its gates made in the kernel (g and beta pointers then hold the raw bf16 a and b).
     variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf},
                      {**shape, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True}))
-    # ... and with the gated output norm, a program a whole value head.
-    variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf},
-                     {**shape, "BLOCK_V": 128, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True,
-                      "GATE_NORM": True}))
+    # ... and with the gated output norm, the head's value blocks meeting at the last (BLOCK_V 8: 16 blocks) or a
+    # program a whole head.
+    variants += [("gated_delta_decode_fwd_kernel", {**decode, "g": bf, "ws": f32, "counters": i32},
+                  {**shape, "BLOCK_V": block_v, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True,
+                   "GATE_NORM": True, "HEAD_BLOCK": 128}) for block_v in (8, 128)]
     variants += [("gated_delta_tail_fwd_kernel", tail, {**shape, "MAX_SNAPS": 8, "QK_NORMED": normed})
                  for normed in (False, True)]
     results = compile_sm90([("headroom.kernels.gdn_decode", name, pointers, constants)
