@@ -106,10 +106,10 @@ case $PLAN in
     # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
     if [[ $G == *H200* ]]; then es ${S28B_H200_S:-260} h serve llm_bf16 llm_int2 hf_prefill hf_decode
     else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
-  s29b)  # session 29's follow-up on a warm machine: Gated DeltaNet's output norm in the delta rule's decode kernel at
-    # 2+ sequences against its own launch (graphed decode at 1, 8, 16, one engine after the other), then the kernels'
-    # GPU checks (the norm's step against the naive rule at 4B sizes among them)
-    es 200 fg fused_gate_norm; es 150 k kernels ;;
+  s29b)  # session 29's follow-up on a warm machine: Gated DeltaNet's output norm and conv in the delta rule's decode
+    # kernel at 2+ sequences against their own launches (graphed decode at 1, 8, 16, one engine after the other):
+    # both, then each alone; then the kernels' GPU checks (the fused steps against the naive rule at 4B sizes)
+    es 150 fs fused_step; es 150 fg fused_gate_norm; es 150 fc fused_conv_in_step; es 150 k kernels ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;

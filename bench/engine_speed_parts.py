@@ -605,7 +605,29 @@ def _gdn_decode_check(batch: int) -> dict:
     normed = gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, normed_states, slots, gate_norm=(z, norm_w, 1e-6))
     normed_want = naive_gated_rms_norm(gated_delta.naive_gated_delta_decode(qd, kd, vd, gd, bd, normed_ref, slots),
                                        z, norm_w, 1e-6)
+    # The step convolving the in-projection's raw columns itself (and norming) against the conv kernel, then the
+    # step: the same bits expected (the conv is the kernel's own step), the conv states rolled alike.
+    from headroom.kernels.conv_update import causal_conv1d_update
+
+    mixed = torch.randn(batch, 8192, device=DEV, dtype=bf)
+    conv_w = torch.randn(8192, 4, device=DEV, dtype=bf) * 0.3
+    conv_states = torch.randn(40, 8192, 3, device=DEV, dtype=bf)
+
+    def heads(x):
+        q, k, v = torch.split(x, [2048, 2048, 4096], dim=-1)
+        return q.reshape(batch, 16, 128), k.reshape(batch, 16, 128), v.reshape(batch, 32, 128)
+
+    conv_ref, step_ref, step_states = conv_states.clone(), states.clone(), states.clone()
+    convolved = gdn_decode.gated_delta_decode(*heads(mixed), gd, bd, step_states, slots, gate_norm=(z, norm_w, 1e-6),
+                                              conv=(mixed, conv_w, conv_states))
+    convolved_want = gdn_decode.gated_delta_decode(*heads(causal_conv1d_update(mixed, conv_w, conv_ref, slots)), gd, bd,
+                                                   step_ref, slots, gate_norm=(z, norm_w, 1e-6))
     return {
+        "conv_in_step_out_vs_apart": _diff(convolved, convolved_want),
+        "conv_in_step_states_vs_apart": _diff(step_states, step_ref),
+        "conv_in_step_conv_states_vs_apart": _diff(conv_states, conv_ref),
+        "conv_in_step_ms": _bench(lambda: gdn_decode.gated_delta_decode(
+            *heads(mixed), gd, bd, states, slots, gate_norm=(z, norm_w, 1e-6), conv=(mixed, conv_w, conv_states))),
         "gate_norm_out_vs_naive": _diff(normed, normed_want), "gate_norm_states_vs_naive": _diff(normed_states,
                                                                                                normed_ref),
         "gate_norm_ms": _bench(lambda: gdn_decode.gated_delta_decode(qd, kd, vd, gd, bd, states, slots,
@@ -1599,8 +1621,11 @@ def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], un
 
 
 # The decode fusions fusion_speed switches: name -> (module of headroom.engine.layers, its switch).
-FUSIONS = {"residual": ("residual", "FUSED_RESIDUAL"), "conv": ("linear_attention", "FUSED_CONV"),
-           "gate_norm": ("linear_attention", "DECODE_GATE_NORM")}
+# A fusion's switches: (module of engine/layers/, attribute), all on for "fused" and off for "unfused".
+FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_attention", "FUSED_CONV"),),
+           "gate_norm": (("linear_attention", "DECODE_GATE_NORM"),),
+           "conv_in_step": (("linear_attention", "DECODE_CONV_IN_STEP"),),
+           "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP"))}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1608,7 +1633,8 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     """Graphed decode with a fusion on against off (FUSIONS: "residual", the residual add and the RMSNorm inside the
     GEMVs, engine/layers/residual.py, against add_rms_norm between them; "conv", Gated DeltaNet's decode conv in the
     in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
-    in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch), one engine after the other
+    in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch; "conv_in_step", its
+    conv in that kernel, against the conv's launch; "step", both), one engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
@@ -1619,14 +1645,15 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
 
     from headroom.engine.llm import LLM
 
-    module_name, switch = FUSIONS[fusion]
-    module = importlib.import_module(f"headroom.engine.layers.{module_name}")
-    saved = getattr(module, switch)
+    switches = [(importlib.import_module(f"headroom.engine.layers.{name}"), attribute)
+                for name, attribute in FUSIONS[fusion]]
+    saved = [getattr(module, attribute) for module, attribute in switches]
     out: dict = {"fusion": fusion}
     tokens: dict[bool, dict[int, list[list[int]]]] = {}
     try:
         for fused in (True, False):
-            setattr(module, switch, fused)
+            for module, attribute in switches:
+                setattr(module, attribute, fused)
             llm = LLM(str(model), device=device, dtype="bfloat16", max_total_tokens=16384, ssm_slots=40,
                       chunked_prefill_size=8192, context_length=4096, max_running_requests=16,
                       enable_prefix_cache=False)
@@ -1656,7 +1683,8 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
             if device == "cuda":
                 torch.cuda.empty_cache()
     finally:
-        setattr(module, switch, saved)
+        for (module, attribute), value in zip(switches, saved, strict=True):
+            setattr(module, attribute, value)
     for batch in batches:
         fused_row, unfused_row = out["fused"][f"bs{batch}"], out["unfused"][f"bs{batch}"]
         same = [a == b for a, b in zip(tokens[True][batch], tokens[False][batch], strict=True)]

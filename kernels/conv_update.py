@@ -14,11 +14,18 @@ from headroom.kernels.pdl import pdl_enter, pdl_launch
 def conv_step(x, p_state, p_w, mask, KERNEL: tl.constexpr, BLOCK_K: tl.constexpr):
     """One token's causal conv at a tile of channels (any shape S): x fp32 [S] the new inputs (values the state's
     dtype holds exactly), p_state [S] each channel's KERNEL - 1 carried inputs (oldest first, unit stride), p_w [S]
-    its KERNEL taps (unit stride), mask [S] the channels to step. Returns silu(conv) fp32 [S] and rolls the carried
-    inputs in place (the oldest out, x in). The taps' products are summed one at a time in tap order, whatever the
-    tile's layout, so every caller gets the same bits; every load comes before the barrier and every store after
-    it, since a tile may hold a channel in several threads (a reduction's output is replicated) and one thread's
-    store must not reach another's load."""
+    its KERNEL taps (unit stride), mask [S] the channels to step. Returns silu(conv) fp32 [S] (conv_window) and
+    rolls the carried inputs in place (conv_roll: the oldest out, x in)."""
+    out = conv_window(x, p_state, p_w, mask, KERNEL, BLOCK_K)
+    conv_roll(x, p_state, mask, KERNEL, BLOCK_K)
+    return out
+
+
+@triton.jit
+def conv_window(x, p_state, p_w, mask, KERNEL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """conv_step's silu(conv) fp32 [S], nothing stored: a channel's carried inputs then x, times its taps. The
+    taps' products are summed one at a time in tap order, whatever the tile's layout, so every caller gets the
+    same bits."""
     o_k = tl.arange(0, BLOCK_K)
     p_s = tl.expand_dims(p_state, -1) + o_k
     m = tl.expand_dims(mask, -1)
@@ -31,12 +38,21 @@ def conv_step(x, p_state, p_w, mask, KERNEL: tl.constexpr, BLOCK_K: tl.constexpr
     acc = tl.sum(tl.where(o_k == 0, products, 0.0), -1)
     for j in tl.static_range(1, KERNEL):
         acc += tl.sum(tl.where(o_k == j, products, 0.0), -1)
-    # New state: the window shifted left by one (the oldest input drops out).
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def conv_roll(x, p_state, mask, KERNEL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """conv_step's state update at the channels in mask: the carried inputs shifted left by one, x last. Every
+    load comes before the barrier and every store after it, since a tile may hold a channel in several threads (a
+    reduction's output is replicated) and one thread's store must not reach another's load."""
+    o_k = tl.arange(0, BLOCK_K)
+    p_s = tl.expand_dims(p_state, -1) + o_k
+    m = tl.expand_dims(mask, -1)
     shifted = tl.load(p_s + 1, mask=m & (o_k + 1 < KERNEL - 1), other=0)
-    shifted = tl.where(o_k == KERNEL - 2, x_k.to(shifted.dtype), shifted)
+    shifted = tl.where(o_k == KERNEL - 2, tl.expand_dims(x, -1).to(shifted.dtype), shifted)
     tl.debug_barrier()
     tl.store(p_s, shifted, mask=m & (o_k < KERNEL - 1))
-    return acc / (1.0 + tl.exp(-acc))
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from headroom.kernels.conv_update import conv_roll, conv_step, conv_window
 from headroom.kernels.gates_triton import gdn_gate_values
 from headroom.kernels.pdl import pdl_enter, pdl_launch
 from headroom.kernels.quant_matmul import _COUNTER_SLOTS, _counters
@@ -150,12 +151,14 @@ def _store_gate_normed(b_o, p_o, z, norm_w, ws, counters, o_v, m_v, eps, i_v, he
 
 @triton.jit
 def gated_delta_decode_fwd_kernel(
-    q, k, v, g, beta, states, slots, bounds, out, neg_a, dt_bias, z, norm_w, ws, counters,
+    q, k, v, g, beta, states, slots, bounds, out, neg_a, dt_bias, z, norm_w, ws, counters, conv_w, conv_states,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_betab,
-    stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, stride_zb, stride_zh, scale, eps,
+    stride_ss, stride_sh, stride_sk, stride_ob, stride_oh, stride_zb, stride_zh, stride_cw, stride_cs, stride_cc,
+    q_channel, k_channel, v_channel, scale, eps,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, QK_NORMED: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr,
-    GATE_NORM: tl.constexpr = False, HEAD_BLOCK: tl.constexpr = 1,
+    GATE_NORM: tl.constexpr = False, HEAD_BLOCK: tl.constexpr = 1, CONV: tl.constexpr = False,
+    CONV_TAPS: tl.constexpr = 4, CONV_BLOCK: tl.constexpr = 4,
 ):
     """ROWS False: row b is sequence b's one token. ROWS True: sequence b's tokens are rows bounds[b]..bounds[b+1]
     (row strides are the *_b ones), walked in order with the state held in registers. QK_NORMED: q and k come
@@ -163,7 +166,13 @@ def gated_delta_decode_fwd_kernel(
     makes its gates from them with neg_a and dt_bias [Hv] (gdn_gate_values: the gates kernel's launch saved).
     GATE_NORM (ROWS False): the rows stored are gated-normed by value heads (_store_gate_normed) with the gate z
     (row strides stride_zb, stride_zh) and the norm's weight norm_w [DV]; ws [B * Hv * blocks] fp32 and counters
-    (zeros, at least B * Hv) where a head has several value blocks; HEAD_BLOCK: DV's power of 2."""
+    (zeros, at least B * Hv) where a head has several value blocks; HEAD_BLOCK: DV's power of 2.
+    CONV (ROWS False): q, k and v are the short conv's inputs, not its outputs: the step convolves them first
+    (kernels/conv_update.py's own step, each row's carried inputs conv_states[slot] at channels q_channel +
+    head * stride_qh + d and likewise for k and v; taps conv_w, CONV_TAPS of them, CONV_BLOCK their power of 2),
+    each result rounded to the inputs' dtype as the conv kernel would have stored it. A value block's channels are
+    its program's alone and rolled in place at once; a key head's q and k channels are read by its GROUP heads'
+    value blocks, so the last of them to arrive (counters after the gate norm's, reset to 0 after) rolls them."""
     pdl_enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     i_hk = i_hv // GROUP
@@ -179,6 +188,11 @@ def gated_delta_decode_fwd_kernel(
         # each), q and k last (_key_inputs).
         b_v, b_g, b_beta = _value_inputs(v + i_b * stride_vb + i_hv * stride_vh, g + i_b * stride_gb + i_hv,
                                          beta + i_b * stride_betab + i_hv, o_v, m_v)
+        if CONV:
+            p_conv = conv_states + slot * stride_cs
+            c_v = v_channel + i_hv * stride_vh + o_v
+            b_v = conv_step(b_v, p_conv + c_v * stride_cc, conv_w + c_v * stride_cw, m_v, CONV_TAPS, CONV_BLOCK)
+            b_v = b_v.to(v.dtype.element_ty).to(tl.float32)
         if RAW_GATES:
             b_beta, b_g = gdn_gate_values(b_beta, b_g, tl.load(dt_bias + i_hv).to(tl.float32), tl.load(neg_a + i_hv),
                                           beta.dtype.element_ty)
@@ -186,6 +200,12 @@ def gated_delta_decode_fwd_kernel(
         b_s = tl.load(p_s, mask=m_s, other=0).to(tl.float32)
         b_q, b_k = _key_inputs(q + i_b * stride_qb + i_hk * stride_qh, k + i_b * stride_kb + i_hk * stride_kh,
                                o_k, m_k)
+        if CONV:
+            x_q, x_k = b_q, b_k
+            c_q, c_k = q_channel + i_hk * stride_qh + o_k, k_channel + i_hk * stride_kh + o_k
+            b_q = conv_window(x_q, p_conv + c_q * stride_cc, conv_w + c_q * stride_cw, m_k, CONV_TAPS, CONV_BLOCK)
+            b_k = conv_window(x_k, p_conv + c_k * stride_cc, conv_w + c_k * stride_cw, m_k, CONV_TAPS, CONV_BLOCK)
+            b_q, b_k = b_q.to(q.dtype.element_ty).to(tl.float32), b_k.to(k.dtype.element_ty).to(tl.float32)
         b_s, b_o = _delta_rule_math(b_s, b_q, b_k, b_v, b_g, b_beta, scale, QK_NORMED)
         # the state first: the gate norm's last block waits on its head's other blocks
         tl.store(p_s, b_s.to(states.dtype.element_ty), mask=m_s)
@@ -195,6 +215,16 @@ def gated_delta_decode_fwd_kernel(
                                (DV + BLOCK_V - 1) // BLOCK_V, HEAD_BLOCK)
         else:
             tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
+        if CONV:
+            # Every reader of the key head's q / k carried inputs has read them once its count is in.
+            readers = GROUP * tl.num_programs(2)
+            head = tl.num_programs(0) * tl.num_programs(1) + i_b * (tl.num_programs(1) // GROUP) + i_hk
+            arrived = tl.atomic_add(counters + head, 1, sem="acq_rel")
+            last = arrived == readers - 1
+            m_roll = tl.where(last, m_k, False)
+            conv_roll(x_q, p_conv + c_q * stride_cc, m_roll, CONV_TAPS, CONV_BLOCK)
+            conv_roll(x_k, p_conv + c_k * stride_cc, m_roll, CONV_TAPS, CONV_BLOCK)
+            tl.atomic_xchg(counters + head, 0, mask=last)
     else:
         # Software-pipelined: row t+1's loads go out before row t's math, so a row waits on the math's chain
         # alone, not on a memory round trip as well (the first row's loads travel with the state's).
@@ -218,7 +248,8 @@ def gated_delta_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, slots: torch.Tensor, bounds: torch.Tensor | None = None, *, qk_normed: bool = False,
     raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
-    gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, config: dict | None = None,
+    gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, config: dict | None = None,
 ) -> torch.Tensor:
     """q, k [N, Hk, Dk]; v [N, Hv, Dv]; g, beta [N, Hv]; states [S, Hv, Dk, Dv] (updated in place at rows
     slots [B], int); strided rows allowed, last dims contiguous. Returns out [N, Hv, Dv] in v's dtype.
@@ -231,6 +262,9 @@ def gated_delta_decode(
     gated_rms_norm(o, z, weight, eps) by value heads instead of o (Gated DeltaNet's output norm, as
     kernels/norm_triton.py computes it from o stored in v's dtype; a head's sum of squares is taken by value
     blocks, in block order).
+    conv (mixed [N, C], weight [C, K], conv states [S, C, K-1]), one token per sequence only: q, k and v are views
+    of mixed, the short conv's inputs (channel = column of mixed), convolved in the step with the carried inputs
+    at the same slots, rolled in place (as kernels/conv_update.py's causal_conv1d_update before the step).
     config: keys of a CONFIGS entry, for this call only (the sweep's)."""
     num_rows, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
@@ -255,6 +289,7 @@ def gated_delta_decode(
         raise ValueError(f"gated delta decode: the gate norm takes one token per sequence, z {tuple(z.shape)} as v "
                          f"{tuple(v.shape)} (last dimension contiguous) and its weight {tuple(norm_w.shape)} "
                          f"[{value_dim}]")
+    channels, conv_args = _conv_arguments(conv, q, k, v, bounds)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if num_seqs == 0:
         return out
@@ -264,23 +299,50 @@ def gated_delta_decode(
     cfg = _config(kind, config)
     blocks = triton.cdiv(value_dim, cfg["block_v"])
     ws, counters = out, out
-    if gate_norm is not None and blocks > 1:
-        if num_seqs * num_v_heads > _COUNTER_SLOTS:
-            raise ValueError(f"gated delta decode: the gate norm counts {num_seqs} x {num_v_heads} heads' value "
-                             f"blocks, more than the {_COUNTER_SLOTS} counters")
-        ws = torch.empty(num_seqs * num_v_heads * blocks, dtype=torch.float32, device=v.device)
+    if (gate_norm is not None and blocks > 1) or conv is not None:
+        # the gate norm's counters a value head, then the conv's a key head
+        if num_seqs * (num_v_heads + num_k_heads) > _COUNTER_SLOTS:
+            raise ValueError(f"gated delta decode: {num_seqs} sequences of {num_v_heads} + {num_k_heads} heads take "
+                             f"more than the {_COUNTER_SLOTS} arrival counters")
         counters = _counters(v.device)
+    if gate_norm is not None and blocks > 1:
+        ws = torch.empty(num_seqs * num_v_heads * blocks, dtype=torch.float32, device=v.device)
     gated_delta_decode_fwd_kernel[(num_seqs, num_v_heads, blocks)](
         q, k, v, g, beta, states, slots, slots if bounds is None else bounds, out, neg_a, dt_bias, z, norm_w, ws,
-        counters, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
-        beta.stride(0), states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
-        z.stride(0), z.stride(1), key_dim**-0.5, eps,
+        counters, conv_args[0], conv_args[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), g.stride(0), beta.stride(0), states.stride(0), states.stride(1), states.stride(2), out.stride(0),
+        out.stride(1), z.stride(0), z.stride(1), *conv_args[2:], *channels, key_dim**-0.5, eps,
         GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=cfg["block_v"], ROWS=bounds is not None, QK_NORMED=qk_normed, RAW_GATES=raw_gates is not None,
-        GATE_NORM=gate_norm is not None, HEAD_BLOCK=triton.next_power_of_2(value_dim), num_warps=cfg["num_warps"],
+        GATE_NORM=gate_norm is not None, HEAD_BLOCK=triton.next_power_of_2(value_dim), CONV=conv is not None,
+        CONV_TAPS=conv[1].shape[1] if conv is not None else 4,
+        CONV_BLOCK=triton.next_power_of_2(conv[1].shape[1]) if conv is not None else 4, num_warps=cfg["num_warps"],
         **pdl_launch(q.device),
     )
     return out
+
+
+def _conv_arguments(conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, bounds: torch.Tensor | None) -> tuple[tuple[int, int, int], tuple]:
+    """((q, k, v's first channels in mixed), (conv_w, conv_states, stride_cw, stride_cs, stride_cc)) for the
+    kernel's CONV; zeros and q's tensor without a conv. q, k and v must be views of mixed's rows, each head's
+    channels contiguous."""
+    if conv is None:
+        return (0, 0, 0), (q, q, 0, 0, 0)
+    mixed, weight, states = conv
+    rows, channels = mixed.shape if mixed.dim() == 2 else (-1, -1)
+    taps = weight.shape[1] if weight.dim() == 2 else 0
+    first = [(t.data_ptr() - mixed.data_ptr()) // mixed.element_size() for t in (q, k, v)]
+    views = all(t.dtype == mixed.dtype and t.stride(0) == mixed.stride(0) and t.shape[0] == rows and 0 <= c
+                and c + (t.shape[1] - 1) * t.stride(1) + t.shape[2] <= channels
+                for t, c in zip((q, k, v), first, strict=True))
+    if bounds is not None or not views or mixed.stride(-1) != 1 or weight.shape != (channels, taps) or taps < 2 \
+            or states.dim() != 3 or states.shape[1:] != (channels, taps - 1) or states.stride(-1) != 1 \
+            or weight.stride(-1) != 1:
+        raise ValueError(f"gated delta decode: the conv takes one token per sequence with q, k, v views of mixed "
+                         f"{tuple(mixed.shape)} [N, C], its weight {tuple(weight.shape)} [C, K >= 2] and states "
+                         f"{tuple(states.shape)} [S, C, K - 1] (last dimensions contiguous)")
+    return (first[0], first[1], first[2]), (weight, states, weight.stride(0), states.stride(0), states.stride(1))
 
 
 @triton.jit

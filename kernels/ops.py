@@ -230,17 +230,20 @@ def conv_dense_linear(x: torch.Tensor, weight: torch.Tensor, conv_weight: torch.
 
 def gated_delta_decode(q, k, v, g, beta, states, slots, bounds=None, qk_normed: bool = False,
                        raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor | None:
+                       gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                       conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """One decode token per sequence (bounds None), or each sequence's rows bounds[b]..bounds[b+1] token by token;
     states updated in place at slots. qk_normed: q and k already L2-normed (causal_conv1d_varlen's fused norm).
     raw_gates (neg_a, dt_bias): g and beta are the raw a and b, gated in the step (one token per sequence).
-    gate_norm (z, weight, eps; only where decode_norms_gates said so): the output is gated_rms_norm'd in the step.
+    gate_norm (z, weight, eps; only where decodes_with_gate_norm says so): the output is gated_rms_norm'd in the
+    step. conv (mixed, weight, conv states; only where decodes_with_raw_gates says so): q, k, v are mixed's raw
+    columns, convolved in the step (states rolled in place).
     None: not fused here, the caller takes the varlen path (fla or the reference)."""
     if _fused(q, "gated_delta_decode"):
         from headroom.kernels.gdn_decode import gated_delta_decode as run
 
         return run(q, k, v, g, beta, states, slots, bounds, qk_normed=qk_normed, raw_gates=raw_gates,
-                   gate_norm=gate_norm)
+                   gate_norm=gate_norm, conv=conv)
     return None
 
 

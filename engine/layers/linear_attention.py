@@ -33,14 +33,17 @@ RECURRENT_ROWS = 256
 # Off with HEADROOM_FUSED_CONV=0.
 FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
 FUSED_CONV_ROWS = 1
-# A decode step of at least DECODE_GATE_NORM_ROWS sequences applies the layer's gated output norm inside the delta
-# rule's kernel (kernels/gdn_decode.py gate_norm: a head's value blocks meet at the last to arrive) instead of a
-# gated_rms_norm launch before the out-projection: 24 launches a step fewer on the 4B model, whose gated norms took
-# 0.047 ms of a 4.19 ms batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). One row has the
-# norm in its out-projection's GEMV already (residual.py). Off until measured (bench/engine_speed.py
-# fused_gate_norm): HEADROOM_DECODE_GATE_NORM=1 turns it on.
+# A decode step of at least DECODE_STEP_FUSED_ROWS sequences may run the layer's gated output norm (DECODE_GATE_NORM)
+# and its short conv (DECODE_CONV_IN_STEP) inside the delta rule's kernel (kernels/gdn_decode.py gate_norm: a
+# head's value blocks meet at the last to arrive; conv: the step convolves the in-projection's raw columns, the last
+# reader of a key head's carried inputs rolling them) instead of a gated_rms_norm launch before the out-projection
+# and a conv launch before the step: 24 launches a step fewer each on the 4B model, whose gated norms and convs
+# took 0.047 and 0.063 ms of a 4.19 ms batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). One
+# row has both in its GEMVs already (residual.py; FUSED_CONV above). Off until measured (bench/engine_speed.py
+# fused_gate_norm, fused_conv_in_step, fused_step): HEADROOM_DECODE_GATE_NORM=1, HEADROOM_DECODE_CONV_IN_STEP=1.
 DECODE_GATE_NORM = os.environ.get("HEADROOM_DECODE_GATE_NORM", "0") == "1"
-DECODE_GATE_NORM_ROWS = 2
+DECODE_CONV_IN_STEP = os.environ.get("HEADROOM_DECODE_CONV_IN_STEP", "0") == "1"
+DECODE_STEP_FUSED_ROWS = 2
 
 
 class GatedDeltaNet:
@@ -73,10 +76,15 @@ class GatedDeltaNet:
         raw_gates = batch.is_decode_only and ops.decodes_with_raw_gates(x)
         beta, g = (b, a) if raw_gates else ops.gdn_gates(b, a, self.neg_a, self.dt_bias)
         qk_normed = False
+        # Where the decode step's kernel runs them (DECODE_GATE_NORM, DECODE_CONV_IN_STEP), its gated norm and conv.
+        step_fuses = batch.is_decode_only and n >= DECODE_STEP_FUSED_ROWS and ops.decodes_with_raw_gates(x)
+        norm_in_step = step_fuses and DECODE_GATE_NORM and ops.decodes_with_gate_norm(x)
+        conv_in_step = step_fuses and DECODE_CONV_IN_STEP and convolved is None and mixed.stride(-1) == 1
         if batch.is_decode_only:
-            # One token per sequence: one batched conv step over the pool's states, in place.
-            conv_out = mixed if convolved is not None else ops.causal_conv1d_update(mixed, self.conv_weight,
-                                                                                    conv_states, slots)
+            # One token per sequence: one batched conv step over the pool's states, in place (in the GEMV or the
+            # delta rule's kernel where those run it).
+            conv_out = mixed if convolved is not None or conv_in_step else ops.causal_conv1d_update(
+                mixed, self.conv_weight, conv_states, slots)
             q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, hv * dv], dim=-1)
         else:
             if batch.has_captures:
@@ -90,20 +98,16 @@ class GatedDeltaNet:
                                                           _bounds(batch, x.device), lengths, self.key_dim, dk)
         q, k, v = q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, hv, dv)
         recurrent = ssm_pool.recurrent[self.pool_layer]
-        gate_norm = (z.reshape(n, hv, dv), self.norm, cfg.rms_norm_eps)
-        # The gated norm in the decode step's kernel where that runs it (DECODE_GATE_NORM), else with the
-        # out-projection below.
-        norm_in_step = batch.is_decode_only and DECODE_GATE_NORM and n >= DECODE_GATE_NORM_ROWS \
-            and ops.decodes_with_gate_norm(x)
         # Decode on the GPU: one fused step, states updated in place in the pool (None elsewhere); short chunks
         # token by token in the same launch.
         core = None
         if batch.is_decode_only:
-            core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots,
-                                          raw_gates=(self.neg_a, self.dt_bias) if raw_gates else None,
-                                          gate_norm=gate_norm if norm_in_step else None)
-            # (a step the kernel did not run, the reference's below, keeps the norm for the out-projection)
-            norm_in_step = norm_in_step and core is not None
+            core = ops.gated_delta_decode(
+                q, k, v, g, beta, recurrent, slots, raw_gates=(self.neg_a, self.dt_bias) if raw_gates else None,
+                gate_norm=(z.reshape(n, hv, dv), self.norm, cfg.rms_norm_eps) if norm_in_step else None,
+                conv=(mixed, self.conv_weight, conv_states) if conv_in_step else None)
+            # (step_fuses holds only where the fused step runs)
+            assert core is not None or not step_fuses
         elif not batch.has_captures and max(span.length for span in batch.spans) <= RECURRENT_ROWS:
             core = ops.gated_delta_decode(q, k, v, g, beta, recurrent, slots, _bounds(batch, x.device), qk_normed)
         if core is None:

@@ -107,6 +107,58 @@ def test_decode_applies_the_gate_norm_by_heads(num_seqs, hk, hv, dk, dv, dtype, 
     torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}, {"block_v": 64, "num_warps": 4}])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv,taps", [(4, 2, 4, 16, 32, 4), (3, 1, 3, 8, 24, 3)])
+def test_decode_convolves_its_inputs_first(num_seqs, hk, hv, dk, dv, taps, gated, config):
+    """conv: q, k, v are the in-projection's raw columns (mixed, strided rows) and the step convolves them itself:
+    the same bits, output and recurrent states, and the same rolled conv states as the conv kernel
+    (causal_conv1d_update) followed by the step; a key head's q / k carried inputs rolled once, by the last of
+    its readers (3 value heads a key head, 1 to 4 value blocks each), the counters left at zero."""
+    from headroom.kernels.conv_update import causal_conv1d_update
+    from headroom.kernels.quant_matmul import _counters
+
+    gen = torch.Generator().manual_seed(num_seqs * 7 + taps)
+    channels = 2 * hk * dk + hv * dv
+    projected = torch.randn(num_seqs, channels + 5, generator=gen).to(torch.bfloat16)
+    mixed = projected[:, 2 : 2 + channels]
+    weight = torch.randn(channels, taps, generator=gen).to(torch.bfloat16)
+    conv_states = torch.randn(6, channels, taps - 1, generator=gen).to(torch.bfloat16)
+    g, beta = -torch.rand(num_seqs, hv, generator=gen), torch.rand(num_seqs, hv, generator=gen).to(torch.bfloat16)
+    states = torch.randn(6, hv, dk, dv, generator=gen)
+    slots = torch.randperm(6, generator=gen)[:num_seqs]
+    gate_norm = (torch.randn(num_seqs, hv, dv, generator=gen).to(torch.bfloat16),
+                 (torch.rand(dv, generator=gen) + 0.5).to(torch.bfloat16), 1e-6) if gated else None
+
+    def split(x):
+        q, k, v = torch.split(x, [hk * dk, hk * dk, hv * dv], dim=-1)
+        return q.reshape(num_seqs, hk, dk), k.reshape(num_seqs, hk, dk), v.reshape(num_seqs, hv, dv)
+
+    ref_conv, ref_states = conv_states.clone(), states.clone()
+    convolved = causal_conv1d_update(mixed, weight, ref_conv, slots)
+    want = gated_delta_decode(*split(convolved), g, beta, ref_states, slots, gate_norm=gate_norm, config=config)
+    out = gated_delta_decode(*split(mixed), g, beta, states, slots, gate_norm=gate_norm, config=config,
+                             conv=(mixed, weight, conv_states))
+    assert torch.equal(out, want)
+    assert torch.equal(states, ref_states)
+    assert torch.equal(conv_states, ref_conv)
+    assert not _counters(out.device).any()
+
+
+def test_conv_is_refused_unless_q_k_v_are_views_of_its_input():
+    mixed = torch.zeros(2, 40)
+    q, k, v = torch.split(mixed, [8, 8, 24], dim=-1)
+    q, k, v = q.reshape(2, 1, 8), k.reshape(2, 1, 8), v.reshape(2, 3, 8)
+    weight, conv_states = torch.zeros(40, 4), torch.zeros(3, 40, 3)
+    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 3, 8, 8), torch.arange(2))
+    with pytest.raises(ValueError, match=r"q, k, v views of mixed \(2, 40\)"):
+        gated_delta_decode(q, k, v.clone(), *args, conv=(mixed, weight, conv_states))
+    with pytest.raises(ValueError, match=r"states \(3, 40, 2\) \[S, C, K - 1\]"):
+        gated_delta_decode(q, k, v, *args, conv=(mixed, weight, torch.zeros(3, 40, 2)))
+    with pytest.raises(ValueError, match=r"one token per sequence"):
+        gated_delta_decode(q, k, v, *args, torch.tensor([0, 1, 2]), conv=(mixed, weight, conv_states))
+
+
 def test_gate_norm_is_refused_with_rows_or_a_mismatched_gate():
     q, v = torch.zeros(3, 1, 8), torch.zeros(3, 2, 8)
     args = (q, q, v, torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(4, 2, 8, 8), torch.arange(3))
@@ -219,7 +271,7 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     bf, f32, i32, i64 = "*bf16", "*fp32", "*i32", "*i64"
     shape = dict(GROUP=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=8, PDL=True)
     decode = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, slots=i64, bounds=i64, out=bf, neg_a=f32, dt_bias=bf,
-                  z=bf, norm_w=bf, scale="fp32", eps="fp32")
+                  z=bf, norm_w=bf, conv_w=bf, conv_states=bf, scale="fp32", eps="fp32")
     tail = dict(q=bf, k=bf, v=bf, g=f32, beta=bf, states=f32, out=bf, pool=f32, row_lo=i32, row_hi=i32, snap_at=i32,
                 snap_slot=i32, scale="fp32")
     variants = [("gated_delta_decode_fwd_kernel", decode, {**shape, "ROWS": rows, "QK_NORMED": normed,
@@ -233,6 +285,10 @@ def test_token_by_token_kernels_compile_for_the_h200_with_the_next_row_loaded_fi
     variants += [("gated_delta_decode_fwd_kernel", {**decode, "g": bf, "ws": f32, "counters": i32},
                   {**shape, "BLOCK_V": block_v, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True,
                    "GATE_NORM": True, "HEAD_BLOCK": 128}) for block_v in (8, 128)]
+    # ... and with the short conv of its inputs in the step too (the key heads' carried inputs rolled by the last).
+    variants.append(("gated_delta_decode_fwd_kernel", {**decode, "g": bf, "ws": f32, "counters": i32},
+                     {**shape, "BLOCK_V": 64, "ROWS": False, "QK_NORMED": False, "RAW_GATES": True,
+                      "GATE_NORM": True, "HEAD_BLOCK": 128, "CONV": True, "CONV_TAPS": 4, "CONV_BLOCK": 4}))
     variants += [("gated_delta_tail_fwd_kernel", tail, {**shape, "MAX_SNAPS": 8, "QK_NORMED": normed})
                  for normed in (False, True)]
     results = compile_sm90([("headroom.kernels.gdn_decode", name, pointers, constants)

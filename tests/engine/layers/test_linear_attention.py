@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from headroom.engine.layers import linear_attention, residual  # noqa: E402
 from headroom.kernels import ops  # noqa: E402
@@ -80,21 +81,25 @@ def test_decode_without_a_table_entry_or_switched_off_runs_the_conv_kernel(tiny_
     assert set(calls["conv_gemv"]) == {1} and set(calls["causal_conv1d_update"]) == {2}
 
 
-def _run_gate_norm(monkeypatch, model_dir, vocab: int, in_step: bool):
+def _run_step_fusions(monkeypatch, model_dir, vocab: int, gate_norm: bool, conv: bool):
     """_generate with every fused kernel in the interpreter (no GEMV table: cuBLAS's reference for the
-    projections), the gated output norm in the decode step's kernel at two or more rows where in_step."""
-    from headroom.kernels import gdn_decode, norm_triton
+    projections), the gated output norm and the conv in the decode step's kernel at two or more rows as asked:
+    (outputs, decode logits, the norm and conv kernels' calls, each decode step's (rows, norm in it, conv in it))."""
+    from headroom.kernels import conv_update, gdn_decode, norm_triton
 
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
-    monkeypatch.setattr(linear_attention, "DECODE_GATE_NORM", in_step)
-    monkeypatch.setattr(linear_attention, "DECODE_GATE_NORM_ROWS", 2)
+    monkeypatch.setattr(linear_attention, "DECODE_GATE_NORM", gate_norm)
+    monkeypatch.setattr(linear_attention, "DECODE_CONV_IN_STEP", conv)
+    # the conv kernel where the fused branches would run it on the GPU (on the CPU ops takes the reference)
+    monkeypatch.setattr(ops, "causal_conv1d_update", conv_update.causal_conv1d_update)
     calls = _count(monkeypatch, norm_triton, ("gated_rms_norm",))
-    steps: list[tuple[int, bool]] = []
+    calls.update(_count(monkeypatch, ops, ("causal_conv1d_update",)))
+    steps: list[tuple[int, bool, bool]] = []
     run = gdn_decode.gated_delta_decode
 
     def recorded(q, *args, **kwargs):
         if len(args) < 7 or args[6] is None:  # one token per sequence: a decode step
-            steps.append((q.shape[0], kwargs.get("gate_norm") is not None))
+            steps.append((q.shape[0], kwargs.get("gate_norm") is not None, kwargs.get("conv") is not None))
         return run(q, *args, **kwargs)
 
     monkeypatch.setattr(gdn_decode, "gated_delta_decode", recorded)
@@ -104,26 +109,34 @@ def _run_gate_norm(monkeypatch, model_dir, vocab: int, in_step: bool):
     return outputs, logits, calls, steps
 
 
-def test_decode_steps_of_several_rows_norm_their_output_in_the_delta_rule(tiny_model_factory, monkeypatch):
-    """DECODE_GATE_NORM: two-row decode steps hand the gated norm to the delta rule's kernel (no gated_rms_norm
-    launch there), the one-row steps keep it for the out-projection; the same tokens as with the norm's own kernel,
-    and decode logits within bf16 rounding of them (the head's sum of squares is taken in another order). Off (as
-    shipped until measured), every decode step runs the norm's kernel."""
+@pytest.mark.parametrize("gate_norm,conv", [(True, False), (False, True), (True, True)])
+def test_decode_steps_of_several_rows_fuse_the_norm_and_conv_into_the_delta_rule(tiny_model_factory, monkeypatch,
+                                                                                 gate_norm, conv):
+    """DECODE_GATE_NORM / DECODE_CONV_IN_STEP: two-row decode steps hand the gated norm and the conv to the delta
+    rule's kernel (no gated_rms_norm / conv launch there), one-row steps keep both apart; the same tokens as with
+    their own kernels, the same decode logits bit for bit with the conv alone (its step is the conv kernel's own)
+    and within bf16 rounding with the norm (a head's sum of squares is taken in another order). Off as shipped
+    until measured."""
     model_dir, reference = tiny_model_factory("qwen3_5", 2)
     vocab = reference.config.vocab_size
     gdn_layers = reference.config.layer_types.count("linear_attention")
-    apart, apart_logits, apart_calls, apart_steps = _run_gate_norm(monkeypatch, model_dir, vocab, in_step=False)
-    fused, fused_logits, fused_calls, fused_steps = _run_gate_norm(monkeypatch, model_dir, vocab, in_step=True)
-    assert not any(normed for _, normed in apart_steps)
-    assert {rows for rows, normed in fused_steps if normed} == {2}
-    assert {rows for rows, normed in fused_steps if not normed} == {1}
-    two_row_steps = sum(1 for rows, _ in fused_steps if rows == 2) // gdn_layers
-    assert two_row_steps >= 3
-    # the norm's own launches: one fewer a layer in each two-row decode step
-    assert len(apart_calls["gated_rms_norm"]) - len(fused_calls["gated_rms_norm"]) == two_row_steps * gdn_layers
+    apart, apart_logits, apart_calls, apart_steps = _run_step_fusions(monkeypatch, model_dir, vocab, False, False)
+    fused, fused_logits, fused_calls, fused_steps = _run_step_fusions(monkeypatch, model_dir, vocab, gate_norm, conv)
+    assert not any(normed or convolved for _, normed, convolved in apart_steps)
+    assert {(rows, normed, convolved) for rows, normed, convolved in fused_steps} == {(1, False, False),
+                                                                                     (2, gate_norm, conv)}
+    two_row_layers = sum(1 for rows, _, _ in fused_steps if rows == 2)
+    assert two_row_layers >= 3 * gdn_layers
+    # one launch fewer of each fused kernel a layer in each two-row decode step
+    for name, fused_in in (("gated_rms_norm", gate_norm), ("causal_conv1d_update", conv)):
+        assert len(apart_calls[name]) - len(fused_calls[name]) == (two_row_layers if fused_in else 0)
+        assert 2 not in fused_calls[name] or not fused_in
     for a, b in zip(apart, fused, strict=True):
         assert a.token_ids == b.token_ids
     assert len(apart_logits) == len(fused_logits)
     for a, b in zip(apart_logits, fused_logits, strict=True):
-        torch.testing.assert_close(b, a, atol=2e-2, rtol=2e-2)
-    assert linear_attention.DECODE_GATE_NORM is False
+        if gate_norm:
+            torch.testing.assert_close(b, a, atol=2e-2, rtol=2e-2)
+        else:
+            assert torch.equal(a, b)
+    assert linear_attention.DECODE_GATE_NORM is False and linear_attention.DECODE_CONV_IN_STEP is False
