@@ -18,13 +18,15 @@ def _round(x, like):
 
 
 @triton.jit
-def silu_mul_fwd_kernel(gate, up, out, cols, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def silu_mul_fwd_kernel(gate, up, out, cols, stride_g, stride_u, stride_gc, stride_uc, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
     pdl_enter(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_c < cols
-    b_g = tl.load(gate + i_t * stride_g + o_c, mask=mask, other=0).to(tl.float32)
-    b_u = tl.load(up + i_t * stride_u + o_c, mask=mask, other=0).to(tl.float32)
+    # (a column stride of 1, the split halves' case, is specialised by Triton: no multiply)
+    b_g = tl.load(gate + i_t * stride_g + o_c * stride_gc, mask=mask, other=0).to(tl.float32)
+    b_u = tl.load(up + i_t * stride_u + o_c * stride_uc, mask=mask, other=0).to(tl.float32)
     b_s = _round(b_g / (1.0 + tl.exp(-b_g)), out)
     tl.store(out + i_t * cols + o_c, (b_s * b_u).to(out.dtype.element_ty), mask=mask)
 
@@ -78,16 +80,15 @@ def gdn_gates_fwd_kernel(b, a, neg_a, dt_bias, beta, g, heads, stride_b, stride_
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate, up [N, I] (rows may be strided: column views of one merged gate|up GEMM), same dtype ->
-    silu(gate) * up [N, I] contiguous."""
-    if gate.dim() != 2 or gate.shape != up.shape or gate.stride(-1) != 1 or up.stride(-1) != 1:
-        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [N, I] "
-                         "shape with a contiguous last dimension")
+    """gate, up [N, I] (strided views allowed: the column halves of one merged gate|up GEMM, or the even and odd
+    columns of an interleaved one, engine/layers/mlp.py), same dtype -> silu(gate) * up [N, I] contiguous."""
+    if gate.dim() != 2 or gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be the same [N, I] shape")
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel():
         grid = (gate.shape[0], triton.cdiv(gate.shape[1], _BLOCK))
-        silu_mul_fwd_kernel[grid](gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), BLOCK=_BLOCK,
-                **pdl_launch(gate.device))
+        silu_mul_fwd_kernel[grid](gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), gate.stride(1),
+                                  up.stride(1), BLOCK=_BLOCK, **pdl_launch(gate.device))
     return out
 
 

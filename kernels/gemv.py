@@ -19,6 +19,13 @@ silu(gate) * up, made from the gate|up projection's output as each tile is loade
 silu_mul rounds it, so decode skips that kernel, its launch and its [M, I] round trip. Its table entries are
 separate (input "silu_mul"), timed against silu_mul + cuBLAS.
 
+swiglu_gemv is the other way round: SwiGLU's gate|up projection with the activation in its epilogue (SWIGLU),
+the weight's gate and up rows interleaved (gate row i at 2i, up row i at 2i + 1; engine/layers/mlp.py stores it so)
+so that every output block holds whole pairs: each program rounds its pairs as F.linear would store them and
+writes silu(gate) * up as silu_mul does, [M, N / 2]. Nothing is recomputed (silu_mul_gemv's input recomputes the
+activation in every program that reads it) and the same tiles stream as the plain GEMV's: it takes the plain
+shape's table entries.
+
 Several rows with swap_ab (GemvConfig) compute out.T = w @ x.T: the weight tile is the MMA's M operand and the 16
 rows of x its N, so a tile of 64 or 128 weight rows can be Hopper's wgmma (M >= 64 a warpgroup) and each pipeline
 stage streams a wide weight tile; without it the 16 rows are the M side, too few for wgmma.
@@ -316,6 +323,20 @@ def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SWIGLU's store: total [BLOCK_M, BLOCK_N] fp32, the output block's columns gate and up interleaved (pair j at
+    columns 2j, 2j + 1), each rounded to out's dtype as F.linear's output would be, then silu(gate) * up as
+    kernels/gates_triton.py's silu_mul computes and rounds it, at out[m, pid_n * BLOCK_N / 2 + j] (N / 2 columns;
+    only where `last`: the block's last split)."""
+    dtype: tl.constexpr = out.dtype.element_ty
+    gate, up = tl.split(tl.reshape(total, [BLOCK_M, BLOCK_N // 2, 2]))
+    act = _silu_mul(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    mask = m_m[:, None] & (offs_h < N // 2)[None, :]
+    tl.store(out + offs_m[:, None] * stride_om + offs_h[None, :], act.to(dtype), mask=tl.where(last, mask, False))
+
+
+@triton.jit
 def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
                   rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
                   SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
@@ -361,7 +382,7 @@ def gemv_fwd_kernel(
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
     GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
-    CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0,
+    CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -392,7 +413,8 @@ def gemv_fwd_kernel(
     fused behind its in-projection, conv_gemv): the first conv_channels output columns go through the conv step of
     kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
     in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM
-    may join it."""
+    may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows interleaved, and
+    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM may join it."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -486,7 +508,23 @@ def gemv_fwd_kernel(
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
     # RESIDUAL: this block's sums of squares at sumsq[m, pid_n]
     p_q = sumsq + offs_m * num_parts + pid_n
-    if BLOCK_M == 1:
+    if SWIGLU:
+        # the block's sum over its splits as [BLOCK_M, BLOCK_N] (the layouts below, as _finish_block takes them)
+        if BLOCK_M == 1:
+            total, last = _split_total(tl.sum(acc, axis=1), ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
+                                       SPLIT)
+            total = tl.reshape(total, [1, BLOCK_N])
+        elif SWAP_AB:
+            total, last = _split_total(acc, ws, counters, pid_n, offs_m[None, :] * N + offs_n[:, None],
+                                       m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N, SPLIT)
+            total = tl.trans(total)
+        else:
+            if CORE_ROWS and not ROW_SUM:
+                acc = tl.sum(acc, axis=2)
+            total, last = _split_total(acc, ws, counters, pid_n, offs_m[:, None] * N + offs_n[None, :],
+                                       m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N, SPLIT)
+        _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N)
+    elif BLOCK_M == 1:
         _finish_block(tl.sum(acc, axis=1), out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0, ws, counters,
                       pid_n, offs_n, m_n, num_splits, pid_s, N, offs_n * 0, offs_n, conv_w, conv_states, conv_slots,
                       conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 0, CONV, CONV_TAPS,
@@ -621,6 +659,25 @@ def naive_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -
     from headroom.kernels.gates import naive_silu_mul
 
     return torch.nn.functional.linear(naive_silu_mul(gate, up), w)
+
+
+def swiglu_gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = GemvConfig(),
+                norm: RowNorm | None = None) -> torch.Tensor:
+    """SwiGLU's gate|up projection with its activation in one launch: x [M, K] (normed first with norm, as
+    normed_gemv) @ w [2I, K].T, w's rows gate and up interleaved (gate row i at 2i, up row i at 2i + 1), -> silu(gate)
+    * up [M, I]: no silu_mul kernel, and the [M, 2I] projection never goes to memory. Equal to silu_mul of the plain
+    GEMV's even and odd columns (naive_swiglu_gemv is the torch reference)."""
+    if norm is not None:
+        _raise_if(_norm_weight_problem(x, norm) or _norm_sums_problem(x, norm))
+    return _launch(x, None, w, config, norm=norm, swiglu=True)[0]
+
+
+def naive_swiglu_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The reference of swiglu_gemv: F.linear, then silu_mul's reference of its even (gate) and odd (up) columns."""
+    from headroom.kernels.gates import naive_silu_mul
+
+    y = torch.nn.functional.linear(x, w)
+    return naive_silu_mul(y[:, 0::2], y[:, 1::2])
 
 
 @dataclass(frozen=True)
@@ -825,10 +882,11 @@ def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
             norm: RowNorm | None = None, residual: torch.Tensor | None = None,
-            gated: GatedNorm | None = None, conv: ConvStep | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            gated: GatedNorm | None = None, conv: ConvStep | None = None,
+            swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated), residual_gemv
-    (residual, with up, gated or neither) or conv_gemv (conv, with norm or not): (out, the sums of squares
-    residual_gemv writes, else None)."""
+    (residual, with up, gated or neither), conv_gemv (conv, with norm or not) or swiglu_gemv (swiglu, with norm
+    or not): (out, the sums of squares residual_gemv writes, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > MAX_ROWS or x.stride(-1) != 1 or not w.is_contiguous():
@@ -837,16 +895,21 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
+    assert not swiglu or (up is None and residual is None and gated is None and conv is None), "SWIGLU joins NORM alone"
+    if swiglu and (n % 2 or config.block_n % 2):
+        raise ValueError(f"swiglu_gemv: w {tuple(w.shape)} needs whole gate / up pairs: an even N and block_n "
+                         f"(config {config.block_n})")
     core_rows, block_m = _rows_tile(config, num_rows)
+    # (stream-K's runs part blocks: its epilogue has no SWIGLU, so a stream-K entry runs as a grid of blocks there)
     if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
-            and conv is None:
+            and conv is None and not swiglu:
         return _launch_stream(x, up, w, config), None
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
     split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
     split = triton.cdiv(k, k_per_split)
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((num_rows, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
@@ -904,7 +967,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
-        L2_PREFETCH=l2_prefetch, **pdl_launch(x.device),
+        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, **pdl_launch(x.device),
     )
     return out, sumsq
 
@@ -965,6 +1028,17 @@ def tuned_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, w: torch.Tensor) -
     if config is None or _silu_mul_problem(gate, up) is not None:
         return None
     return silu_mul_gemv(gate, up, w, config)
+
+
+def tuned_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor | None:
+    """swiglu_gemv with the plain shape's shipped configuration (the epilogue adds no weight bytes: the same tiles
+    stream), or None where none is shipped or it does not fit (an odd tile; the norm's weight): the caller
+    projects, then runs silu_mul on the pairs."""
+    config = _tuned_config(x, w, PLAIN_INPUT)
+    if config is None or config.block_n % 2 or w.shape[0] % 2 \
+            or (norm is not None and _norm_weight_problem(x, norm) is not None):
+        return None
+    return swiglu_gemv(x, w, config, norm)
 
 
 def tuned_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.Tensor | None:

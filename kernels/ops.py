@@ -44,7 +44,7 @@ __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "conv_dense_linear", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "normed_dense_linear", "prefix_attention", "quant_linear",
-    "residual_dense_linear", "rms_norm", "rms_norm_rotary",
+    "residual_dense_linear", "rms_norm", "rms_norm_rotary", "swiglu_dense_linear",
     "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear", "TailIndex",
 ]
 
@@ -209,6 +209,20 @@ def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
         return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)
+    return None
+
+
+def swiglu_dense_linear(x: torch.Tensor, weight: torch.Tensor,
+                        norm: tuple[torch.Tensor, torch.Tensor, float, bool] | None = None) -> torch.Tensor | None:
+    """silu(gate) * up [N, I] of x @ weight.T, weight's gate and up rows interleaved (gate row i at 2i, up row i at
+    2i + 1), in one GEMV launch: kernels/gemv.py swiglu_gemv where the table has the shape (its plain entry), None
+    elsewhere and whenever the linear or silu_mul runs its reference (the caller projects, then silu_mul of the
+    pairs). norm (sumsq, weight, eps, unit_offset): x is still to norm, as normed_dense_linear norms it."""
+    if _on_gemv(x, "dense_linear", "silu_mul") \
+            and (norm is None or (_fused(x, "add_rms_norm") and _fused(x, "rms_norm"))):
+        from headroom.kernels.gemv import RowNorm, tuned_swiglu_gemv
+
+        return tuned_swiglu_gemv(x, weight, RowNorm(*norm) if norm is not None else None)
     return None
 
 

@@ -28,6 +28,15 @@ def linear(x: torch.Tensor | NormedRows, weight: LinearWeight, bias: torch.Tenso
     return ops.dense_linear(x, weight, bias)
 
 
+def swiglu_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up of x @ weight.T, weight's gate and up rows interleaved, in one GEMV with its activation (and
+    NormedRows' norm) where one runs it (ops.swiglu_dense_linear); None elsewhere: the caller projects, then
+    silu_mul of the pairs."""
+    if isinstance(x, NormedRows):
+        return ops.swiglu_dense_linear(x.x, weight, (x.sumsq, x.weight, x.eps, x.unit_offset))
+    return ops.swiglu_dense_linear(x, weight)
+
+
 def linear_weight(config: ModelConfig, weights: dict[str, torch.Tensor], module: str) -> LinearWeight:
     """The weight of linear `module` ('model.layers.0.mlp.up_proj'): the dense `.weight`, or the checkpoint's
     quantized tensors (fp8 `.weight` + `.weight_scale_inv`; int4 `.weight_packed`, `.weight_scale`,

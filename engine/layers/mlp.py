@@ -3,24 +3,49 @@
 from __future__ import annotations
 
 import torch
-from headroom.engine.layers.linear import MergedLinear, linear, linear_weight
+from headroom.engine.layers.linear import MergedLinear, linear, linear_weight, swiglu_linear
 from headroom.engine.layers.normed_rows import NormedRows
 from headroom.engine.layers.residual import Projection
 from headroom.engine.models.config import ModelConfig
 
-__all__ = ["SwiGLU", "linear"]
+__all__ = ["SwiGLU", "interleave_gate_up", "linear"]
 
 
 class SwiGLU:
+    """Dense gate and up weights are kept as one [2I, K] weight with their rows interleaved (gate row i at 2i, up
+    row i at 2i + 1; interleave_gate_up): every output block of the decode GEMV then holds whole (gate, up) pairs, so
+    the activation is made in its epilogue (ops.swiglu_dense_linear: no silu_mul launch, no [N, 2I] product
+    written and read back). Elsewhere the one GEMM's even and odd columns are the gate and up halves, as the merged
+    halves were. Quantized weights keep MergedLinear's stacked halves (their scales run along the rows in blocks)."""
+
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
-        self.gate_up = MergedLinear(config, weights, [prefix + "gate_proj", prefix + "up_proj"])
+        gate, up = (linear_weight(config, weights, prefix + name) for name in ("gate_proj", "up_proj"))
+        self.interleaved: torch.Tensor | None = None
+        if isinstance(gate, torch.Tensor) and isinstance(up, torch.Tensor) and gate.shape == up.shape \
+                and gate.dtype == up.dtype:
+            self.interleaved = interleave_gate_up(gate, up)
+            for name in ("gate_proj", "up_proj"):
+                weights.pop(prefix + name + ".weight", None)
+        else:
+            self.gate_up = MergedLinear(config, weights, [prefix + "gate_proj", prefix + "up_proj"])
         self.down = linear_weight(config, weights, prefix + "down_proj")
 
     def projection(self, x: torch.Tensor | NormedRows) -> Projection:
         """x [N, hidden] -> the down projection still to run (the decoder layer's MLP: residual.deferred)."""
-        gate, up = self.gate_up(x)
-        return Projection(gate, self.down, up=up)
+        if self.interleaved is None:
+            gate, up = self.gate_up(x)
+            return Projection(gate, self.down, up=up)
+        activation = swiglu_linear(x, self.interleaved)
+        if activation is not None:
+            return Projection(activation, self.down)
+        pairs = linear(x, self.interleaved)
+        return Projection(pairs[..., 0::2], self.down, up=pairs[..., 1::2])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden] (a MoE expert, the shared expert)."""
         return self.projection(x).run()
+
+
+def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [I, K] -> [2I, K] with gate row i at 2i and up row i at 2i + 1 (contiguous)."""
+    return torch.stack((gate, up), dim=1).reshape(2 * gate.shape[0], gate.shape[1])

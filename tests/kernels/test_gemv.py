@@ -1125,3 +1125,80 @@ def test_conv_gemv_refuses_a_norm_without_its_rows_sums():
     norm = RowNorm(torch.ones(2, 1), torch.ones(64).bfloat16(), 1e-6, True)
     with pytest.raises(ValueError, match=r"sums of squares \(2, 1\) torch.float32 must be \[1, parts\]"):
         conv_gemv(x, w, _conv_case(1, 1, 16, torch.bfloat16), GemvConfig(block_n=8, block_k=64), norm)
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab", "dtype"), [
+    (1, 40, 512, 16, 128, 1, False, False, torch.bfloat16),  # one row as pairs, the last block's pairs masked
+    (1, 48, 328, 8, 64, 3, False, False, torch.bfloat16),  # ... split over K, a ragged pair tail
+    (1, 40, 200, 16, 64, 2, False, False, torch.float32),  # one row in fp32 (exact)
+    (3, 40, 512, 16, 128, 2, True, False, torch.bfloat16),  # rows on the CUDA cores as pairs, split
+    (5, 24, 200, 4, 64, 1, True, False, torch.float32),  # ... in fp32, a 4-wide block (two pairs)
+    (16, 40, 328, 16, 64, 2, False, False, torch.float32),  # the tensor cores, split
+    (9, 72, 256, 32, 128, 1, False, True, torch.float32),  # ... swapped (the block transposed for the pairs)
+])
+@pytest.mark.parametrize("normed", [False, True])
+def test_swiglu_gemv_is_silu_mul_of_the_gemvs_pairs(rows, n, k, block_n, block_k, split, rows_on_cores, swap_ab,
+                                                    dtype, normed):
+    """swiglu_gemv writes silu(gate) * up of each interleaved pair of the product (gate row i at 2i, up at 2i + 1)
+    as silu_mul computes it from the plain GEMV's own output at the same tiles: the same bits, with or without the
+    rows' norm in front (one part a row), in every layout the epilogue meets; the torch reference within rounding."""
+    from headroom.kernels.gates_triton import silu_mul
+    from headroom.kernels.gemv import RowNorm, naive_swiglu_gemv, normed_gemv, swiglu_gemv
+
+    gen = torch.Generator().manual_seed(rows * 7 + n + k + split)
+    x = (torch.randn(rows, k, generator=gen) * (3 if normed else 1)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
+    norm = RowNorm(x.float().pow(2).sum(-1, keepdim=True), (torch.randn(k, generator=gen) * 0.1).to(dtype), 1e-6,
+                   True) if normed else None
+    got = swiglu_gemv(x, w, config, norm)
+    y = normed_gemv(x, norm, w, config) if normed else gemv(x, w, config)
+    assert got.shape == (rows, n // 2) and got.dtype == dtype
+    assert torch.equal(got, silu_mul(y[:, 0::2].contiguous(), y[:, 1::2].contiguous()))
+    if not normed:
+        torch.testing.assert_close(got.float(), naive_swiglu_gemv(x, w).float(), atol=0.02, rtol=0.02)
+
+
+def test_swiglu_gemv_refuses_half_pairs_and_its_table_lookup_leaves_them_to_the_caller(monkeypatch):
+    """An odd N or block_n would split a gate from its up: refused by name with the numbers; tuned_swiglu_gemv
+    runs the plain shape's entry and gives None where that entry's tile is odd or no entry exists."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import PLAIN_INPUT, swiglu_gemv, tuned_swiglu_gemv
+
+    x, w = torch.randn(2, 64), torch.randn(40, 64)
+    with pytest.raises(ValueError, match=r"swiglu_gemv: w \(39, 64\) needs whole gate / up pairs"):
+        swiglu_gemv(x, w[:39])
+    with pytest.raises(ValueError, match=r"block_n \(config 5\)"):
+        swiglu_gemv(x, w, GemvConfig(block_n=5, block_k=32))
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    monkeypatch.setattr(gemv_module, "_tuned", {(40, 64, 2, PLAIN_INPUT): GemvConfig(block_n=8, block_k=32)})
+    assert torch.equal(tuned_swiglu_gemv(xb, wb), swiglu_gemv(xb, wb, GemvConfig(block_n=8, block_k=32)))
+    monkeypatch.setattr(gemv_module, "_tuned", {(40, 64, 2, PLAIN_INPUT): GemvConfig(block_n=5, block_k=32)})
+    assert tuned_swiglu_gemv(xb, wb) is None
+    monkeypatch.setattr(gemv_module, "_tuned", {})
+    assert tuned_swiglu_gemv(xb, wb) is None
+
+
+def test_swiglu_variants_compile_for_the_h200():
+    """SWIGLU's epilogue compiles for sm_90 in every layout it meets: one row as pairs (with NORM in front, and with
+    a split), 8 rows on the CUDA cores, 16 on the tensor cores swapped (wgmma) with a split."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for rows, block_n, block_k, pairs, swap, cores, split, norm in (
+            (1, 8, 512, True, False, False, False, True), (1, 8, 512, True, False, False, True, False),
+            (8, 8, 256, True, False, True, False, False), (16, 64, 128, False, True, False, True, False)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                    "sumsq": "*fp32", "eps": "fp32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "PREFETCH": 1, "NORM": norm, "UNIT_OFFSET": norm, "SWIGLU": True}))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        # the activation's exponential, in the epilogue
+        assert "ex2.approx" in result["ptx"], constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in result["ptx"], constants
