@@ -110,8 +110,11 @@ case $PLAN in
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s29b; fi ;;
   s29b)  # session 29's follow-up on a warm machine: Gated DeltaNet's output norm and conv in the delta rule's decode
     # kernel at 2+ sequences against their own launches (graphed decode at 1, 8, 16, one engine after the other):
-    # both, then each alone; then the kernels' GPU checks (the fused steps against the naive rule at 4B sizes)
-    es 150 fs fused_step; es 150 fg fused_gate_norm; es 150 fc fused_conv_in_step; es 150 k kernels ;;
+    # both; SwiGLU's activation in the gate|up GEMV's epilogue against silu_mul's launch; then the kernels' GPU
+    # checks (the fused steps against the naive rule, the epilogue against gemv + silu_mul, at 4B sizes); then
+    # each step fusion alone
+    es 150 fs fused_step; es 150 fw fused_swiglu; es 150 k kernels; es 150 fg fused_gate_norm
+    es 150 fc fused_conv_in_step ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;

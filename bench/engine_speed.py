@@ -25,7 +25,8 @@ HEADROOM_FUSED_RESIDUAL=0, one engine after the other: steps, graph replays, the
 same for Gated DeltaNet's decode conv in the in-projection's GEMV against HEADROOM_FUSED_CONV=0), fused_gate_norm
 (the same for its output norm in the delta rule's decode kernel, HEADROOM_DECODE_GATE_NORM=1 against 0),
 fused_conv_in_step (its conv in that kernel, HEADROOM_DECODE_CONV_IN_STEP=1 against 0), fused_step (both against
-neither), gemv_fuzz (the
+neither), fused_swiglu (SwiGLU's activation in the gate|up GEMV's epilogue, HEADROOM_FUSED_SWIGLU=1 against 0),
+gemv_fuzz (the
 GEMV's fused modes against the unfused kernels over random configurations),
 llm_int2_tuned (the int2 LLM API rows with the
 paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
@@ -627,6 +628,7 @@ def main() -> None:
             "fused_gate_norm": lambda s: parts.fusion_speed(MODEL, "gate_norm"),
             "fused_conv_in_step": lambda s: parts.fusion_speed(MODEL, "conv_in_step"),
             "fused_step": lambda s: parts.fusion_speed(MODEL, "step"),
+            "fused_swiglu": lambda s: parts.fusion_speed(MODEL, "swiglu"),
             "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
                                               for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),

@@ -320,10 +320,10 @@ def _gemv_check() -> list[dict]:
     F.linear) each against fp32 math on the same bf16 operands, so the GEMV's error sits beside cuBLAS's own. A
     fused down projection ("silu_mul" input) against fp32 silu(gate) * up @ w.T, beside silu_mul + cuBLAS, and
     against silu_mul + the same GEMV configuration, which it should equal bit for bit (the activation rounded
-    as silu_mul rounds it)."""
+    as silu_mul rounds it). SwiGLU's gate|up epilogue (swiglu_gemv) against silu_mul of the GEMV's pairs, likewise."""
     import torch.nn.functional as F
     from headroom.kernels.gates_triton import silu_mul
-    from headroom.kernels.gemv import SILU_MUL_INPUT, gemv, load_tuned_configs, silu_mul_gemv
+    from headroom.kernels.gemv import SILU_MUL_INPUT, gemv, load_tuned_configs, silu_mul_gemv, swiglu_gemv
 
     rows = []
     for (n, k, m, kind), config in sorted(load_tuned_configs(DEV).items()):
@@ -338,8 +338,14 @@ def _gemv_check() -> list[dict]:
             continue
         x = torch.randn(m, k, device=DEV).bfloat16()
         want = x.float() @ w.float().t()
-        rows.append({"n": n, "k": k, "m": m, "gemv": _diff(gemv(x, w, config), want),
-                     "cublas": _diff(F.linear(x, w), want)})
+        row = {"n": n, "k": k, "m": m, "gemv": _diff(gemv(x, w, config), want), "cublas": _diff(F.linear(x, w), want)}
+        if n % 2 == 0 and config.block_n % 2 == 0:
+            # SwiGLU's epilogue (the weight's rows read as interleaved gate / up pairs) against silu_mul of the same
+            # GEMV's pairs, equal bit for bit
+            pairs = gemv(x, w, config)
+            row["swiglu_vs_gemv_then_silu_mul"] = _diff(swiglu_gemv(x, w, config),
+                                                        silu_mul(pairs[:, 0::2], pairs[:, 1::2]))
+        rows.append(row)
     return rows
 
 
@@ -1625,7 +1631,8 @@ def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], un
 FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_attention", "FUSED_CONV"),),
            "gate_norm": (("linear_attention", "DECODE_GATE_NORM"),),
            "conv_in_step": (("linear_attention", "DECODE_CONV_IN_STEP"),),
-           "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP"))}
+           "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP")),
+           "swiglu": (("mlp", "FUSED_SWIGLU"),)}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1634,7 +1641,8 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     GEMVs, engine/layers/residual.py, against add_rms_norm between them; "conv", Gated DeltaNet's decode conv in the
     in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
     in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch; "conv_in_step", its
-    conv in that kernel, against the conv's launch; "step", both), one engine after the other
+    conv in that kernel, against the conv's launch; "step", both; "swiglu", SwiGLU's activation in the gate|up
+    GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch), one engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not

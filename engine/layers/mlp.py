@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from headroom.engine.layers.linear import MergedLinear, linear, linear_weight, swiglu_linear
 from headroom.engine.layers.normed_rows import NormedRows
@@ -10,19 +12,28 @@ from headroom.engine.models.config import ModelConfig
 
 __all__ = ["SwiGLU", "interleave_gate_up", "linear"]
 
+# Dense gate and up weights interleaved at load, and SwiGLU's activation made in the gate|up GEMV's epilogue at
+# decode (kernels/gemv.py SWIGLU) for passes of at most FUSED_SWIGLU_ROWS rows where the table has the shape: a
+# silu_mul launch a layer fewer, 32 a step on the 4B model, whose silu_mul launches took 0.045 / 0.048 ms of a
+# 3.50 / 4.19 ms step at batch 1 / 8 on an H100 (session 28's profile_decode_batches, PDL off). Off until measured
+# (bench/engine_speed.py fused_swiglu): HEADROOM_FUSED_SWIGLU=1 turns it on (read as each MLP is built).
+FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "0") == "1"
+FUSED_SWIGLU_ROWS = 16
+
 
 class SwiGLU:
-    """Dense gate and up weights are kept as one [2I, K] weight with their rows interleaved (gate row i at 2i, up
-    row i at 2i + 1; interleave_gate_up): every output block of the decode GEMV then holds whole (gate, up) pairs, so
-    the activation is made in its epilogue (ops.swiglu_dense_linear: no silu_mul launch, no [N, 2I] product
-    written and read back). Elsewhere the one GEMM's even and odd columns are the gate and up halves, as the merged
-    halves were. Quantized weights keep MergedLinear's stacked halves (their scales run along the rows in blocks)."""
+    """With FUSED_SWIGLU, dense gate and up weights are kept as one [2I, K] weight with their rows interleaved (gate
+    row i at 2i, up row i at 2i + 1; interleave_gate_up): every output block of the decode GEMV then holds whole
+    (gate, up) pairs, so the activation is made in its epilogue (ops.swiglu_dense_linear: no silu_mul launch, no
+    [N, 2I] product written and read back). Elsewhere the one GEMM's even and odd columns are the gate and up
+    halves, as the merged halves were. Without it, and for quantized weights (their scales run along the rows in
+    blocks), MergedLinear's stacked halves."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], prefix: str):
         gate, up = (linear_weight(config, weights, prefix + name) for name in ("gate_proj", "up_proj"))
         self.interleaved: torch.Tensor | None = None
-        if isinstance(gate, torch.Tensor) and isinstance(up, torch.Tensor) and gate.shape == up.shape \
-                and gate.dtype == up.dtype:
+        if FUSED_SWIGLU and isinstance(gate, torch.Tensor) and isinstance(up, torch.Tensor) \
+                and gate.shape == up.shape and gate.dtype == up.dtype:
             self.interleaved = interleave_gate_up(gate, up)
             for name in ("gate_proj", "up_proj"):
                 weights.pop(prefix + name + ".weight", None)
@@ -35,7 +46,7 @@ class SwiGLU:
         if self.interleaved is None:
             gate, up = self.gate_up(x)
             return Projection(gate, self.down, up=up)
-        activation = swiglu_linear(x, self.interleaved)
+        activation = swiglu_linear(x, self.interleaved) if x.shape[0] <= FUSED_SWIGLU_ROWS else None
         if activation is not None:
             return Projection(activation, self.down)
         pairs = linear(x, self.interleaved)

@@ -20,7 +20,10 @@ from headroom.kernels import ops  # noqa: E402
 from headroom.kernels.gates import naive_silu_mul  # noqa: E402
 
 
-def _mlp(tiny_model_factory) -> tuple[SwiGLU, dict[str, torch.Tensor], int]:
+def _mlp(tiny_model_factory, monkeypatch) -> tuple[SwiGLU, dict[str, torch.Tensor], int]:
+    from headroom.engine.layers import mlp as mlp_module
+
+    monkeypatch.setattr(mlp_module, "FUSED_SWIGLU", True)
     model_dir, _ = tiny_model_factory("qwen3_5", 0)
     config = load_config(model_dir)
     weights = load_weights(model_dir, torch.bfloat16, torch.device("cpu"))
@@ -47,8 +50,8 @@ def _counted_silu_mul(monkeypatch) -> list[tuple[int, int]]:
     return calls
 
 
-def test_gate_and_up_rows_interleave_and_the_cpu_path_is_silu_mul_of_the_pairs(tiny_model_factory):
-    mlp, w, hidden = _mlp(tiny_model_factory)
+def test_gate_and_up_rows_interleave_and_the_cpu_path_is_silu_mul_of_the_pairs(tiny_model_factory, monkeypatch):
+    mlp, w, hidden = _mlp(tiny_model_factory, monkeypatch)
     assert mlp.interleaved is not None
     assert torch.equal(mlp.interleaved[0::2], w["gate_proj"]) and torch.equal(mlp.interleaved[1::2], w["up_proj"])
     assert torch.equal(interleave_gate_up(w["gate_proj"], w["up_proj"]), mlp.interleaved)
@@ -63,7 +66,7 @@ def test_decode_makes_the_activation_in_the_gate_up_gemv_where_the_table_has_it(
     from headroom.kernels import gemv as gemv_module
     from headroom.kernels.gemv import GemvConfig, gemv
 
-    mlp, w, hidden = _mlp(tiny_model_factory)
+    mlp, w, hidden = _mlp(tiny_model_factory, monkeypatch)
     assert mlp.interleaved is not None
     inter = w["down_proj"].shape[1]
     config = GemvConfig(block_n=16, block_k=32, split=2, num_stages=2)
@@ -99,7 +102,7 @@ def test_halves_that_come_apart_take_the_fused_down_projection_where_the_table_h
     from headroom.kernels import gemv as gemv_module
     from headroom.kernels.gemv import GemvConfig, gemv
 
-    mlp, w, hidden = _mlp(tiny_model_factory)
+    mlp, w, hidden = _mlp(tiny_model_factory, monkeypatch)
     inter = w["down_proj"].shape[1]
     config = GemvConfig(block_n=16, block_k=32, split=2, num_stages=2)
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
@@ -114,3 +117,68 @@ def test_halves_that_come_apart_take_the_fused_down_projection_where_the_table_h
     pairs = F.linear(x, mlp.interleaved)
     Projection(pairs[:, 0::2], mlp.down, up=pairs[:, 1::2]).run()
     assert calls == [(1, 2)]
+
+
+def test_off_as_shipped_until_measured_the_halves_stay_stacked(tiny_model_factory, monkeypatch):
+    """FUSED_SWIGLU off (the default until measured): MergedLinear's stacked halves, as before the epilogue; at most
+    FUSED_SWIGLU_ROWS rows take the epilogue when on (more: the pairs, then silu_mul)."""
+    from headroom.engine.layers import mlp as mlp_module
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import GemvConfig
+
+    assert mlp_module.FUSED_SWIGLU is False
+    model_dir, _ = tiny_model_factory("qwen3_5", 0)
+    config = load_config(model_dir)
+    weights = load_weights(model_dir, torch.bfloat16, torch.device("cpu"))
+    mlp = SwiGLU(config, weights, "model.layers.0.mlp.")
+    assert mlp.interleaved is None and len(mlp.gate_up.weights) == 1
+    on, w, hidden = _mlp(tiny_model_factory, monkeypatch)
+    inter = w["down_proj"].shape[1]
+    monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+    monkeypatch.setattr(gemv_module, "_tuned", {(2 * inter, hidden, 2, "x"): GemvConfig(block_n=16, block_k=32)})
+    monkeypatch.setattr(mlp_module, "FUSED_SWIGLU_ROWS", 1)
+    calls = _counted_silu_mul(monkeypatch)
+    x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
+    assert on.projection(x).up is not None and calls == []
+    on(x)
+    assert calls == [(2, 2)]
+
+
+def test_the_engine_with_the_epilogue_decodes_the_same_bits(tiny_model_factory, monkeypatch):
+    """The whole engine with every projection in the GEMV table (the interpreter), FUSED_SWIGLU on against off:
+    no silu_mul launch in any decode step on (one-row steps norm their rows in the same launch, residual.py), the
+    same tokens and decode logits bit for bit (the epilogue rounds the pairs as the GEMV stores them, then as
+    silu_mul does)."""
+    from headroom.engine.layers import mlp as mlp_module
+    from headroom.kernels import gemv as gemv_module
+
+    from tests.engine.layers.test_residual import _decode_logits, _EveryShape, _generate
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 2)
+    vocab = reference.config.vocab_size
+    class PlainShapes(_EveryShape):
+        """Every plain shape, no fused down projection (as the H100's table): off, silu_mul runs at decode."""
+
+        def get(self, key, default=None):
+            return default if key[3] == "silu_mul" else super().get(key, default)
+
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+        monkeypatch.setattr(gemv_module, "_tuned", PlainShapes((1, 2)))
+        monkeypatch.setattr(mlp_module, "FUSED_SWIGLU", on)
+        calls = _counted_silu_mul(monkeypatch)
+        logits = _decode_logits(monkeypatch)
+        outputs = _generate(model_dir, vocab)
+        monkeypatch.undo()
+        runs[on] = (outputs, logits, calls)
+    (off_out, off_logits, off_calls), (on_out, on_logits, on_calls) = runs[False], runs[True]
+    layers = reference.config.num_hidden_layers
+    decode_calls = {on: [rows for rows, _ in runs[on][2] if rows <= 2] for on in (False, True)}
+    assert len(decode_calls[False]) == len(off_logits) * layers and decode_calls[True] == []
+    # prefill passes take the pairs path on: silu_mul on the strided halves
+    assert {stride for _, stride in off_calls} == {1} and {stride for _, stride in on_calls} == {2}
+    assert [o.token_ids for o in on_out] == [o.token_ids for o in off_out]
+    assert len(on_logits) == len(off_logits) >= 4
+    for a, b in zip(off_logits, on_logits, strict=True):
+        assert torch.equal(a, b)
