@@ -113,8 +113,8 @@ case $PLAN in
     # both; SwiGLU's activation in the gate|up GEMV's epilogue against silu_mul's launch; then the kernels' GPU
     # checks (the fused steps against the naive rule, the epilogue against gemv + silu_mul, at 4B sizes); then
     # each step fusion alone
-    es 150 fs fused_step; es 150 fw fused_swiglu; es 150 k kernels; es 150 fg fused_gate_norm
-    es 150 fc fused_conv_in_step ;;
+    es 180 fs fused_step; es 130 fw fused_swiglu; es 120 k kernels; es 100 fg fused_gate_norm
+    es 100 fc fused_conv_in_step ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;
