@@ -110,11 +110,14 @@ case $PLAN in
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s29b; fi ;;
   s29b)  # session 29's follow-up on a warm machine: Gated DeltaNet's output norm and conv in the delta rule's decode
     # kernel at 2+ sequences against their own launches (graphed decode at 1, 8, 16, one engine after the other):
-    # both; SwiGLU's activation in the gate|up GEMV's epilogue against silu_mul's launch; then the kernels' GPU
-    # checks (the fused steps against the naive rule, the epilogue against gemv + silu_mul, at 4B sizes); then
-    # each step fusion alone
-    es 180 fs fused_step; es 130 fw fused_swiglu; es 120 k kernels; es 100 fg fused_gate_norm
-    es 100 fc fused_conv_in_step ;;
+    # both; SwiGLU's activation in the gate|up GEMV's epilogue against silu_mul's launch; the delta rule's launch
+    # configurations (Triton 3.6 spills the shipped decode entries, 64 x 4 warps and 16 x 1: 45 and 41 local stores
+    # in sm_90 SASS, none at 8 warps); then the kernels' GPU checks (the fused steps against the naive rule, the
+    # epilogue against gemv + silu_mul, at 4B sizes); then each step fusion alone
+    es 180 fs fused_step; es 130 fw fused_swiglu
+    mkdir -p $R/gs; GDN_SWEEP_BUDGET_S=70 timeout 150 python3 bench/gdn_decode_sweep.py $R/gs/gdn_decode_sweep.json \
+      > $R/gs/log.txt 2>&1; echo "$R/gs rc $?: gdn_decode_sweep" >> $R/gpu.txt; tar czf $OUT/r.tgz -C $R .
+    es 120 k kernels; es 100 fg fused_gate_norm; es 100 fc fused_conv_in_step ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
     # a graphed decode step's GPU time by kernel at batch 1, 8 and 16 (none since session 23's step tuning)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s27c; es 100 pb profile_decode_batches; fi ;;
