@@ -115,7 +115,7 @@ case $PLAN in
     # in sm_90 SASS, none at 8 warps); then the kernels' GPU checks (the fused steps against the naive rule, the
     # epilogue against gemv + silu_mul, at 4B sizes); then each step fusion alone
     es 180 fs fused_step; es 130 fw fused_swiglu
-    mkdir -p $R/gs; GDN_SWEEP_BUDGET_S=70 timeout 150 python3 bench/gdn_decode_sweep.py $R/gs/gdn_decode_sweep.json \
+    mkdir -p $R/gs; GDN_SWEEP_BUDGET_S=100 timeout 160 python3 bench/gdn_decode_sweep.py $R/gs/gdn_decode_sweep.json \
       > $R/gs/log.txt 2>&1; echo "$R/gs rc $?: gdn_decode_sweep" >> $R/gpu.txt; tar czf $OUT/r.tgz -C $R .
     es 120 k kernels; es 100 fg fused_gate_norm; es 100 fc fused_conv_in_step ;;
   s28)  # one start for whichever card comes: an H200 the issue's table (s27b); an H100 the split merge A/B (s27c), then
