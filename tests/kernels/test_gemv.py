@@ -1011,24 +1011,32 @@ def test_tuned_conv_gemv_takes_the_plain_entry(monkeypatch):
     assert tuned_conv_gemv(x.repeat(2, 1), w, _conv_case(3, 2, 16, torch.bfloat16)) is None  # no 2-row entry
 
 
+def _epilogue_variants(cases: tuple, pointers: dict, **constants) -> list[tuple]:
+    """compile_sm90's variants of gemv_fwd_kernel with an epilogue mode (constants) as the engine launches it: each
+    case (rows, block_n, block_k, pairs, swap_ab, rows on cores, split, NORM in front), with PDL, 3 stages."""
+    variants = []
+    for rows, block_n, block_k, pairs, swap, cores, split, norm in cases:
+        x = "*i32" if pairs else "*bf16"
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", {
+            "x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+            "sumsq": "*fp32", "eps": "fp32", **pointers}, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+            "ROW_SUM": False, "NORM": norm, "UNIT_OFFSET": norm, **constants}))
+    return variants
+
+
 def test_conv_variants_compile_for_the_h200():
     """CONV as the engine launches it: one row as pairs (with NORM and PDL, and with a split), 8 rows on the CUDA
     cores, 16 swapped with a split; its silu takes an exp and its loads come before the barrier that precedes its
     state stores."""
     from tests.kernels.sm90 import compile_sm90
 
-    variants = []
-    for rows, block_n, block_k, pairs, swap, cores, split, norm in (
-            (1, 16, 256, True, False, False, False, True), (1, 16, 256, True, False, False, True, False),
-            (8, 8, 512, True, False, True, False, False), (16, 64, 128, False, True, False, True, False)):
-        x = "*i32" if pairs else "*bf16"
-        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
-                    "sumsq": "*fp32", "eps": "fp32", "conv_w": "*bf16", "conv_states": "*bf16",
-                    "conv_slots": "*i32"}
-        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
-            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
-            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
-            "ROW_SUM": False, "NORM": norm, "UNIT_OFFSET": norm, "CONV": True}))
+    variants = _epilogue_variants(((1, 16, 256, True, False, False, False, True),
+                                   (1, 16, 256, True, False, False, True, False),
+                                   (8, 8, 512, True, False, True, False, False),
+                                   (16, 64, 128, False, True, False, True, False)),
+                                  {"conv_w": "*bf16", "conv_states": "*bf16", "conv_slots": "*i32"}, CONV=True)
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         ptx = result["ptx"]
@@ -1185,17 +1193,10 @@ def test_swiglu_variants_compile_for_the_h200():
     a split), 8 rows on the CUDA cores, 16 on the tensor cores swapped (wgmma) with a split."""
     from tests.kernels.sm90 import compile_sm90
 
-    variants = []
-    for rows, block_n, block_k, pairs, swap, cores, split, norm in (
-            (1, 8, 512, True, False, False, False, True), (1, 8, 512, True, False, False, True, False),
-            (8, 8, 256, True, False, True, False, False), (16, 64, 128, False, True, False, True, False)):
-        x = "*i32" if pairs else "*bf16"
-        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
-                    "sumsq": "*fp32", "eps": "fp32"}
-        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
-            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
-            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
-            "ROW_SUM": False, "PREFETCH": 1, "NORM": norm, "UNIT_OFFSET": norm, "SWIGLU": True}))
+    variants = _epilogue_variants(((1, 8, 512, True, False, False, False, True),
+                                   (1, 8, 512, True, False, False, True, False),
+                                   (8, 8, 256, True, False, True, False, False),
+                                   (16, 64, 128, False, True, False, True, False)), {}, SWIGLU=True)
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         # the activation's exponential, in the epilogue
