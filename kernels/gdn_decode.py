@@ -216,7 +216,10 @@ def gated_delta_decode_fwd_kernel(
         else:
             tl.store(out + i_b * stride_ob + i_hv * stride_oh + o_v, b_o.to(out.dtype.element_ty), mask=m_v)
         if CONV:
-            # Every reader of the key head's q / k carried inputs has read them once its count is in.
+            # Every reader of the key head's q / k carried inputs has read them once its count is in: the barrier
+            # first, so that no warp of this program is still to read them when its count goes in (the atomic is
+            # one thread's; without it the first device A/B's conv gave other tokens, session 29).
+            tl.debug_barrier()
             readers = GROUP * tl.num_programs(2)
             head = tl.num_programs(0) * tl.num_programs(1) + i_b * (tl.num_programs(1) // GROUP) + i_hk
             arrived = tl.atomic_add(counters + head, 1, sem="acq_rel")
@@ -333,7 +336,8 @@ def _conv_arguments(conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     rows, channels = mixed.shape if mixed.dim() == 2 else (-1, -1)
     taps = weight.shape[1] if weight.dim() == 2 else 0
     first = [(t.data_ptr() - mixed.data_ptr()) // mixed.element_size() for t in (q, k, v)]
-    views = all(t.dtype == mixed.dtype and t.stride(0) == mixed.stride(0) and t.shape[0] == rows and 0 <= c
+    # (a one-row view's row stride is whatever torch made it: only its channels matter)
+    views = all(t.dtype == mixed.dtype and (rows == 1 or t.stride(0) == mixed.stride(0)) and t.shape[0] == rows and 0 <= c
                 and c + (t.shape[1] - 1) * t.stride(1) + t.shape[2] <= channels
                 for t, c in zip((q, k, v), first, strict=True))
     if bounds is not None or not views or mixed.stride(-1) != 1 or weight.shape != (channels, taps) or taps < 2 \

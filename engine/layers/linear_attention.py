@@ -39,8 +39,11 @@ FUSED_CONV_ROWS = 1
 # reader of a key head's carried inputs rolling them) instead of a gated_rms_norm launch before the out-projection
 # and a conv launch before the step: 24 launches a step fewer each on the 4B model, whose gated norms and convs
 # took 0.047 and 0.063 ms of a 4.19 ms batch-8 step on an H100 (session 28's profile_decode_batches, PDL off). One
-# row has both in its GEMVs already (residual.py; FUSED_CONV above). Off until measured (bench/engine_speed.py
-# fused_gate_norm, fused_conv_in_step, fused_step): HEADROOM_DECODE_GATE_NORM=1, HEADROOM_DECODE_CONV_IN_STEP=1.
+# row has both in its GEMVs already (residual.py; FUSED_CONV above). Both lose, so both stay off: on an H100
+# (session 29, bench/engine_speed.py fused_gate_norm / fused_conv_in_step, graph replay fused against not in one
+# process, two calls) the norm 1.004-1.005x the step at batch 8 and 1.019-1.021x at 16, the conv 1.029-1.032x and
+# 1.044-1.045x (every one of a key head's readers convolves its q and k, and each program ends on an atomic).
+# HEADROOM_DECODE_GATE_NORM=1, HEADROOM_DECODE_CONV_IN_STEP=1 turn them on.
 DECODE_GATE_NORM = os.environ.get("HEADROOM_DECODE_GATE_NORM", "0") == "1"
 DECODE_CONV_IN_STEP = os.environ.get("HEADROOM_DECODE_CONV_IN_STEP", "0") == "1"
 DECODE_STEP_FUSED_ROWS = 2

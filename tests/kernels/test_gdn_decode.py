@@ -109,7 +109,7 @@ def test_decode_applies_the_gate_norm_by_heads(num_seqs, hk, hv, dk, dv, dtype, 
 
 @pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}, {"block_v": 64, "num_warps": 4}])
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv,taps", [(4, 2, 4, 16, 32, 4), (3, 1, 3, 8, 24, 3)])
+@pytest.mark.parametrize("num_seqs,hk,hv,dk,dv,taps", [(4, 2, 4, 16, 32, 4), (3, 1, 3, 8, 24, 3), (1, 2, 4, 16, 32, 4)])
 def test_decode_convolves_its_inputs_first(num_seqs, hk, hv, dk, dv, taps, gated, config):
     """conv: q, k, v are the in-projection's raw columns (mixed, strided rows) and the step convolves them itself:
     the same bits, output and recurrent states, and the same rolled conv states as the conv kernel
