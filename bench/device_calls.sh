@@ -106,6 +106,10 @@ case $PLAN in
     # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
     if [[ $G == *H200* ]]; then es ${S28B_H200_S:-260} h serve llm_bf16 llm_int2 hf_prefill hf_decode
     else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
+  s30)  # session 30's first start: the issue's table and logits with SwiGLU's gate|up epilogue on (session 29: the
+    # decode step 0.4-1.0% faster with it, prefill and serving not measured), then the kernels' GPU checks
+    export HEADROOM_FUSED_SWIGLU=1
+    es 430 h serve llm_bf16 llm_int2 hf_prefill hf_decode; es 110 l logits; es 120 k kernels ;;
   s29)  # session 29's first start: an H200 the issue's table and logits (s27b); an H100 the decode step's fusions (s29b)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s29b; fi ;;
   s29b)  # session 29's follow-up on a warm machine: Gated DeltaNet's output norm and conv in the delta rule's decode
