@@ -17,10 +17,10 @@ __all__ = ["SwiGLU", "interleave_gate_up", "linear"]
 # silu_mul launch a layer fewer, 32 a step on the 4B model, whose silu_mul launches took 0.045 / 0.048 ms of a
 # 3.50 / 4.19 ms step at batch 1 / 8 on an H100 (session 28's profile_decode_batches, PDL off). Measured on an H100
 # (session 29, bench/engine_speed.py fused_swiglu, two calls): the graphed decode step 0.995-0.996x at batch 1,
-# 0.9935x at 8, 0.990-0.992x at 16, the same tokens. Still off: prefill then runs silu_mul on the pairs' strided
-# halves, and neither the prefill rows, the server's compiles after /ready nor the logits were measured with it
-# on (the next device session's table, with HEADROOM_FUSED_SWIGLU=1). HEADROOM_FUSED_SWIGLU=1 turns it on (read
-# as each MLP is built).
+# 0.9935x at 8, 0.990-0.992x at 16, the same tokens. Still off: prefill then runs silu_mul on the pairs (read
+# as pairs, gates_triton PAIRED), and neither the prefill rows, the server's compiles after /ready nor the logits
+# were measured with it on (the next device session's table, bench/device_calls.sh s30). HEADROOM_FUSED_SWIGLU=1
+# turns it on (read as each MLP is built).
 FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "0") == "1"
 FUSED_SWIGLU_ROWS = 16
 

@@ -108,9 +108,12 @@ def test_gates():
     # Column views of one merged gate|up GEMM output (strided rows).
     g, u = torch.randn(5, 3000, generator=gen).split(1500, dim=-1)
     torch.testing.assert_close(silu_mul(g, u), naive_silu_mul(g, u), **TOL)
-    # The even and odd columns of an interleaved gate|up GEMM output (engine/layers/mlp.py).
-    y = torch.randn(5, 3000, generator=gen)
+    # The even and odd columns of an interleaved gate|up GEMM output (engine/layers/mlp.py, read as pairs; with
+    # strided rows and a ragged last block), and two other stride-2 views (two loads).
+    y = torch.randn(5, 3010, generator=gen)[:, 4:]
     torch.testing.assert_close(silu_mul(y[:, 0::2], y[:, 1::2]), naive_silu_mul(y[:, 0::2], y[:, 1::2]), **TOL)
+    a, b = torch.randn(5, 3000, generator=gen), torch.randn(5, 3000, generator=gen)
+    torch.testing.assert_close(silu_mul(a[:, 0::2], b[:, 1::2]), naive_silu_mul(a[:, 0::2], b[:, 1::2]), **TOL)
     x = torch.randn(6, 3 * 20, generator=gen)
     gate = torch.randn(6, 3, 40, generator=gen).chunk(2, dim=-1)[1]
     torch.testing.assert_close(sigmoid_mul(x, gate), naive_sigmoid_mul(x, gate), **TOL)

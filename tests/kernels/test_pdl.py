@@ -19,6 +19,7 @@ KERNELS = [
     ("rotary_triton", "rms_norm_rotary_fwd_kernel", dict(x=BF, weight=BF, positions=I64, inv_freq=F32, out=BF),
      dict(BLOCK_H=4, BLOCK_D=256, VEC=2, UNIT_OFFSET=True), ("eps",)),
     ("gates_triton", "silu_mul_fwd_kernel", dict(gate=BF, up=BF, out=BF), dict(BLOCK=1024), ()),
+    ("gates_triton", "silu_mul_fwd_kernel", dict(gate=BF, up=BF, out=BF), dict(BLOCK=1024, PAIRED=True), ()),
     ("gates_triton", "sigmoid_mul_fwd_kernel", dict(x=BF, gate=BF, out=BF), dict(BLOCK=1024), ()),
     ("gates_triton", "gdn_gates_fwd_kernel", dict(b=BF, a=BF, neg_a=F32, dt_bias=BF, beta=BF, g=F32),
      dict(BLOCK=32), ()),
