@@ -323,12 +323,18 @@ def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """SWIGLU's store: total [BLOCK_M, BLOCK_N] fp32, the output block's columns gate and up interleaved (pair j at
-    columns 2j, 2j + 1), each rounded to out's dtype as F.linear's output would be, then silu(gate) * up as
+def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SWAP_AB: tl.constexpr):
+    """SWIGLU's store: total the output block's fp32 sums in gemv_fwd_kernel's layout ([BLOCK_N] at one row,
+    [BLOCK_N, BLOCK_M] swapped, else [BLOCK_M, BLOCK_N]), its columns gate and up interleaved (pair j at columns
+    2j, 2j + 1), each rounded to out's dtype as F.linear's output would be, then silu(gate) * up as
     kernels/gates_triton.py's silu_mul computes and rounds it, at out[m, pid_n * BLOCK_N / 2 + j] (N / 2 columns;
     only where `last`: the block's last split)."""
     dtype: tl.constexpr = out.dtype.element_ty
+    if BLOCK_M == 1:
+        total = tl.reshape(total, [1, BLOCK_N])
+    elif SWAP_AB:
+        total = tl.trans(total)
     gate, up = tl.split(tl.reshape(total, [BLOCK_M, BLOCK_N // 2, 2]))
     act = _silu_mul(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
     offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -506,49 +512,37 @@ def gemv_fwd_kernel(
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
         acc = _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS,
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
-    # RESIDUAL: this block's sums of squares at sumsq[m, pid_n]
-    p_q = sumsq + offs_m * num_parts + pid_n
-    if SWIGLU:
-        # the block's sum over its splits as [BLOCK_M, BLOCK_N] (the layouts below, as _finish_block takes them)
-        if BLOCK_M == 1:
-            total, last = _split_total(tl.sum(acc, axis=1), ws, counters, pid_n, offs_n, m_n, num_splits, pid_s, N,
-                                       SPLIT)
-            total = tl.reshape(total, [1, BLOCK_N])
-        elif SWAP_AB:
-            total, last = _split_total(acc, ws, counters, pid_n, offs_m[None, :] * N + offs_n[:, None],
-                                       m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N, SPLIT)
-            total = tl.trans(total)
-        else:
-            if CORE_ROWS and not ROW_SUM:
-                acc = tl.sum(acc, axis=2)
-            total, last = _split_total(acc, ws, counters, pid_n, offs_m[:, None] * N + offs_n[None, :],
-                                       m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N, SPLIT)
-        _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N)
-    elif BLOCK_M == 1:
-        _finish_block(tl.sum(acc, axis=1), out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0, ws, counters,
-                      pid_n, offs_n, m_n, num_splits, pid_s, N, offs_n * 0, offs_n, conv_w, conv_states, conv_slots,
-                      conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 0, CONV, CONV_TAPS,
-                      CONV_BLOCK)
+    # The block's accumulator in its layout's shape, with the addresses and masks of its elements in out, res and
+    # the [M, N] split workspace (RESIDUAL: p_q its sums of squares at sumsq[m, pid_n]).
+    if BLOCK_M == 1:
+        acc = tl.sum(acc, axis=1)
+        p_o, p_r, p_q, m_q = out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0
+        offsets, mask, numel, rows, cols = offs_n, m_n, N, offs_n * 0, offs_n
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
-        _finish_block(acc, out + offs_m[None, :] * stride_om + offs_n[:, None],
-                      res + offs_m[None, :] * stride_rm + offs_n[:, None], p_q, m_m, ws, counters, pid_n,
-                      offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], num_splits, pid_s, M * N,
-                      offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0, conv_w,
-                      conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 0,
-                      CONV, CONV_TAPS, CONV_BLOCK)
+        p_o = out + offs_m[None, :] * stride_om + offs_n[:, None]
+        p_r = res + offs_m[None, :] * stride_rm + offs_n[:, None]
+        p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
+        offsets, mask, numel = offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], M * N
+        rows, cols = offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0
     else:
         if CORE_ROWS and not ROW_SUM:
             # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
             # SWAP_AB with CORE_ROWS), stored the same way
             acc = tl.sum(acc, axis=2)
-        _finish_block(acc, out + offs_m[:, None] * stride_om + offs_n[None, :],
-                      res + offs_m[:, None] * stride_rm + offs_n[None, :], p_q, m_m, ws, counters, pid_n,
-                      offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], num_splits, pid_s, M * N,
-                      offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0, conv_w,
-                      conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT, RESIDUAL, 1,
-                      CONV, CONV_TAPS, CONV_BLOCK)
+        p_o = out + offs_m[:, None] * stride_om + offs_n[None, :]
+        p_r = res + offs_m[:, None] * stride_rm + offs_n[None, :]
+        p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
+        offsets, mask, numel = offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], M * N
+        rows, cols = offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0
+    if SWIGLU:
+        total, last = _split_total(acc, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, SPLIT)
+        _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N, SWAP_AB)
+    else:
+        _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, rows,
+                      cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT,
+                      RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV, CONV_TAPS, CONV_BLOCK)
 
 
 @triton.jit
