@@ -17,11 +17,12 @@ __all__ = ["SwiGLU", "interleave_gate_up", "linear"]
 # silu_mul launch a layer fewer, 32 a step on the 4B model, whose silu_mul launches took 0.045 / 0.048 ms of a
 # 3.50 / 4.19 ms step at batch 1 / 8 on an H100 (session 28's profile_decode_batches, PDL off). Measured on an H100
 # (session 29, bench/engine_speed.py fused_swiglu, two calls): the graphed decode step 0.995-0.996x at batch 1,
-# 0.9935x at 8, 0.990-0.992x at 16, the same tokens. Still off: prefill then runs silu_mul on the pairs (read
-# as pairs, gates_triton PAIRED), and neither the prefill rows, the server's compiles after /ready nor the logits
-# were measured with it on (the next device session's table, bench/device_calls.sh s30). HEADROOM_FUSED_SWIGLU=1
-# turns it on (read as each MLP is built).
-FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "0") == "1"
+# 0.9935x at 8, 0.990-0.992x at 16, the same tokens; session 30 (bench/results/session30/), the issue's rows on and
+# off on one machine: decode +0.5% / +0.8% / +1.2% at batch 1 / 8 / 16 through the HTTP API, prefill at 8K / 32K
+# within 0.4% (longer passes run silu_mul on the pairs, read as pairs: gates_triton PAIRED), nothing compiled after
+# /ready, the logits as close to fp32 as without it. On by default; HEADROOM_FUSED_SWIGLU=0 turns it off (read as
+# each MLP is built).
+FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "1") != "0"
 FUSED_SWIGLU_ROWS = 16
 
 

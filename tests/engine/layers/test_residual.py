@@ -96,18 +96,19 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_ROWS", 16)
     norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
-    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "conv_gemv"))
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "conv_gemv", "swiglu_gemv"))
     fused_logits = _decode_logits(monkeypatch)
     fused = _generate(model_dir, vocab)
     layers = reference.config.num_hidden_layers
     gdn_layers = reference.config.layer_types.count("linear_attention")
     # every out-projection and down projection added its residual; the norms after them ran in the next GEMV
     # (each layer's first projection but the first layer's, and lm_head; a Gated DeltaNet layer's in-projection
-    # is a conv_gemv, which norms as normed_gemv does); the prefill pass (14 rows: no table entry) ran its norm
-    # kernels in both runs alike
-    assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"]) + len(gemvs["conv_gemv"])
+    # is a conv_gemv, and the MLP's gate|up a swiglu_gemv (mlp.FUSED_SWIGLU), which norm as normed_gemv does); the
+    # prefill pass (14 rows: no table entry) ran its norm kernels in both runs alike
+    assert len(gemvs["residual_gemv"]) == len(gemvs["normed_gemv"]) + len(gemvs["conv_gemv"]) \
+        + len(gemvs["swiglu_gemv"])
     steps, leftover = divmod(len(gemvs["residual_gemv"]), 2 * layers)
-    assert steps >= 4 and leftover == 0
+    assert steps >= 4 and leftover == 0 and len(gemvs["swiglu_gemv"]) == steps * layers
     assert len(unfused_norms["rms_norm"]) - len(norms["rms_norm"]) == steps * 2 * layers
     decode_gated = [rows for rows in norms["gated_rms_norm"] if rows <= 2]
     assert decode_gated == [] and \
@@ -205,11 +206,14 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     unfused = generate()
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", True)
-    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv"))
+    gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "swiglu_gemv"))
     fused = generate()
     layers = reference.config.num_hidden_layers
     assert gemvs["residual_gemv"].count(7) == 2 * layers
-    assert gemvs["normed_gemv"].count(7) == 2 * layers - 1 and gemvs["normed_gemv"].count(2) >= 1  # lm_head
+    # the norms ride on the next projection: each MLP's gate|up (its SwiGLU epilogue, mlp.FUSED_SWIGLU) and each
+    # layer's first projection but the first layer's; lm_head's on two rows
+    assert gemvs["swiglu_gemv"].count(7) == layers
+    assert gemvs["normed_gemv"].count(7) == layers - 1 and gemvs["normed_gemv"].count(2) >= 1
     for a, b in zip(unfused, fused, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(b.prompt_logits, a.prompt_logits, atol=0.02, rtol=0.0)
