@@ -469,6 +469,20 @@ def step_gemv_tune(runner, rows: tuple[int, ...] = (1,), budget_s: float = 240.0
     return out
 
 
+def table_variant(shipped: dict, changes: dict[str, dict]) -> dict:
+    """A variant of the GEMV table (keys (n, k, m, kind) -> GemvConfig) for part_llm_gemv: changes maps "*" (every
+    one-row entry), "NxK" (the one-row entries of that weight shape, plain and SwiGLU input alike), "*@M" (every
+    entry of M rows) or "NxK@M" to GemvConfig fields; an entry takes the general key's fields, then its shape's.
+    Entries no key names stay as shipped."""
+    variant = {}
+    for key, config in shipped.items():
+        n, k, m = key[:3]
+        rows = "" if m == 1 else f"@{m}"
+        fields = {**changes.get(f"*{rows}", {}), **changes.get(f"{n}x{k}{rows}", {})}
+        variant[key] = dataclasses.replace(config, **fields) if fields else config
+    return variant
+
+
 def step_table(tune: dict, previous: list[dict]) -> list[dict]:
     """kernels/gemv_tuned_configs.json's configs for this GPU after a step_gemv_tune: the previous entries (the
     shipped table's for this GPU and Triton version) with each changed one's configuration and "us" (the chosen

@@ -57,7 +57,6 @@ How each figure is taken:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -372,7 +371,8 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
 def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields
     for every one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input
-    alike)}}, each a GemvConfig field's value (prefetch, l2_prefetch, block_n, ...). The sweep times GEMVs in chains
+    alike), "*@M" and "NxK@M" the same for the entries of M rows}}, each a GemvConfig field's value (prefetch,
+    l2_prefetch, block_n, ...; decode_parts.table_variant). The sweep times GEMVs in chains
     of GEMVs; what a change does between the small kernels of a step (the norms, the conv, the delta rule,
     attention) only a step shows."""
     from headroom.kernels import gemv
@@ -381,9 +381,7 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     out: dict = {}
     try:
         for name, changes in variants.items():
-            gemv._tuned = {key: dataclasses.replace(config, **{**changes.get("*", {}),
-                                                               **changes.get(f"{key[0]}x{key[1]}", {})})
-                           if key[2] == 1 else config for key, config in shipped.items()}
+            gemv._tuned = decode_parts.table_variant(shipped, changes)
             out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
     finally:
         gemv._tuned = shipped
@@ -503,11 +501,12 @@ def gemv_variants() -> dict[str, dict]:
     def valid(changes: object) -> bool:
         # (a misspelt shape key would match no entry and time the shipped table under the variant's name)
         return isinstance(changes, dict) and all(
-            (shape == "*" or re.fullmatch(r"\d+x\d+", shape)) and isinstance(c, dict) and set(c) <= fields
+            re.fullmatch(r"(\*|\d+x\d+)(@\d+)?", shape) and isinstance(c, dict) and set(c) <= fields
             and all(isinstance(v, int) for v in c.values()) for shape, c in changes.items())
 
     if not isinstance(variants, dict) or not all(valid(changes) for changes in variants.values()):
-        raise ValueError(f"ENGINE_SPEED_GEMV_VARIANTS: each variant must map \"*\" or \"NxK\" (N, K integers) to "
+        raise ValueError(f"ENGINE_SPEED_GEMV_VARIANTS: each variant must map \"*\" or \"NxK\" (N, K integers), "
+                         f"either with \"@M\" for the entries of M rows, to "
                          f"integer GemvConfig fields ({sorted(fields)}), got {text!r}")
     return variants
 

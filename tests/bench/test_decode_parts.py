@@ -71,3 +71,22 @@ def test_step_table_gives_the_h100_table_shipped_from_session_23s_call_5():
         return sorted(entries, key=lambda e: (e["n"], e["k"], e["m"], e.get("input", "x"), e["layer"]))
 
     assert keyed(decode_parts.step_table(tune, ran)) == keyed(shipped)
+
+
+def test_table_variant_changes_the_entries_its_keys_name_and_no_other():
+    """"*" and "NxK" change one-row entries (as part_llm_gemv always did), "*@M" and "NxK@M" those of M rows; a
+    shape's own fields win over the general key's; every other entry is the shipped configuration itself."""
+    from headroom.kernels.gemv import GemvConfig
+
+    plain = GemvConfig(block_n=16, block_k=512)
+    shipped = {(2560, 4096, 1, "x"): plain, (2560, 9216, 1, "silu_mul"): plain,
+               (2560, 4096, 8, "x"): GemvConfig(block_n=64, block_k=256, split=3, swap_ab=True),
+               (18432, 2560, 8, "x"): GemvConfig(block_n=32, block_k=256), (2560, 4096, 16, "x"): plain}
+    variant = decode_parts.table_variant(shipped, {"*": {"l2_prefetch": 2}, "2560x9216": {"l2_prefetch": 4},
+                                                   "*@8": {"prefetch": 2}, "2560x4096@8": {"split": 6}})
+    assert variant[(2560, 4096, 1, "x")].l2_prefetch == 2
+    assert variant[(2560, 9216, 1, "silu_mul")].l2_prefetch == 4
+    assert variant[(2560, 4096, 8, "x")] == GemvConfig(block_n=64, block_k=256, split=6, swap_ab=True, prefetch=2)
+    assert variant[(18432, 2560, 8, "x")] == GemvConfig(block_n=32, block_k=256, prefetch=2)
+    assert variant[(2560, 4096, 16, "x")] is plain
+    assert decode_parts.table_variant(shipped, {}) == shipped
