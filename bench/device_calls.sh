@@ -106,7 +106,10 @@ case $PLAN in
     # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
     if [[ $G == *H200* ]]; then es ${S28B_H200_S:-260} h serve llm_bf16 llm_int2 hf_prefill hf_decode
     else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
-  s30b)  # several-row GEMVs asking L2 for the next 2 / 4 weight tiles before their PDL wait (GemvConfig.l2_prefetch;
+  s30c)  # session 30's last start: an H200 the issue's table and logits (s27b, now with SwiGLU's epilogue on); an
+    # H100 the several-row L2 prefetch (s30b)
+    if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s30b; fi ;;
+  s30b)  # several-row GEMVs asking L2 for the next 2 / 4 / 8 weight tiles before their PDL wait (GemvConfig.l2_prefetch;
     # batch 1 lost with it in session 22, several rows never ran it): the 2,560-wide outputs run at most six K tiles a
     # program at 8-16 rows, so the tiles before the wait are most of a program's weights. The decode rows with the
     # shipped table, l2_prefetch 2, 4 and 8 at every 8- and 16-row entry, the shipped table again (the spread)
