@@ -473,13 +473,20 @@ def table_variant(shipped: dict, changes: dict[str, dict]) -> dict:
     """A variant of the GEMV table (keys (n, k, m, kind) -> GemvConfig) for part_llm_gemv: changes maps "*" (every
     one-row entry), "NxK" (the one-row entries of that weight shape, plain and SwiGLU input alike), "*@M" (every
     entry of M rows) or "NxK@M" to GemvConfig fields; an entry takes the general key's fields, then its shape's.
-    Entries no key names stay as shipped."""
-    variant = {}
+    Entries no key names stay as shipped. A key that names no entry (a misspelt shape, "@1", a row count the table
+    has no entry for) fails: it would time the shipped table under the variant's name."""
+    variant, used = {}, set()
     for key, config in shipped.items():
         n, k, m = key[:3]
         rows = "" if m == 1 else f"@{m}"
-        fields = {**changes.get(f"*{rows}", {}), **changes.get(f"{n}x{k}{rows}", {})}
+        names = [name for name in (f"*{rows}", f"{n}x{k}{rows}") if name in changes]
+        used.update(names)
+        fields = {field: value for name in names for field, value in changes[name].items()}
         variant[key] = dataclasses.replace(config, **fields) if fields else config
+    unused = sorted(set(changes) - used)
+    if unused:
+        raise ValueError(f"GEMV table variant: {unused} name no entry of the table (entries: "
+                         f"{sorted({(n, k, m) for n, k, m, _ in shipped})})")
     return variant
 
 

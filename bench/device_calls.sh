@@ -110,15 +110,16 @@ case $PLAN in
     # H100 the several-row L2 prefetch (s30b)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s30b; fi ;;
   s30b)  # several-row GEMVs asking L2 for the next 2 / 4 / 8 weight tiles before their PDL wait (GemvConfig.l2_prefetch;
-    # batch 1 lost with it in session 22, several rows never ran it): the 2,560-wide outputs run at most six K tiles a
-    # program at 8-16 rows, so the tiles before the wait are most of a program's weights. The decode rows with the
-    # shipped table, l2_prefetch 2, 4 and 8 at every 8- and 16-row entry, the 2,560-wide entries' 64 x 256 swapped
-    # tiles with the deepest cp.async pipeline that fits shared memory (sm_90 compiles here: 6 stages at 8 rows,
-    # 184 KB; 4 at 16 rows, 197 KB; 5 there needs 246 KB), the shipped table again (the spread)
+    # batch 1 lost with it in session 22, several rows never ran it): the 2,560-wide outputs run 6 (K 4,096) or 12
+    # (K 9,216) K tiles a program at 8-16 rows, so the tiles before the wait are much of a program's weights. The
+    # decode rows with the shipped table, l2_prefetch 2, 4 and 8 at every 8- and 16-row entry, the 2,560-wide
+    # entries' 64 x 256 swapped tiles with the deepest cp.async pipeline that fits shared memory (8 rows launch the
+    # 16-row tile too, gemv._rows_tile; sm_90 compiles here: 4 stages 197 KB, 5 need 246 KB of the H100's 227), the
+    # shipped table again (the spread)
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_2_rows": {"*@8": {"l2_prefetch": 2}, "*@16": {"l2_prefetch": 2}},
       "l2_4_rows": {"*@8": {"l2_prefetch": 4}, "*@16": {"l2_prefetch": 4}},
       "l2_8_rows": {"*@8": {"l2_prefetch": 8}, "*@16": {"l2_prefetch": 8}},
-      "deep_narrow": {"2560x4096@8": {"num_stages": 6}, "2560x9216@8": {"num_stages": 6},
+      "deep_narrow": {"2560x4096@8": {"num_stages": 4}, "2560x9216@8": {"num_stages": 4},
                       "2560x4096@16": {"num_stages": 4}, "2560x9216@16": {"num_stages": 4}}, "shipped_again": {}}'
     es 330 v llm_bf16_gemv ;;
   s30)  # session 30's first start: the issue's table and logits with SwiGLU's gate|up epilogue on (session 29: the

@@ -381,8 +381,15 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     out: dict = {}
     try:
         for name, changes in variants.items():
-            gemv._tuned = decode_parts.table_variant(shipped, changes)
-            out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
+            # One variant's failure (a tile that needs more shared memory than the GPU has, a key naming no entry)
+            # is recorded and the next variant runs: the ones before it stay measured.
+            try:
+                gemv._tuned = decode_parts.table_variant(shipped, changes)
+                out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
+            except Exception:  # noqa: BLE001 - kept in the part's JSON
+                out[name] = {"changes": changes, "error": traceback.format_exc()[-3000:]}
+                gc.collect()
+                torch.cuda.empty_cache()
     finally:
         gemv._tuned = shipped
     return out
@@ -501,7 +508,7 @@ def gemv_variants() -> dict[str, dict]:
     def valid(changes: object) -> bool:
         # (a misspelt shape key would match no entry and time the shipped table under the variant's name)
         return isinstance(changes, dict) and all(
-            re.fullmatch(r"(\*|\d+x\d+)(@\d+)?", shape) and isinstance(c, dict) and set(c) <= fields
+            re.fullmatch(r"(\*|\d+x\d+)(@(?!1$)\d+)?", shape) and isinstance(c, dict) and set(c) <= fields
             and all(isinstance(v, int) for v in c.values()) for shape, c in changes.items())
 
     if not isinstance(variants, dict) or not all(valid(changes) for changes in variants.values()):

@@ -20,9 +20,9 @@ __all__ = ["SwiGLU", "interleave_gate_up", "linear"]
 # 0.9935x at 8, 0.990-0.992x at 16, the same tokens; session 30 (bench/results/session30/), the rows on and
 # off on one machine: decode +0.5% / +0.8% / +1.2% at batch 1 / 8 / 16 through the HTTP API, prefill at 8K / 32K
 # within 0.4% (longer passes run silu_mul on the pairs, read as pairs: gates_triton PAIRED), nothing compiled after
-# /ready, the logits as close to fp32 as without it. On by default; HEADROOM_FUSED_SWIGLU=0 turns it off (read as
-# each MLP is built).
-FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "1") != "0"
+# /ready, the logits as close to fp32 as without it. On by default; HEADROOM_FUSED_SWIGLU=0 (anything but 1, as the
+# other switches) turns it off, read as each MLP is built.
+FUSED_SWIGLU = os.environ.get("HEADROOM_FUSED_SWIGLU", "1") == "1"
 FUSED_SWIGLU_ROWS = 16
 
 

@@ -1,7 +1,10 @@
 """bench/decode_parts.py's pure parts: the GEMV table a step tuning writes (the tuning itself runs on the GPU)."""
 
 import importlib.util
+import re
 from pathlib import Path
+
+import pytest
 
 _spec = importlib.util.spec_from_file_location(
     "decode_parts", Path(__file__).resolve().parents[2] / "bench" / "decode_parts.py")
@@ -90,3 +93,7 @@ def test_table_variant_changes_the_entries_its_keys_name_and_no_other():
     assert variant[(18432, 2560, 8, "x")] == GemvConfig(block_n=32, block_k=256, prefetch=2)
     assert variant[(2560, 4096, 16, "x")] is plain
     assert decode_parts.table_variant(shipped, {}) == shipped
+    # a key that names no entry would time the shipped table under the variant's name: refused, naming it
+    for stray in ("2560x4069@8", "*@4", "1x1"):
+        with pytest.raises(ValueError, match=re.escape(f"['{stray}'] name no entry")):
+            decode_parts.table_variant(shipped, {"*@8": {"prefetch": 2}, stray: {"prefetch": 2}})

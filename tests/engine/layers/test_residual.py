@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from headroom.engine.layers import residual  # noqa: E402
+from headroom.engine.layers import mlp, residual  # noqa: E402
 from headroom.engine.layers.normed_rows import NormedRows  # noqa: E402
 from headroom.engine.layers.residual import Projection, add_and_norm  # noqa: E402
 from headroom.engine.llm import LLM  # noqa: E402
@@ -87,6 +87,7 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     monkeypatch.setattr(residual, "FUSED_ROWS", 16)  # the mechanism at two rows (shipped at one: FUSED_ROWS)
+    monkeypatch.setattr(mlp, "FUSED_SWIGLU", True)  # as shipped, whatever HEADROOM_FUSED_SWIGLU says here
     unfused_norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     unfused_logits = _decode_logits(monkeypatch)
     unfused = _generate(model_dir, vocab)
@@ -95,6 +96,7 @@ def test_decode_adds_and_norms_inside_the_gemvs(tiny_model_factory, monkeypatch)
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
     monkeypatch.setattr(residual, "FUSED_ROWS", 16)
+    monkeypatch.setattr(mlp, "FUSED_SWIGLU", True)
     norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
     gemvs = _count(monkeypatch, gemv_module, ("residual_gemv", "normed_gemv", "conv_gemv", "swiglu_gemv"))
     fused_logits = _decode_logits(monkeypatch)
@@ -203,6 +205,7 @@ def test_a_short_prefill_pass_norms_in_the_gemvs_then_takes_its_last_rows(tiny_m
     monkeypatch.setattr(ops, "_fused", lambda x, op: True)
     monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2, 7)))
     monkeypatch.setattr(residual, "FUSED_ROWS", 16)
+    monkeypatch.setattr(mlp, "FUSED_SWIGLU", True)  # as shipped, whatever HEADROOM_FUSED_SWIGLU says here
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", False)
     unfused = generate()
     monkeypatch.setattr(residual, "FUSED_RESIDUAL", True)
