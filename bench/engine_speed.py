@@ -368,6 +368,13 @@ def part_llm_tuned(state: dict, kv: str, extend: dict, decode: dict) -> dict:
         return {"extend_tuning": dict(extend), "decode_tuning": dict(decode), **part_llm(state, kv, into_rows=False)}
 
 
+def free_gpu_memory() -> None:
+    """A finished engine's memory back to the GPU: its runner's forward wrapper is a cycle, so the engine and its
+    pools outlive their last reference until a collection; then the caching allocator's blocks."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
     """part_llm's decode rows once for each variant of the shipped GEMV table, beside the rows: {name: {"*": fields
     for every one-row entry, "NxK": fields for the one-row entries of that weight shape (plain and SwiGLU input
@@ -388,8 +395,8 @@ def part_llm_gemv(state: dict, kv: str, variants: dict[str, dict]) -> dict:
                 out[name] = {"changes": changes, **part_llm(state, kv, into_rows=False, decode_only=True)}
             except Exception:  # noqa: BLE001 - kept in the part's JSON
                 out[name] = {"changes": changes, "error": traceback.format_exc()[-3000:]}
-                gc.collect()
-                torch.cuda.empty_cache()
+            finally:
+                free_gpu_memory()  # every variant's engine gone before the next one's starts
     finally:
         gemv._tuned = shipped
     return out
@@ -441,8 +448,7 @@ def part_gemv_step(state: dict, target: Path) -> dict:
         except Exception:  # noqa: BLE001 - a limit or an error mid-walk: keep and write what was tuned
             out["tune_error"] = traceback.format_exc()[-3000:]
         llm = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        free_gpu_memory()
         tuned = {(e["n"], e["k"], e["m"], e["input"]): gemv.config_of(e) for e in out["tune"].get("table", [])}
         if tuned:
             asked = "".join(f"{name}={value} " for name, value in fused.items() if value != shipped_fused[name])
@@ -686,8 +692,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - one failing part must not lose the others
             state["detail"][name] = {"error": traceback.format_exc()[-3000:]}
         state["detail"][name + "_seconds"] = time.perf_counter() - started
-        gc.collect()  # the part's engine (its runner's forward wrapper is a cycle) and its pools
-        torch.cuda.empty_cache()
+        free_gpu_memory()
         state.setdefault("commands", [])
         if command not in state["commands"]:
             state["commands"].append(command)

@@ -513,7 +513,8 @@ def gemv_fwd_kernel(
         acc = _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS,
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
     # The block's accumulator in its layout's shape, with the addresses and masks of its elements in out, res and
-    # the [M, N] split workspace (RESIDUAL: p_q its sums of squares at sumsq[m, pid_n]).
+    # the [M, N] split workspace (RESIDUAL: p_q its sums of squares at sumsq[m, pid_n]; one row's is a scalar).
+    p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=1)
         p_o, p_r, p_q, m_q = out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0
@@ -523,7 +524,6 @@ def gemv_fwd_kernel(
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
         p_o = out + offs_m[None, :] * stride_om + offs_n[:, None]
         p_r = res + offs_m[None, :] * stride_rm + offs_n[:, None]
-        p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
         offsets, mask, numel = offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], M * N
         rows, cols = offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0
     else:
@@ -533,7 +533,6 @@ def gemv_fwd_kernel(
             acc = tl.sum(acc, axis=2)
         p_o = out + offs_m[:, None] * stride_om + offs_n[None, :]
         p_r = res + offs_m[:, None] * stride_rm + offs_n[None, :]
-        p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
         offsets, mask, numel = offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], M * N
         rows, cols = offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0
     if SWIGLU:
