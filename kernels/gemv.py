@@ -73,6 +73,9 @@ class GemvConfig:
     # Weight tiles after those a program loads into registers before its PDL wait that it asks L2 to fetch then
     # (prefetch.global.L2, 0 for none): the next GEMV's ramp overlapped with the kernel before it, as `prefetch`
     # does, without holding the tiles in registers (prefetch 2 and 4 cost more registers than they hid, session 21).
+    # Measured in the graphed step on an H100 (session 31): 2 at every 8- and 16-row entry, 3.82 against 3.95 ms a
+    # step at batch 8 and 4.24 against 4.35 at 16 (their programs run 4-12 K tiles, so 2 more is much of a
+    # program's weights); 8 lost (4.07 at batch 8); 2 at one row, 3.44 against 3.27 ms, lost as in session 22.
     l2_prefetch: int = 0
 
 

@@ -97,3 +97,18 @@ def test_table_variant_changes_the_entries_its_keys_name_and_no_other():
     for stray in ("2560x4069@8", "*@4", "1x1"):
         with pytest.raises(ValueError, match=re.escape(f"['{stray}'] name no entry")):
             decode_parts.table_variant(shipped, {"*@8": {"prefetch": 2}, stray: {"prefetch": 2}})
+
+
+def test_step_candidates_keep_the_entrys_l2_prefetch_at_several_rows_only():
+    from headroom.kernels.gemv import GemvConfig
+
+    swept = [GemvConfig(64, 256, 3, swap_ab=True), GemvConfig(64, 128, swap_ab=True, stream=1),
+             GemvConfig(8, 512, rows_on_cores=True)]
+    entry = GemvConfig(64, 256, 3, swap_ab=True, l2_prefetch=2)
+    kept = decode_parts.step_candidates(swept, entry, 8)
+    assert [c.l2_prefetch for c in kept] == [2, 0, 2]  # stream-K asks L2 for nothing
+    assert [c.block_n for c in kept] == [64, 64, 8] and kept[0].split == 3
+    # one row, no entry, or an entry without it: the sweep's configurations as they are
+    assert decode_parts.step_candidates(swept, entry, 1) == swept
+    assert decode_parts.step_candidates(swept, None, 16) == swept
+    assert decode_parts.step_candidates(swept, GemvConfig(64, 256, 3, swap_ab=True), 16) == swept
