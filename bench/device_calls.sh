@@ -106,6 +106,12 @@ case $PLAN in
     # rows twice with the wide split merge shipped (the batch-1 32K parity, orders swapped)
     if [[ $G == *H200* ]]; then es ${S28B_H200_S:-260} h serve llm_bf16 llm_int2 hf_prefill hf_decode
     else es 110 d1 llm_int2_decode llm_bf16_decode; es 110 d2 llm_bf16_decode llm_int2_decode; fi ;;
+  s31b)  # session 31's last start: an H200 the issue's table and logits (s27b; none since session 20); an H100 a cold
+    # start with the table's several-row L2 prefetch (nothing may compile after /ready), then the step tuning at 8 and
+    # 16 rows with candidates that keep the entry's l2_prefetch (decode_parts.step_candidates; the sweep's ask for none)
+    if [[ $G == *H200* ]]; then bash "$0" s27b
+    else es 100 c serve; ENGINE_SPEED_STEP_TUNE_ROWS=8,16 ENGINE_SPEED_STEP_CANDIDATES=4 ENGINE_SPEED_STEP_TUNE_S=200 \
+        es 290 gs gemv_step; fi ;;
   s30c)  # session 30's last start: an H200 the issue's table and logits (s27b, now with SwiGLU's epilogue on); an
     # H100 the several-row L2 prefetch (s30b)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s30b; fi ;;
