@@ -112,6 +112,11 @@ case $PLAN in
     if [[ $G == *H200* ]]; then bash "$0" s27b
     else es 100 c serve; ENGINE_SPEED_STEP_TUNE_ROWS=8,16 ENGINE_SPEED_STEP_CANDIDATES=4 ENGINE_SPEED_STEP_TUNE_S=200 \
         es 290 gs gemv_step; fi ;;
+  s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
+    # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
+    export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_1_rows": {"*@8": {"l2_prefetch": 1}, "*@16": {"l2_prefetch": 1}},
+      "l2_2_rows": {"*@8": {"l2_prefetch": 2}, "*@16": {"l2_prefetch": 2}}, "shipped_again": {}}'
+    es 250 v llm_bf16_gemv ;;
   s30c)  # session 30's last start: an H200 the issue's table and logits (s27b, now with SwiGLU's epilogue on); an
     # H100 the several-row L2 prefetch (s30b)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s30b; fi ;;
