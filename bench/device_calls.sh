@@ -110,8 +110,8 @@ case $PLAN in
     # start with the table's several-row L2 prefetch (nothing may compile after /ready), then the step tuning at 8 and
     # 16 rows with candidates that keep the entry's l2_prefetch (decode_parts.step_candidates; the sweep's ask for none)
     if [[ $G == *H200* ]]; then bash "$0" s27b
-    else es 100 c serve; ENGINE_SPEED_STEP_TUNE_ROWS=8,16 ENGINE_SPEED_STEP_CANDIDATES=4 ENGINE_SPEED_STEP_TUNE_S=200 \
-        es 290 gs gemv_step; fi ;;
+    else es 100 c serve; ENGINE_SPEED_STEP_TUNE_ROWS=8,16 ENGINE_SPEED_STEP_CANDIDATES=4 ENGINE_SPEED_STEP_TUNE_S=150 \
+        es 230 gs gemv_step; fi ;;
   s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
     # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_1_rows": {"*@8": {"l2_prefetch": 1}, "*@16": {"l2_prefetch": 1}},
