@@ -112,6 +112,12 @@ case $PLAN in
     if [[ $G == *H200* ]]; then bash "$0" s27b
     else es 100 c serve; ENGINE_SPEED_STEP_TUNE_ROWS=8,16 ENGINE_SPEED_STEP_CANDIDATES=4 ENGINE_SPEED_STEP_TUNE_S=150 \
         es 230 gs gemv_step; fi ;;
+  s32)  # session 32's first start: an H200 the issue's table and logits (s27b); an H100 the norm tail (s31d)
+    if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s31d; fi ;;
+  s31d)  # the next RMSNorm by the residual GEMVs' last program at 2-16 sequences (engine/layers/residual.py NORM_TAIL,
+    # built in session 31 on the CPU, off): graphed decode on against off in one process with the greedy tokens, then
+    # the kernels' GPU checks (residual_normed_gemv at every several-row residual shape against rms_norm's kernel)
+    es 150 nt fused_norm_tail; es 120 k kernels ;;
   s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
     # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_1_rows": {"*@8": {"l2_prefetch": 1}, "*@16": {"l2_prefetch": 1}},

@@ -641,6 +641,7 @@ def main() -> None:
             "fused_conv_in_step": lambda s: parts.fusion_speed(MODEL, "conv_in_step"),
             "fused_step": lambda s: parts.fusion_speed(MODEL, "step"),
             "fused_swiglu": lambda s: parts.fusion_speed(MODEL, "swiglu"),
+            "fused_norm_tail": lambda s: parts.fusion_speed(MODEL, "norm_tail"),
             "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
                                               for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),

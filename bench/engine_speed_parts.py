@@ -355,10 +355,14 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
     shipped table they run at: residual_gemv against residual + the same GEMV (equal bit for bit: the product is
     rounded, then the add, as there) and its sums of squares against fp32's, also with Gated DeltaNet's output
     norm in front (against gated_rms_norm's kernel then the GEMV, and fp32); normed_gemv, with those sums,
-    against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV)."""
+    against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV).
+    With the next norm by the launch's last program (residual_normed_gemv, every entry of several rows): the sum
+    against residual_gemv's and the normed rows against norm_triton's rms_norm of it (equal bit for bit expected
+    where the blocks' sums give the same 1 / rms)."""
     from headroom.kernels.gemv import (
         SILU_MUL_INPUT,
         GatedNorm,
+        NormTail,
         RowNorm,
         gated_gemv_fits,
         gemv,
@@ -366,6 +370,7 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
         naive_gated_gemv,
         normed_gemv,
         residual_gemv,
+        residual_normed_gemv,
         silu_mul_gemv,
     )
     from headroom.kernels.norm_triton import gated_rms_norm, rms_norm
@@ -387,6 +392,12 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
                 product = gemv(x, w, config)
             rows.append({"n": n, "k": k, "m": m, "input": kind, "residual_gemv": _diff(summed, residual + product),
                          "sums_of_squares": _diff(sumsq.sum(-1), summed.float().pow(2).sum(-1))})
+            if m > 1:
+                tail = NormTail((0.1 * torch.randn(n, device=DEV)).bfloat16(), 1e-6, True)
+                a, b = (gate, up) if kind == SILU_MUL_INPUT else (x, None)
+                tailed, normed = residual_normed_gemv(a, w, residual, tail, config, up=b)
+                rows[-1].update({"norm_tail_sum_vs_residual_gemv": _diff(tailed, summed),
+                                 "norm_tail_vs_rms_norm": _diff(normed, rms_norm(tailed, tail.weight, 1e-6, True)[0])})
             if kind != SILU_MUL_INPUT and gated_gemv_fits(k, head, config):
                 # Gated DeltaNet's out-projection (the attention o_proj's shape): its output norm in front too
                 core, z = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(m, k + 64, device=DEV).bfloat16()
@@ -1636,7 +1647,7 @@ FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_atte
            "gate_norm": (("linear_attention", "DECODE_GATE_NORM"),),
            "conv_in_step": (("linear_attention", "DECODE_CONV_IN_STEP"),),
            "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP")),
-           "swiglu": (("mlp", "FUSED_SWIGLU"),)}
+           "swiglu": (("mlp", "FUSED_SWIGLU"),), "norm_tail": (("residual", "NORM_TAIL"),)}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1646,7 +1657,9 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
     in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch; "conv_in_step", its
     conv in that kernel, against the conv's launch; "step", both; "swiglu", SwiGLU's activation in the gate|up
-    GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch), one engine after the other
+    GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch; "norm_tail", the next RMSNorm by the last
+    program of the residual GEMVs at 2-16 sequences, engine/layers/residual.py, against add_rms_norm's launch), one
+    engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not

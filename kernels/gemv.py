@@ -379,19 +379,55 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         _finish_split(acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
 
 
+@triton.jit
+def _norm_tail(out, normed, sumsq, tail_w, tail_count, M, N, num_parts, programs, eps, stride_om, stride_nm,
+               BLOCK_M: tl.constexpr, UNIT_OFFSET: tl.constexpr, TAIL_BLOCK: tl.constexpr):
+    """NORM_TAIL: the next RMSNorm of the residual stream this launch wrote (out [M, N], its rows' partial sums of
+    squares sumsq [M, num_parts]) into normed [M, N], by the launch's last program to arrive: every program counts
+    itself in at tail_count once its stores are done (its output block's last split has stored the block and its
+    sums), so the last of `programs` sees every block, norms the rows and resets the count. The 1 / rms sums the
+    parts in _row_rstd's order for several rows, and each element is normed and rounded as _rms_normed (the fused
+    NORM path's) does. Every other program only counts itself."""
+    # (as _split_total: every thread's stores before the one arrival, released by it; the last acquires them)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(tail_count, 1, sem="acq_rel")
+    if arrived == programs - 1:
+        CHUNK: tl.constexpr = 64
+        offs_m = tl.arange(0, BLOCK_M)
+        rows = tl.minimum(offs_m, M - 1)
+        m_m = offs_m < M
+        offs_p = tl.arange(0, CHUNK)
+        total = tl.zeros([BLOCK_M, CHUNK], dtype=tl.float32)
+        for p0 in range(0, num_parts, CHUNK):
+            # (.cg: other multiprocessors wrote them; this one's L1 may not hold them)
+            total += tl.load(sumsq + rows[:, None] * num_parts + p0 + offs_p[None, :],
+                             mask=(p0 + offs_p < num_parts)[None, :], other=0.0, cache_modifier=".cg")
+        rstd = (1.0 / tl.sqrt(tl.sum(total, axis=1) / N + eps))[:, None]
+        offs_c = tl.arange(0, TAIL_BLOCK)
+        for c0 in range(0, N, TAIL_BLOCK):
+            cols = c0 + offs_c
+            mask = m_m[:, None] & (cols < N)[None, :]
+            r = tl.load(out + offs_m[:, None] * stride_om + cols[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+            g = tl.load(tail_w + cols, mask=cols < N, other=0.0)
+            y = _rms_normed(r.to(tl.float32), g.to(tl.float32)[None, :], rstd, UNIT_OFFSET, normed.dtype.element_ty)
+            tl.store(normed + offs_m[:, None] * stride_nm + cols[None, :], y.to(normed.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(tail_count, 0)
+
+
 # num_parts (NORM: the blocks of the GEMV before; RESIDUAL: this one's) is no specialisation key: 160 and 40 blocks
 # would be two compiles of the same kernel (Triton keys integer arguments on divisibility by 16).
 @triton.jit(do_not_specialize=["num_parts"])
 def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     res, sumsq, num_parts, stride_rm, eps, norm_w, conv_w, conv_states, conv_slots, conv_channels, stride_cw,
-    stride_cs, stride_cc,
+    stride_cs, stride_cc, normed, tail_w, tail_count, stride_nm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
     GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
     CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
+    NORM_TAIL: tl.constexpr = False, TAIL_BLOCK: tl.constexpr = 512,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -423,7 +459,11 @@ def gemv_fwd_kernel(
     kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
     in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM
     may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows interleaved, and
-    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM may join it."""
+    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM may join it. NORM_TAIL
+    (with RESIDUAL, not GATED: residual_normed_gemv): the next RMSNorm of out's rows (weight tail_w [N], eps,
+    UNIT_OFFSET) into normed (row stride stride_nm) by the launch's last program (_norm_tail), so that no norm
+    kernel runs between this GEMV and the next, whose loop then reads plain rows (NORM's loop norms each x tile
+    in registers, which cost the tensor-core tiles more than the norm launch, sessions 18 and 24)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -545,6 +585,9 @@ def gemv_fwd_kernel(
         _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, rows,
                       cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT,
                       RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV, CONV_TAPS, CONV_BLOCK)
+        if NORM_TAIL:
+            _norm_tail(out, normed, sumsq, tail_w, tail_count, M, N, num_parts, num_parts * num_splits, eps,
+                       stride_om, stride_nm, BLOCK_M, UNIT_OFFSET, TAIL_BLOCK)
 
 
 @triton.jit
@@ -810,6 +853,45 @@ def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return out, out.float().pow(2).sum(-1, keepdim=True)
 
 
+@dataclass(frozen=True)
+class NormTail:
+    """The RMSNorm residual_normed_gemv applies to the residual stream it writes: the norm's weight [N] (the rows'
+    dtype, contiguous), eps and Qwen3.5's unit offset ((1 + weight) * x)."""
+
+    weight: torch.Tensor
+    eps: float
+    unit_offset: bool
+
+
+def residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
+                         config: GemvConfig = GemvConfig(), up: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x @ w [N, K].T, rms_norm of it) in one launch: residual_gemv's add, then the next norm by the
+    launch's last program (kernel NORM_TAIL), so the next projection reads normed rows with a plain loop and no
+    norm kernel runs between the two GEMVs. up: SwiGLU's down projection, as residual_gemv. The sum is
+    residual_gemv's to the bit; the normed rows are what normed_gemv's loop would make of it (1 / rms from the
+    blocks' sums: it can differ from rms_norm's own in the last bit). naive_residual_normed_gemv is the reference."""
+    _raise_if(_residual_problem(x, w, residual))
+    if up is not None:
+        _raise_if(_silu_mul_problem(x, up))
+    n = w.shape[0]
+    if tail.weight.shape != (n,) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
+        raise ValueError(f"residual_normed_gemv: the norm's weight {tuple(tail.weight.shape)} {tail.weight.dtype} "
+                         f"must be [{n}] {x.dtype}, contiguous")
+    out, normed = _launch(x, up, w, config, residual=residual, tail=tail)
+    assert normed is not None
+    return out, normed
+
+
+def naive_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
+                               up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of residual_normed_gemv: naive_residual_gemv's sum, then rms_norm's reference of it."""
+    from headroom.kernels.norm import naive_rms_norm
+
+    out, _ = naive_residual_gemv(x, w, residual, up)
+    return out, naive_rms_norm(out, tail.weight, tail.eps, tail.unit_offset)
+
+
 def _raise_if(problem: str | None) -> None:
     if problem is not None:
         raise ValueError(problem)
@@ -879,10 +961,11 @@ def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
             norm: RowNorm | None = None, residual: torch.Tensor | None = None,
             gated: GatedNorm | None = None, conv: ConvStep | None = None,
-            swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            swiglu: bool = False, tail: NormTail | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated), residual_gemv
-    (residual, with up, gated or neither), conv_gemv (conv, with norm or not) or swiglu_gemv (swiglu, with norm
-    or not): (out, the sums of squares residual_gemv writes, else None)."""
+    (residual, with up, gated or neither), residual_normed_gemv (residual and tail, with up or not), conv_gemv
+    (conv, with norm or not) or swiglu_gemv (swiglu, with norm or not): (out, the sums of squares residual_gemv
+    writes, or with tail the normed rows, else None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > MAX_ROWS or x.stride(-1) != 1 or not w.is_contiguous():
@@ -891,6 +974,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
+    assert tail is None or (residual is not None and gated is None), "NORM_TAIL joins RESIDUAL, not GATED"
     assert not swiglu or (up is None and residual is None and gated is None and conv is None), "SWIGLU joins NORM alone"
     if swiglu and (n % 2 or config.block_n % 2):
         raise ValueError(f"swiglu_gemv: w {tuple(w.shape)} needs whole gate / up pairs: an even N and block_n "
@@ -908,6 +992,11 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     out = torch.empty((num_rows, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
+    normed = torch.empty_like(out) if tail is not None else None
+    if tail is not None and blocks >= _COUNTER_SLOTS - 1:
+        # the launch's arrival count takes the last counter, past every block's
+        raise ValueError(f"residual_normed_gemv: {blocks} output blocks (N {n}, block_n {config.block_n}); at most "
+                         f"{_COUNTER_SLOTS - 2}")
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
     # and several rows need even row strides too (the norm's weight is one row, read by every row)
@@ -950,22 +1039,26 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         stride_u, w.stride(0), out.stride(0),
         residual if residual is not None else out, parts, parts.shape[1] if parts.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0,
-        norm.eps if norm is not None else gated.eps if gated is not None else 0.0,
+        norm.eps if norm is not None else gated.eps if gated is not None else tail.eps if tail is not None else 0.0,
         (gated.weight.view(torch.int32) if pairs else gated.weight) if gated is not None else out,
         *_conv_arguments(conv, out),
+        normed if normed is not None else out, tail.weight if tail is not None else out,
+        _counters(x.device)[_COUNTER_SLOTS - 1:] if tail is not None else out,
+        normed.stride(0) if normed is not None else 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
         ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
-        UNIT_OFFSET=norm is not None and norm.unit_offset, RESIDUAL=residual is not None, GATED=gated is not None,
+        UNIT_OFFSET=(norm is not None and norm.unit_offset) or (tail is not None and tail.unit_offset),
+        RESIDUAL=residual is not None, GATED=gated is not None, NORM_TAIL=tail is not None,
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
         L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, **pdl_launch(x.device),
     )
-    return out, sumsq
+    return out, normed if tail is not None else sumsq
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -1065,6 +1158,32 @@ def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     (SwiGLU's down projection) the fused shape's entry; at row counts where only the plain shape has one (the
     sweep's fused shape lost there), silu_mul's kernel makes the activation first and the plain GEMV adds. With
     gated (Gated DeltaNet's out-projection) the plain entry, where its tiles hold whole heads (gated_gemv_fits)."""
+    chosen = _residual_config(x, w, residual, up)
+    if chosen is None:
+        return None
+    x, up, config = chosen
+    if gated is not None and _gated_problem(x, gated, config) is not None:
+        return None
+    return residual_gemv(x, w, residual, config, up, gated)
+
+
+def tuned_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
+                               up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """residual_normed_gemv with the configuration tuned_residual_gemv would run (None where it would not run, or
+    the norm's weight is not [N] in x's dtype): (the sum, its rms_norm)."""
+    chosen = _residual_config(x, w, residual, up)
+    if chosen is None or tail.weight.shape != (w.shape[0],) or tail.weight.dtype != x.dtype \
+            or not tail.weight.is_contiguous():
+        return None
+    x, up, config = chosen
+    return residual_normed_gemv(x, w, residual, tail, config, up)
+
+
+def _residual_config(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None,
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, GemvConfig] | None:
+    """(x, up, the entry) a residual GEMV runs with: with up the fused shape's entry, else (no fused entry at this
+    row count) the activation made first by silu_mul's kernel and the plain entry; None where the table has
+    neither or the operands do not fit."""
     if _residual_problem(x, w, residual) is not None or (up is not None and _silu_mul_problem(x, up) is not None):
         return None
     config = _tuned_config(x, w, SILU_MUL_INPUT) if up is not None else None
@@ -1077,9 +1196,7 @@ def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
         x, up = silu_mul(x, up), None
     if up is None:
         config = _tuned_config(x, w, PLAIN_INPUT)
-    if config is None or (gated is not None and _gated_problem(x, gated, config) is not None):
-        return None
-    return residual_gemv(x, w, residual, config, up, gated)
+    return None if config is None else (x, up, config)
 
 
 def _table(device: torch.device) -> dict[tuple[int, int, int, str], GemvConfig]:

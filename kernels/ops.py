@@ -200,6 +200,19 @@ def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch
     return None
 
 
+def residual_normed_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                                 norm_weight: torch.Tensor, eps: float, unit_offset: bool,
+                                 up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(residual + a @ weight.T, rms_norm of that sum) in one GEMV launch (kernels/gemv.py residual_normed_gemv:
+    the norm by the launch's last program; up as residual_dense_linear): where residual_dense_linear would run
+    its GEMV, None elsewhere (the caller projects, then add_rms_norm)."""
+    if _on_gemv(a, "dense_linear", "add_rms_norm") and (up is None or _fused(a, "silu_mul")):
+        from headroom.kernels.gemv import NormTail, tuned_residual_normed_gemv
+
+        return tuned_residual_normed_gemv(a, weight, residual, NormTail(norm_weight, eps, unit_offset), up)
+    return None
+
+
 def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         unit_offset: bool, weight: torch.Tensor) -> torch.Tensor | None:
     """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):

@@ -27,6 +27,12 @@ FUSED_RESIDUAL = os.environ.get("HEADROOM_FUSED_RESIDUAL", "1") == "1"
 # (3.503 against 3.557 ms), batch 8 6.7% and batch 16 22% slower: the fused tensor-core and CUDA-core tiles of
 # several rows lose more in their loops than the norm launches cost.
 FUSED_ROWS = 1
+# Passes of FUSED_ROWS + 1 to ops.GEMV_ROWS rows: the add in the projection's GEMV and the next norm by that
+# launch's last program (kernels/gemv.py residual_normed_gemv), so no norm kernel runs between the GEMVs and the
+# next one's loop reads plain rows (the NORM loop, which lost above, is not used). Gated DeltaNet's output norm
+# runs as its own kernel first. HEADROOM_NORM_TAIL=1 turns it on; off until a GPU measures it (65 norm launches a
+# step at batch 8: 0.133 of a 4.10 ms step's kernels on an H100, session 31).
+NORM_TAIL = os.environ.get("HEADROOM_NORM_TAIL", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,17 @@ class Projection:
     up: torch.Tensor | None = None
     gate_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
+    def gated_input(self) -> torch.Tensor:
+        """gate_norm's input to the projection, gated_rms_norm(a, z) over heads [N, K] (gate_norm set)."""
+        assert self.gate_norm is not None
+        z, weight, eps = self.gate_norm
+        rows, head = self.a.shape[0], weight.shape[0]
+        return ops.gated_rms_norm(self.a.view(rows, -1, head), z.view(rows, -1, head), weight, eps).reshape(rows, -1)
+
     def run(self) -> torch.Tensor:
         """The projection's output [N, out] on its own (the unfused path)."""
         if self.gate_norm is not None:
-            z, weight, eps = self.gate_norm
-            rows, head = self.a.shape[0], weight.shape[0]
-            normed = ops.gated_rms_norm(self.a.view(rows, -1, head), z.view(rows, -1, head), weight, eps)
-            return linear(normed.reshape(rows, -1), self.weight, self.bias)
+            return linear(self.gated_input(), self.weight, self.bias)
         if self.up is None:
             return linear(self.a, self.weight, self.bias)
         if isinstance(self.weight, torch.Tensor) and self.bias is None:
@@ -64,7 +74,8 @@ def deferred(p: Projection) -> torch.Tensor | Projection:
     output now: a longer pass then frees p's input, and the tensors it views (a Gated DeltaNet layer's whole
     in-projection output, through z), as its module returns, as before the fusion (8,192 rows of the 4B model
     hold about 0.5 GiB of them)."""
-    if FUSED_RESIDUAL and p.a.shape[0] <= min(FUSED_ROWS, ops.GEMV_ROWS):
+    rows = p.a.shape[0]
+    if FUSED_RESIDUAL and (rows <= min(FUSED_ROWS, ops.GEMV_ROWS) or (NORM_TAIL and rows <= ops.GEMV_ROWS)):
         return p
     return p.run()
 
@@ -78,10 +89,16 @@ def add_and_norm(
     is then left to the next linear (NormedRows). reduce (tensor parallel's all-reduce of a row-parallel output)
     runs on the projection's output first, so it takes the unfused path."""
     if isinstance(delta, Projection):
-        fused = _add_projection(delta, x) if reduce is None else None
-        if fused is not None:
-            summed, sumsq = fused
-            return NormedRows(summed, sumsq, weight, eps, unit_offset), summed
+        if delta.a.shape[0] <= FUSED_ROWS:
+            fused = _add_projection(delta, x) if reduce is None else None
+            if fused is not None:
+                summed, sumsq = fused
+                return NormedRows(summed, sumsq, weight, eps, unit_offset), summed
+        elif reduce is None:
+            tailed = _add_projection_normed(delta, x, weight, eps, unit_offset)
+            if tailed is not None:
+                summed, normed = tailed
+                return normed, summed
         delta = delta.run()
     if delta is None:
         return ops.rms_norm(x, weight, eps, unit_offset), x
@@ -98,6 +115,16 @@ def take_rows(rows: torch.Tensor | NormedRows, index: torch.Tensor) -> torch.Ten
     if isinstance(rows, NormedRows):
         return NormedRows(rows.x[index], rows.sumsq[index], rows.weight, rows.eps, rows.unit_offset)
     return rows[index]
+
+
+def _add_projection_normed(p: Projection, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                           unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(residual + p's output, rms_norm of it) in p's GEMV (NORM_TAIL), or None where that does not run. A gated
+    projection's norm runs first as its own kernel (GATED's loop norms each tile in registers)."""
+    if not NORM_TAIL or not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
+        return None
+    a = p.gated_input() if p.gate_norm is not None else p.a
+    return ops.residual_normed_dense_linear(a, p.weight, residual, weight, eps, unit_offset, p.up)
 
 
 def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -7,6 +7,7 @@ on the CUDA cores (rows_on_cores) in bf16 pairs and fp32, whole accumulator and 
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -691,6 +692,83 @@ def test_residual_gemv_adds_the_product_and_sums_its_squares(silu_mul, rows, n, 
     ref_out, ref_sumsq = naive_residual_gemv(x, w, residual, up=up)
     torch.testing.assert_close(out.float(), ref_out.float(), atol=0.05, rtol=0.02)
     torch.testing.assert_close(sumsq.sum(-1, keepdim=True), ref_sumsq, atol=0.5, rtol=1e-2)
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+@pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab", "silu_mul"), [
+    (1, 70, 512, 16, 128, 1, False, False, False),  # one row, the last block partial
+    (4, 40, 256, 8, 128, 2, True, False, True),  # rows on the CUDA cores, split, SwiGLU's input
+    (8, 2560, 128, 8, 64, 1, True, False, False),  # 320 blocks: parts summed over several chunks
+    (16, 130, 256, 64, 64, 2, False, True, False),  # swapped tensor-core tiles (fp32), ragged last block
+    (9, 40, 256, 32, 64, 3, False, False, False),  # unswapped tensor-core tiles (fp32), rows past M
+])
+def test_residual_normed_gemv_is_residual_gemv_then_rms_norm(rows, n, k, block_n, block_k, split, rows_on_cores,
+                                                              swap_ab, silu_mul, unit_offset):
+    """residual_normed_gemv: the sum residual_gemv stores, bit for bit, and its RMSNorm by the launch's last
+    program as norm_triton's rms_norm stores it (bf16: the blocks' sums make the same 1 / rms here; fp32 within
+    its rounding), near the naive reference; called again at once (the arrival count reset) the same."""
+    from headroom.kernels.gemv import (
+        NormTail,
+        naive_residual_normed_gemv,
+        residual_gemv,
+        residual_normed_gemv,
+    )
+    from headroom.kernels.norm_triton import rms_norm
+    from headroom.kernels.quant_matmul import _counters
+
+    x, w = _case(rows * 7 + n + split, rows, n, k)
+    gen = torch.Generator().manual_seed(n + rows)
+    residual = (torch.randn(rows, n, generator=gen) * 2).to(x.dtype)
+    up = torch.randn(rows, k, generator=gen).to(x.dtype) if silu_mul else None
+    tail = NormTail((torch.randn(n, generator=gen) * 0.3).to(x.dtype), 1e-6, unit_offset)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
+    summed, normed = residual_normed_gemv(x, w, residual, tail, config, up=up)
+    assert torch.equal(summed, residual_gemv(x, w, residual, config, up=up)[0])
+    want = rms_norm(summed, tail.weight, tail.eps, unit_offset)[0]
+    if x.dtype == torch.bfloat16:
+        assert torch.equal(normed, want)
+    else:
+        torch.testing.assert_close(normed, want, atol=1e-5, rtol=1e-5)
+    ref_summed, ref_normed = naive_residual_normed_gemv(x, w, residual, tail, up=up)
+    torch.testing.assert_close(normed.float(), ref_normed.float(), atol=0.05, rtol=0.02)
+    assert int(_counters(x.device).abs().sum()) == 0
+    again = residual_normed_gemv(x, w, residual, tail, config, up=up)
+    assert torch.equal(again[0], summed) and torch.equal(again[1], normed)
+
+
+def test_norm_tail_compiles_for_sm90():
+    """NORM_TAIL's last-program branch (a runtime condition on the arrival count, which the interpreter takes as a
+    Python if) compiles for sm_90 beside RESIDUAL: 16 rows on swapped tensor-core tiles with a split and PDL, and
+    one row of pairs; each counts itself in with one acq_rel atomic and resets the count with an exchange."""
+    from tests.kernels.sm90 import compile_sm90
+
+    variants = []
+    for rows, pairs, block_n, block_k, swap, split in ((16, False, 64, 256, True, True), (1, True, 16, 512, False,
+                                                                                           False)):
+        x = "*i32" if pairs else "*bf16"
+        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                    "sumsq": "*fp32", "eps": "fp32", "normed": "*bf16", "tail_w": "*bf16", "tail_count": "*i32"}
+        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": False,
+            "ROW_SUM": False, "RESIDUAL": True, "UNIT_OFFSET": True, "NORM_TAIL": True}))
+    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+        assert result["ok"], (constants, result.get("error"))
+        # the launch's arrival count and its reset, beside the split's own per output block
+        adds, exchanges = (len(re.findall(rf"atom\.global\.gpu\.acq_rel\.{op}", result["ptx"])) for op in ("add", "exch"))
+        assert adds == exchanges == 1 + constants["SPLIT"], constants
+        if constants["SWAP_AB"]:
+            assert "wgmma.mma_async" in result["ptx"], constants
+
+
+def test_residual_normed_gemv_refuses_a_norm_weight_of_another_width():
+    from headroom.kernels.gemv import NormTail, residual_normed_gemv
+
+    x, w = _case(3, 1, 40, 128)
+    with pytest.raises(ValueError, match=r"norm's weight \(39,\).*must be \[40\]"):
+        residual_normed_gemv(x, w, torch.zeros(1, 40, dtype=x.dtype), NormTail(torch.ones(39, dtype=x.dtype), 1e-6,
+                                                                                True))
 
 
 def test_residual_then_normed_gemv_is_the_decoders_add_norm_and_projection():

@@ -232,6 +232,7 @@ def test_only_a_decode_sized_pass_defers_its_projection(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(4, 6, generator=gen)
     short, long = torch.randn(ops.GEMV_ROWS, 6, generator=gen), torch.randn(ops.GEMV_ROWS + 1, 6, generator=gen)
+    monkeypatch.setattr(residual, "NORM_TAIL", False)  # as shipped, whatever HEADROOM_NORM_TAIL says here
     assert isinstance(deferred(Projection(short[:residual.FUSED_ROWS], w)), Projection)
     assert isinstance(deferred(Projection(short[:residual.FUSED_ROWS + 1], w)), torch.Tensor)
     monkeypatch.setattr(residual, "FUSED_ROWS", ops.GEMV_ROWS)
@@ -256,3 +257,55 @@ def test_as_shipped_a_lone_sequences_decode_fuses(tiny_model_factory, monkeypatc
     llm.generate([random_prompt(reference.config.vocab_size, 6, seed=6)], max_new_tokens=4, ignore_eos=True)
     layers = reference.config.num_hidden_layers
     assert set(gemvs["residual_gemv"]) == {1} and len(gemvs["residual_gemv"]) == 3 * 2 * layers
+
+
+def test_norm_tail_defers_every_decode_sized_pass(monkeypatch):
+    """NORM_TAIL: passes past FUSED_ROWS up to ops.GEMV_ROWS leave their projection to the decoder layer too (its
+    GEMV adds and the launch's last program norms); longer ones still run it at once."""
+    from headroom.engine.layers.residual import deferred
+
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(4, 6, generator=gen)
+    monkeypatch.setattr(residual, "NORM_TAIL", True)
+    assert isinstance(deferred(Projection(torch.randn(ops.GEMV_ROWS, 6, generator=gen), w)), Projection)
+    assert isinstance(deferred(Projection(torch.randn(ops.GEMV_ROWS + 1, 6, generator=gen), w)), torch.Tensor)
+
+
+def test_norm_tail_norms_in_the_residual_gemvs_at_several_rows(tiny_model_factory, monkeypatch):
+    """HEADROOM_NORM_TAIL=1 with FUSED_ROWS as shipped: two-row decode steps add each out/down projection in its
+    GEMV and the next RMSNorm in that launch's last program (residual_normed_gemv), so a step runs one norm
+    kernel (the first layer's) where it ran one a layer's norm; Gated DeltaNet's output norm still runs as its
+    own kernel; the same tokens and decode logits as with it off."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels import norm_triton
+
+    model_dir, reference = tiny_model_factory("qwen3_5", 0)
+    vocab = reference.config.vocab_size
+    layers = reference.config.num_hidden_layers
+    gdn_layers = reference.config.layer_types.count("linear_attention")
+    runs = {}
+    for tail in (False, True):
+        monkeypatch.setattr(ops, "_fused", lambda x, op: True)
+        monkeypatch.setattr(gemv_module, "_tuned", _EveryShape((1, 2)))
+        monkeypatch.setattr(residual, "FUSED_ROWS", 1)
+        monkeypatch.setattr(residual, "NORM_TAIL", tail)
+        monkeypatch.setattr(mlp, "FUSED_SWIGLU", True)
+        norms = _count(monkeypatch, norm_triton, ("rms_norm", "gated_rms_norm"))
+        gemvs = _count(monkeypatch, gemv_module, ("residual_normed_gemv", "residual_gemv"))
+        logits = _decode_logits(monkeypatch)
+        runs[tail] = (_generate(model_dir, vocab), norms, gemvs, logits)
+        monkeypatch.undo()
+    (off, off_norms, off_gemvs, off_logits), (on, on_norms, on_gemvs, on_logits) = runs[False], runs[True]
+    assert off_gemvs["residual_normed_gemv"] == []
+    tailed = on_gemvs["residual_normed_gemv"]
+    steps, leftover = divmod(len(tailed), 2 * layers)
+    assert steps >= 4 and leftover == 0 and set(tailed) == {2}
+    assert [rows for rows in on_norms["rms_norm"] if rows == 2] == [2] * steps  # the first layer's, each step
+    assert len(off_norms["rms_norm"]) - len(on_norms["rms_norm"]) == steps * 2 * layers
+    assert [rows for rows in on_norms["gated_rms_norm"] if rows == 2] == [2] * (steps * gdn_layers)
+    for a, b in zip(off, on, strict=True):
+        assert a.token_ids == b.token_ids
+    assert len(on_logits) == len(off_logits) >= steps
+    worst = max((t - u).abs().max().item() for t, u in zip(on_logits, off_logits, strict=True))
+    # (the rows' 1 / rms from the blocks' sums rather than the norm kernel's own: at most a last bit of a norm)
+    assert worst <= 0.02
