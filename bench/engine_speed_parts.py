@@ -396,8 +396,14 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
                 tail = NormTail((0.1 * torch.randn(n, device=DEV)).bfloat16(), 1e-6, True)
                 a, b = (gate, up) if kind == SILU_MUL_INPUT else (x, None)
                 tailed, normed = residual_normed_gemv(a, w, residual, tail, config, up=b)
+                # 50 launches back to back (the arrival count and the last program's reads are what the
+                # interpreter's one-program-at-a-time run cannot test): each the first's bits
+                repeats = [residual_normed_gemv(a, w, residual, tail, config, up=b) for _ in range(50)]
                 rows[-1].update({"norm_tail_sum_vs_residual_gemv": _diff(tailed, summed),
-                                 "norm_tail_vs_rms_norm": _diff(normed, rms_norm(tailed, tail.weight, 1e-6, True)[0])})
+                                 "norm_tail_vs_rms_norm": _diff(normed, rms_norm(tailed, tail.weight, 1e-6, True)[0]),
+                                 "norm_tail_repeats_differing": sum(
+                                     not (torch.equal(again, tailed) and torch.equal(again_normed, normed))
+                                     for again, again_normed in repeats)})
             if kind != SILU_MUL_INPUT and gated_gemv_fits(k, head, config):
                 # Gated DeltaNet's out-projection (the attention o_proj's shape): its output norm in front too
                 core, z = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(m, k + 64, device=DEV).bfloat16()

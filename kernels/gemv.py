@@ -1052,11 +1052,13 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
         ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
         UNIT_OFFSET=(norm is not None and norm.unit_offset) or (tail is not None and tail.unit_offset),
-        RESIDUAL=residual is not None, GATED=gated is not None, NORM_TAIL=tail is not None,
+        RESIDUAL=residual is not None, GATED=gated is not None,
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
-        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, **pdl_launch(x.device),
+        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, NORM_TAIL=tail is not None,
+        # the tail's [BLOCK_M, TAIL_BLOCK] fp32 tile about 32 registers a thread at 4 warps, whatever the rows
+        TAIL_BLOCK=max(64, 4096 // block_m) if tail is not None else 512, **pdl_launch(x.device),
     )
     return out, normed if tail is not None else sumsq
 
@@ -1171,9 +1173,10 @@ def tuned_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch
                                up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """residual_normed_gemv with the configuration tuned_residual_gemv would run (None where it would not run, or
     the norm's weight is not [N] in x's dtype): (the sum, its rms_norm)."""
-    chosen = _residual_config(x, w, residual, up)
-    if chosen is None or tail.weight.shape != (w.shape[0],) or tail.weight.dtype != x.dtype \
-            or not tail.weight.is_contiguous():
+    if tail.weight.shape != (w.shape[0],) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
+        return None
+    chosen = _residual_config(x, w, residual, up)  # (which may make SwiGLU's activation first)
+    if chosen is None:
         return None
     x, up, config = chosen
     return residual_normed_gemv(x, w, residual, tail, config, up)

@@ -206,7 +206,7 @@ def residual_normed_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual
     """(residual + a @ weight.T, rms_norm of that sum) in one GEMV launch (kernels/gemv.py residual_normed_gemv:
     the norm by the launch's last program; up as residual_dense_linear): where residual_dense_linear would run
     its GEMV, None elsewhere (the caller projects, then add_rms_norm)."""
-    if _on_gemv(a, "dense_linear", "add_rms_norm") and (up is None or _fused(a, "silu_mul")):
+    if _on_gemv(a, "dense_linear", "add_rms_norm", "rms_norm") and (up is None or _fused(a, "silu_mul")):
         from headroom.kernels.gemv import NormTail, tuned_residual_normed_gemv
 
         return tuned_residual_normed_gemv(a, weight, residual, NormTail(norm_weight, eps, unit_offset), up)

@@ -96,10 +96,13 @@ def add_and_norm(
                 return NormedRows(summed, sumsq, weight, eps, unit_offset), summed
         elif reduce is None:
             tailed = _add_projection_normed(delta, x, weight, eps, unit_offset)
-            if tailed is not None:
+            if isinstance(tailed, tuple):
                 summed, normed = tailed
                 return normed, summed
-        delta = delta.run()
+            if tailed is not None:
+                delta = tailed
+        if isinstance(delta, Projection):
+            delta = delta.run()
     if delta is None:
         return ops.rms_norm(x, weight, eps, unit_offset), x
     return ops.add_rms_norm(reduce(delta) if reduce is not None else delta, x, weight, eps, unit_offset)
@@ -118,13 +121,17 @@ def take_rows(rows: torch.Tensor | NormedRows, index: torch.Tensor) -> torch.Ten
 
 
 def _add_projection_normed(p: Projection, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                           unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(residual + p's output, rms_norm of it) in p's GEMV (NORM_TAIL), or None where that does not run. A gated
+                           unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
+    """(residual + p's output, rms_norm of it) in p's GEMV (NORM_TAIL). Where that GEMV does not run: a gated
+    projection's output (its norm, already run, not run twice), else None (the caller runs p). A gated
     projection's norm runs first as its own kernel (GATED's loop norms each tile in registers)."""
     if not NORM_TAIL or not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
         return None
     a = p.gated_input() if p.gate_norm is not None else p.a
-    return ops.residual_normed_dense_linear(a, p.weight, residual, weight, eps, unit_offset, p.up)
+    tailed = ops.residual_normed_dense_linear(a, p.weight, residual, weight, eps, unit_offset, p.up)
+    if tailed is None and p.gate_norm is not None:
+        return linear(a, p.weight)
+    return tailed
 
 
 def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
