@@ -1,0 +1,88 @@
+"""Probe of the norm tail on a GPU (kernels/gemv.py residual_normed_gemv; engine/layers/residual.py NORM_TAIL): at
+the 4B model's 2,560-wide residual GEMVs of several rows, with this GPU's table configs, its bits against
+residual_gemv then norm_triton's rms_norm (50 launches back to back, each against the first), and the time of a
+CUDA graph of 24 (residual GEMV, norm, next GEMV) steps each way: residual_gemv then rms_norm's launch then the
+next GEMV, against residual_normed_gemv then the next GEMV (four weight copies a shape, so L2 cannot hold them).
+Writes after every shape. `python3 bench/norm_tail_probe.py OUT.json`"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _graph_us(step) -> float:
+    """Median GPU time a step of a CUDA graph of 24 steps (step(i) for i in 0..23), over 20 replays."""
+    for i in range(4):
+        step(i)  # compiled and warm before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(24):
+            step(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / 24)
+    return sorted(times)[len(times) // 2]
+
+
+def _probe(n: int, k: int, m: int, config, nxt) -> dict:
+    from headroom.kernels import gemv as g
+    from headroom.kernels.norm_triton import rms_norm
+
+    dev = torch.device("cuda")
+    weights = [(torch.randn(n, k, device=dev) * 0.02).bfloat16() for _ in range(4)]
+    follow = [(torch.randn(10240, n, device=dev) * 0.02).bfloat16() for _ in range(4)]
+    x = torch.randn(m, k, device=dev).bfloat16()
+    residual = (torch.randn(m, n, device=dev) * 4).bfloat16()
+    tail = g.NormTail((0.1 * torch.randn(n, device=dev)).bfloat16(), 1e-6, True)
+    summed, normed = g.residual_normed_gemv(x, weights[0], residual, tail, config)
+    want_sum, _ = g.residual_gemv(x, weights[0], residual, config)
+    want = rms_norm(want_sum, tail.weight, 1e-6, True)[0]
+    again = [g.residual_normed_gemv(x, weights[0], residual, tail, config) for _ in range(50)]
+    row = {"n": n, "k": k, "m": m, "sum_equal": torch.equal(summed, want_sum),
+           "normed_max_abs": float((normed.float() - want.float()).abs().max()),
+           "normed_frac_differing": float((normed != want).float().mean()),
+           "repeats_differing": sum(not (torch.equal(a, summed) and torch.equal(b, normed)) for a, b in again)}
+
+    def unfused(i: int) -> torch.Tensor:
+        s, _ = g.residual_gemv(x, weights[i % 4], residual, config)
+        return g.gemv(rms_norm(s, tail.weight, 1e-6, True)[0], follow[i % 4], nxt)
+
+    def tailed(i: int) -> torch.Tensor:
+        _, h = g.residual_normed_gemv(x, weights[i % 4], residual, tail, config)
+        return g.gemv(h, follow[i % 4], nxt)
+
+    for name, step in (("unfused", unfused), ("tail", tailed), ("unfused_again", unfused)):
+        row[f"{name}_us_a_step"] = _graph_us(step)
+    return row
+
+
+def main() -> None:
+    from headroom.kernels import gemv as g
+
+    target = Path(sys.argv[1])
+    table = g.load_tuned_configs(torch.device("cuda"))
+    out: dict = {"gpu": torch.cuda.get_device_name(), "rows": []}
+    for (n, k, m, kind), config in sorted(table.items()):
+        nxt = table.get((10240, 2560, m, g.PLAIN_INPUT))  # attention's qkv shape as the next projection
+        if n != 2560 or m == 1 or kind != g.PLAIN_INPUT or nxt is None:
+            continue
+        out["rows"].append(_probe(n, k, m, config, nxt))
+        target.write_text(json.dumps(out, indent=1))
+        print(out["rows"][-1], flush=True)
+    target.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
