@@ -1,17 +1,21 @@
 """Probe of the norm tail on a GPU (kernels/gemv.py residual_normed_gemv; engine/layers/residual.py NORM_TAIL): at
 the 4B model's 2,560-wide residual GEMVs of several rows, with this GPU's table configs, its bits against
 residual_gemv then norm_triton's rms_norm (50 launches back to back, each against the first), and the time of a
-CUDA graph of 24 (residual GEMV, norm, next GEMV) steps each way: residual_gemv then rms_norm's launch then the
+CUDA graph of 24 (residual GEMV, norm, next GEMV) steps each way (the tail at each NORM_TAIL_PROBE_ELEMENTS): residual_gemv then rms_norm's launch then the
 next GEMV, against residual_normed_gemv then the next GEMV (four weight copies a shape, so L2 cannot hold them).
 Writes after every shape. `python3 bench/norm_tail_probe.py OUT.json`"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
+
+# The tail's tile sizes timed (kernels/gemv.py TAIL_ELEMENTS), NORM_TAIL_PROBE_ELEMENTS: a comma list of powers of 2.
+TAIL_ELEMENTS = [int(e) for e in os.environ.get("NORM_TAIL_PROBE_ELEMENTS", "4096").split(",") if e.strip()]
 
 
 def _graph_us(step) -> float:
@@ -63,8 +67,15 @@ def _probe(n: int, k: int, m: int, config, nxt) -> dict:
         _, h = g.residual_normed_gemv(x, weights[i % 4], residual, tail, config)
         return g.gemv(h, follow[i % 4], nxt)
 
-    for name, step in (("unfused", unfused), ("tail", tailed), ("unfused_again", unfused)):
-        row[f"{name}_us_a_step"] = _graph_us(step)
+    shipped = g.TAIL_ELEMENTS
+    try:
+        row["unfused_us_a_step"] = _graph_us(unfused)
+        for elements in TAIL_ELEMENTS:
+            g.TAIL_ELEMENTS = elements
+            row[f"tail_{elements}_us_a_step"] = _graph_us(tailed)
+        row["unfused_again_us_a_step"] = _graph_us(unfused)
+    finally:
+        g.TAIL_ELEMENTS = shipped
     return row
 
 

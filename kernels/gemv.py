@@ -377,21 +377,25 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         tl.store(p_o, tl.where(in_conv, stepped, y).to(p_o.dtype.element_ty), mask=m_o)
     else:
         _finish_split(acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
+        last = tile >= 0
+    return last
 
 
 @triton.jit
-def _norm_tail(out, normed, sumsq, tail_w, tail_count, M, N, num_parts, programs, eps, stride_om, stride_nm,
+def _norm_tail(out, normed, sumsq, tail_w, tail_count, last, M, N, num_parts, eps, stride_om, stride_nm,
                BLOCK_M: tl.constexpr, UNIT_OFFSET: tl.constexpr, TAIL_BLOCK: tl.constexpr):
     """NORM_TAIL: the next RMSNorm of the residual stream this launch wrote (out [M, N], its rows' partial sums of
-    squares sumsq [M, num_parts]) into normed [M, N], by the launch's last program to arrive: every program counts
-    itself in at tail_count once its stores are done (its output block's last split has stored the block and its
-    sums), so the last of `programs` sees every block, norms the rows and resets the count. The 1 / rms sums the
-    parts in _row_rstd's order for several rows, and each element is normed and rounded as _rms_normed (the fused
-    NORM path's) does. Every other program only counts itself."""
+    squares sumsq [M, num_parts], one an output block) into normed [M, N], by the last to arrive of the programs
+    that finished a block (`last`: the block's last split, which stored it and its sums): each counts itself in at
+    tail_count, so the last of num_parts sees every block, norms the rows and resets the count. The 1 / rms sums
+    the parts in _row_rstd's order for several rows, and each element is normed and rounded as _rms_normed (the
+    fused NORM path's) does. Every other program only counts itself, or nothing."""
     # (as _split_total: every thread's stores before the one arrival, released by it; the last acquires them)
     tl.debug_barrier()
-    arrived = tl.atomic_add(tail_count, 1, sem="acq_rel")
-    if arrived == programs - 1:
+    # Only each block's last split counts (`last`: it stored the block and its sums), num_parts arrivals in all:
+    # every program of a launch arriving on one address at about the same time serialises there.
+    arrived = tl.atomic_add(tail_count, 1, sem="acq_rel", mask=last)
+    if (arrived == num_parts - 1) & last:
         CHUNK: tl.constexpr = 64
         offs_m = tl.arange(0, BLOCK_M)
         rows = tl.minimum(offs_m, M - 1)
@@ -582,12 +586,13 @@ def gemv_fwd_kernel(
         total, last = _split_total(acc, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, SPLIT)
         _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N, SWAP_AB)
     else:
-        _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, rows,
-                      cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc, SPLIT,
-                      RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV, CONV_TAPS, CONV_BLOCK)
+        last = _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel,
+                             rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs,
+                             stride_cc, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV, CONV_TAPS,
+                             CONV_BLOCK)
         if NORM_TAIL:
-            _norm_tail(out, normed, sumsq, tail_w, tail_count, M, N, num_parts, num_parts * num_splits, eps,
-                       stride_om, stride_nm, BLOCK_M, UNIT_OFFSET, TAIL_BLOCK)
+            _norm_tail(out, normed, sumsq, tail_w, tail_count, last, M, N, num_parts, eps, stride_om, stride_nm,
+                       BLOCK_M, UNIT_OFFSET, TAIL_BLOCK)
 
 
 @triton.jit
@@ -853,6 +858,11 @@ def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return out, out.float().pow(2).sum(-1, keepdim=True)
 
 
+# The elements of the [rows, TAIL_BLOCK] tile a norm tail's last program loads at a time (a power of 2): 4096 is
+# about 32 fp32 registers a thread at 4 warps.
+TAIL_ELEMENTS = 4096
+
+
 @dataclass(frozen=True)
 class NormTail:
     """The RMSNorm residual_normed_gemv applies to the residual stream it writes: the norm's weight [N] (the rows'
@@ -1058,7 +1068,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
         L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, NORM_TAIL=tail is not None,
         # the tail's [BLOCK_M, TAIL_BLOCK] fp32 tile about 32 registers a thread at 4 warps, whatever the rows
-        TAIL_BLOCK=max(64, 4096 // block_m) if tail is not None else 512, **pdl_launch(x.device),
+        TAIL_BLOCK=max(64, TAIL_ELEMENTS // block_m) if tail is not None else 512, **pdl_launch(x.device),
     )
     return out, normed if tail is not None else sumsq
 
