@@ -117,6 +117,10 @@ case $PLAN in
   s31d)  # the next RMSNorm by the residual GEMVs' last program at 2-16 sequences (engine/layers/residual.py NORM_TAIL,
     # built in session 31 on the CPU, off): graphed decode on against off in one process with the greedy tokens, then
     # the kernels' GPU checks (residual_normed_gemv at every several-row residual shape against rms_norm's kernel)
+    # (session 31's probe: the tail 7-8 us a step slower than the norm's launch with every program arriving; f508488
+    # counts only each block's last split, so the probe first, at three tile sizes)
+    NORM_TAIL_PROBE_ELEMENTS=2048,4096,8192 TRITON_CACHE_DIR=/tmp/tc python3 bench/norm_tail_probe.py $R/norm_tail_probe.json \
+        > $R/norm_tail_probe.log 2>&1; tar czf $OUT/r.tgz -C $R .
     es 150 nt fused_norm_tail; es 120 k kernels ;;
   s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
     # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
