@@ -473,8 +473,8 @@ def step_candidates(configs: list, current, rows: int) -> list:
     """The sweep's configurations as step_gemv_tune tries them for an entry whose table config is `current` (None:
     no entry): several rows on the grid kernel keep the entry's l2_prefetch. The sweep's configurations ask L2 for
     nothing, yet in the graphed step every 8- and 16-row entry gained with 2 (session 31: batch 8 3.82 against
-    3.95 ms a step on an H100), so a tile tried without it would be judged without that gain. One row keeps the sweep's 0 (2 cost
-    5% of batch 1's step, sessions 22 and 31); stream-K has no L2 requests."""
+    3.95 ms a step on an H100), so a tile tried without it would be judged without that gain. One row keeps the
+    sweep's 0 (2 cost 5% of batch 1's step, sessions 22 and 31); stream-K has no L2 requests."""
     if rows == 1 or current is None or current.l2_prefetch == 0:
         return configs
     return [config if config.stream else dataclasses.replace(config, l2_prefetch=current.l2_prefetch)

@@ -1,9 +1,10 @@
 """Probe of the norm tail on a GPU (kernels/gemv.py residual_normed_gemv; engine/layers/residual.py NORM_TAIL): at
 the 4B model's 2,560-wide residual GEMVs of several rows, with this GPU's table configs, its bits against
 residual_gemv then norm_triton's rms_norm (50 launches back to back, each against the first), and the time of a
-CUDA graph of 24 (residual GEMV, norm, next GEMV) steps each way (the tail at each NORM_TAIL_PROBE_ELEMENTS): residual_gemv then rms_norm's launch then the
-next GEMV, against residual_normed_gemv then the next GEMV (four weight copies a shape, so L2 cannot hold them).
-Writes after every shape. `python3 bench/norm_tail_probe.py OUT.json`"""
+CUDA graph of 24 (residual GEMV, norm, next GEMV) steps each way (decode_parts.graph_replay_us): residual_gemv then
+rms_norm's launch then the next GEMV, against residual_normed_gemv (at each NORM_TAIL_PROBE_ELEMENTS) then the next
+GEMV (four weight copies a shape, so L2 cannot hold them). Writes after every shape.
+`python3 bench/norm_tail_probe.py OUT.json`"""
 
 from __future__ import annotations
 
@@ -13,31 +14,12 @@ import sys
 from pathlib import Path
 
 import torch
+from decode_parts import graph_replay_us
 
 # The tail's tile sizes timed (kernels/gemv.py TAIL_ELEMENTS), NORM_TAIL_PROBE_ELEMENTS: a comma list of powers of 2.
 TAIL_ELEMENTS = [int(e) for e in os.environ.get("NORM_TAIL_PROBE_ELEMENTS", "4096").split(",") if e.strip()]
-
-
-def _graph_us(step) -> float:
-    """Median GPU time a step of a CUDA graph of 24 steps (step(i) for i in 0..23), over 20 replays."""
-    for i in range(4):
-        step(i)  # compiled and warm before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(24):
-            step(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / 24)
-    return sorted(times)[len(times) // 2]
+# (residual GEMV, norm, next GEMV) steps a graph
+STEPS = 24
 
 
 def _probe(n: int, k: int, m: int, config, nxt) -> dict:
@@ -67,13 +49,16 @@ def _probe(n: int, k: int, m: int, config, nxt) -> dict:
         _, h = g.residual_normed_gemv(x, weights[i % 4], residual, tail, config)
         return g.gemv(h, follow[i % 4], nxt)
 
+    def steps_us(step) -> float:
+        return graph_replay_us(lambda: [step(i) for i in range(STEPS)], STEPS, 20)
+
     shipped = g.TAIL_ELEMENTS
     try:
-        row["unfused_us_a_step"] = _graph_us(unfused)
+        row["unfused_us_a_step"] = steps_us(unfused)
         for elements in TAIL_ELEMENTS:
             g.TAIL_ELEMENTS = elements
-            row[f"tail_{elements}_us_a_step"] = _graph_us(tailed)
-        row["unfused_again_us_a_step"] = _graph_us(unfused)
+            row[f"tail_{elements}_us_a_step"] = steps_us(tailed)
+        row["unfused_again_us_a_step"] = steps_us(unfused)
     finally:
         g.TAIL_ELEMENTS = shipped
     return row

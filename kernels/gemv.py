@@ -881,13 +881,9 @@ def residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tenso
     norm kernel runs between the two GEMVs. up: SwiGLU's down projection, as residual_gemv. The sum is
     residual_gemv's to the bit; the normed rows are what normed_gemv's loop would make of it (1 / rms from the
     blocks' sums: it can differ from rms_norm's own in the last bit). naive_residual_normed_gemv is the reference."""
-    _raise_if(_residual_problem(x, w, residual))
+    _raise_if(_residual_problem(x, w, residual) or _tail_weight_problem(x, w, tail))
     if up is not None:
         _raise_if(_silu_mul_problem(x, up))
-    n = w.shape[0]
-    if tail.weight.shape != (n,) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
-        raise ValueError(f"residual_normed_gemv: the norm's weight {tuple(tail.weight.shape)} {tail.weight.dtype} "
-                         f"must be [{n}] {x.dtype}, contiguous")
     out, normed = _launch(x, up, w, config, residual=residual, tail=tail)
     assert normed is not None
     return out, normed
@@ -921,6 +917,14 @@ def _norm_weight_problem(x: torch.Tensor, norm: RowNorm) -> str | None:
     if norm.weight.shape != (k,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
         return (f"normed_gemv: the norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} must be [{k}] "
                 f"contiguous in the rows' dtype {x.dtype}")
+    return None
+
+
+def _tail_weight_problem(x: torch.Tensor, w: torch.Tensor, tail: NormTail) -> str | None:
+    n = w.shape[0]
+    if tail.weight.shape != (n,) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
+        return (f"residual_normed_gemv: the norm's weight {tuple(tail.weight.shape)} {tail.weight.dtype} must be "
+                f"[{n}] {x.dtype}, contiguous")
     return None
 
 
@@ -1183,7 +1187,7 @@ def tuned_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch
                                up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """residual_normed_gemv with the configuration tuned_residual_gemv would run (None where it would not run, or
     the norm's weight is not [N] in x's dtype): (the sum, its rms_norm)."""
-    if tail.weight.shape != (w.shape[0],) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
+    if _tail_weight_problem(x, w, tail) is not None:
         return None
     chosen = _residual_config(x, w, residual, up)  # (which may make SwiGLU's activation first)
     if chosen is None:

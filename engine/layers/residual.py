@@ -122,12 +122,17 @@ def take_rows(rows: torch.Tensor | NormedRows, index: torch.Tensor) -> torch.Ten
     return rows[index]
 
 
+def _fusable(p: Projection) -> bool:
+    """Whether p's GEMV may add the residual: the fusion on, a dense weight, no bias."""
+    return FUSED_RESIDUAL and p.bias is None and isinstance(p.weight, torch.Tensor)
+
+
 def _add_projection_normed(p: Projection, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                            unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
     """(residual + p's output, rms_norm of it) in p's GEMV (NORM_TAIL). Where that GEMV does not run: a gated
     projection's output (its norm, already run, not run twice), else None (the caller runs p). A gated
     projection's norm runs first as its own kernel (GATED's loop norms each tile in registers)."""
-    if not NORM_TAIL or not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
+    if not NORM_TAIL or not _fusable(p):
         return None
     a = p.gated_input() if p.gate_norm is not None else p.a
     tailed = ops.residual_normed_dense_linear(a, p.weight, residual, weight, eps, unit_offset, p.up)
@@ -138,6 +143,6 @@ def _add_projection_normed(p: Projection, residual: torch.Tensor, weight: torch.
 
 def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(residual + p's output, its rows' partial sums of squares) in p's GEMV, or None where that does not run."""
-    if not FUSED_RESIDUAL or p.bias is not None or not isinstance(p.weight, torch.Tensor):
+    if not _fusable(p):
         return None
     return ops.residual_dense_linear(p.a, p.weight, residual, p.up, p.gate_norm)

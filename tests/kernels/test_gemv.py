@@ -756,7 +756,8 @@ def test_norm_tail_compiles_for_sm90():
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         # the launch's arrival count and its reset, beside the split's own per output block
-        adds, exchanges = (len(re.findall(rf"atom\.global\.gpu\.acq_rel\.{op}", result["ptx"])) for op in ("add", "exch"))
+        adds, exchanges = (len(re.findall(rf"atom\.global\.gpu\.acq_rel\.{op}", result["ptx"]))
+                           for op in ("add", "exch"))
         assert adds == exchanges == 1 + constants["SPLIT"], constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in result["ptx"], constants
