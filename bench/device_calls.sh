@@ -114,14 +114,15 @@ case $PLAN in
         es 230 gs gemv_step; fi ;;
   s32)  # session 32's first start: an H200 the issue's table and logits (s27b); an H100 the norm tail (s31d)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s31d; fi ;;
-  s31d)  # the next RMSNorm by the residual GEMVs' last program at 2-16 sequences (engine/layers/residual.py NORM_TAIL,
-    # built in session 31 on the CPU, off): graphed decode on against off in one process with the greedy tokens, then
-    # the kernels' GPU checks (residual_normed_gemv at every several-row residual shape against rms_norm's kernel)
-    # (session 31's probe: the tail 7-8 us a step slower than the norm's launch with every program arriving; f508488
-    # counts only each block's last split, so the probe first, at three tile sizes)
-    NORM_TAIL_PROBE_ELEMENTS=2048,4096,8192 TRITON_CACHE_DIR=/tmp/tc python3 bench/norm_tail_probe.py $R/norm_tail_probe.json \
-        > $R/norm_tail_probe.log 2>&1; tar czf $OUT/r.tgz -C $R .
-    es 150 nt fused_norm_tail; es 120 k kernels ;;
+  s32c)  # session 32's second start: an H200 the issue's table and logits (s27b); an H100 the prescaled norm (s32b)
+    if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s32b; fi ;;
+  s31d)  # (ran as session 32's call 1 on 16ba0e1: the norm tail, since removed; that commit has its script)
+    echo "s31d: the norm tail is gone (session 32); run it from 16ba0e1" >> $R/gpu.txt ;;
+  s32b)  # the next norm factored out of the next projection at 2-16 sequences (engine/layers/residual.py PRESCALED_NORM,
+    # off): graphed decode on against off in one process with the greedy tokens, then the kernels' GPU checks
+    # (residual_prescaled_gemv at every several-row residual entry against residual_gemv and fp32, normed_gemv /
+    # swiglu_gemv of prescaled rows at every several-row hidden-wide entry against fp32 and the unfused path)
+    es 150 pn fused_prescaled_norm; es 120 k kernels ;;
   s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
     # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_1_rows": {"*@8": {"l2_prefetch": 1}, "*@16": {"l2_prefetch": 1}},

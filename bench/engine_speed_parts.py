@@ -356,13 +356,15 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
     rounded, then the add, as there) and its sums of squares against fp32's, also with Gated DeltaNet's output
     norm in front (against gated_rms_norm's kernel then the GEMV, and fp32); normed_gemv, with those sums,
     against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV).
-    With the next norm by the launch's last program (residual_normed_gemv, every entry of several rows): the sum
-    against residual_gemv's and the normed rows against norm_triton's rms_norm of it (equal bit for bit expected
-    where the blocks' sums give the same 1 / rms)."""
+    With the next norm's weight applied in the epilogue (residual_prescaled_gemv, every entry of several rows): the
+    sum and its sums against residual_gemv's (equal bit for bit expected) and the prescaled rows against fp32's
+    r * (1 + g); and the GEMVs reading such rows (normed_gemv with a prescaled RowNorm, its output rows scaled by
+    1 / rms; swiglu_gemv so too) against the same fp32 math, beside the unfused path."""
+    from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import (
         SILU_MUL_INPUT,
         GatedNorm,
-        NormTail,
+        NextNorm,
         RowNorm,
         gated_gemv_fits,
         gemv,
@@ -370,8 +372,9 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
         naive_gated_gemv,
         normed_gemv,
         residual_gemv,
-        residual_normed_gemv,
+        residual_prescaled_gemv,
         silu_mul_gemv,
+        swiglu_gemv,
     )
     from headroom.kernels.norm_triton import gated_rms_norm, rms_norm
 
@@ -393,17 +396,12 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
             rows.append({"n": n, "k": k, "m": m, "input": kind, "residual_gemv": _diff(summed, residual + product),
                          "sums_of_squares": _diff(sumsq.sum(-1), summed.float().pow(2).sum(-1))})
             if m > 1:
-                tail = NormTail((0.1 * torch.randn(n, device=DEV)).bfloat16(), 1e-6, True)
+                following = NextNorm((0.1 * torch.randn(n, device=DEV)).bfloat16(), True)
                 a, b = (gate, up) if kind == SILU_MUL_INPUT else (x, None)
-                tailed, normed = residual_normed_gemv(a, w, residual, tail, config, up=b)
-                # 50 launches back to back (the arrival count and the last program's reads are what the
-                # interpreter's one-program-at-a-time run cannot test): each the first's bits
-                repeats = [residual_normed_gemv(a, w, residual, tail, config, up=b) for _ in range(50)]
-                rows[-1].update({"norm_tail_sum_vs_residual_gemv": _diff(tailed, summed),
-                                 "norm_tail_vs_rms_norm": _diff(normed, rms_norm(tailed, tail.weight, 1e-6, True)[0]),
-                                 "norm_tail_repeats_differing": sum(
-                                     not (torch.equal(again, tailed) and torch.equal(again_normed, normed))
-                                     for again, again_normed in repeats)})
+                pre_summed, pre_sumsq, scaled = residual_prescaled_gemv(a, w, residual, following, config, up=b)
+                rows[-1].update({"prescaled_sum_vs_residual_gemv": _diff(pre_summed, summed),
+                                 "prescaled_sums_vs_residual_gemv": _diff(pre_sumsq, sumsq),
+                                 "prescaled_rows": _diff(scaled, summed.float() * (1 + following.weight.float()))})
             if kind != SILU_MUL_INPUT and gated_gemv_fits(k, head, config):
                 # Gated DeltaNet's out-projection (the attention o_proj's shape): its output norm in front too
                 core, z = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(m, k + 64, device=DEV).bfloat16()
@@ -425,6 +423,15 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
             unfused = gemv(rms_norm(x, weight, 1e-6, True)[0], w, config)
             rows.append({"n": n, "k": k, "m": m, "normed_gemv": _diff(got, want), "unfused": _diff(unfused, want),
                          "vs_unfused": _diff(got, unfused)})
+            if m > 1:
+                # the rows as residual_prescaled_gemv leaves them: the weight applied, 1 / rms in the output rows
+                scaled = (x.float() * (1 + weight.float())).bfloat16()
+                prescaled = RowNorm(norm.sumsq, weight, 1e-6, True, prescaled=True)
+                got = normed_gemv(scaled, prescaled, w, config)
+                rows[-1].update({"prescaled_normed_gemv": _diff(got, want), "prescaled_vs_unfused": _diff(got, unfused)})
+                if n % 2 == 0 and config.block_n % 2 == 0:
+                    rows[-1]["prescaled_swiglu_vs_silu_mul"] = _diff(swiglu_gemv(scaled, w, config, prescaled),
+                                                                     silu_mul(got[:, 0::2], got[:, 1::2]))
     return rows
 
 
@@ -1653,7 +1660,7 @@ FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_atte
            "gate_norm": (("linear_attention", "DECODE_GATE_NORM"),),
            "conv_in_step": (("linear_attention", "DECODE_CONV_IN_STEP"),),
            "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP")),
-           "swiglu": (("mlp", "FUSED_SWIGLU"),), "norm_tail": (("residual", "NORM_TAIL"),)}
+           "swiglu": (("mlp", "FUSED_SWIGLU"),), "prescaled_norm": (("residual", "PRESCALED_NORM"),)}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1663,8 +1670,9 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     in-projection's GEMV, engine/layers/linear_attention.py, against its own kernel; "gate_norm", its output norm
     in the delta rule's decode kernel at 2 or more sequences, against gated_rms_norm's launch; "conv_in_step", its
     conv in that kernel, against the conv's launch; "step", both; "swiglu", SwiGLU's activation in the gate|up
-    GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch; "norm_tail", the next RMSNorm by the last
-    program of the residual GEMVs at 2-16 sequences, engine/layers/residual.py, against add_rms_norm's launch), one
+    GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch; "prescaled_norm", the next RMSNorm's weight in
+    the residual GEMVs' epilogue and its 1 / rms on the next GEMV's output rows at 2-16 sequences,
+    engine/layers/residual.py, against add_rms_norm's launch), one
     engine after the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the

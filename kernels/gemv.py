@@ -348,15 +348,17 @@ def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: t
 @triton.jit
 def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
                   rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
-                  SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
-                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr):
+                  p_s, p_g, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
+                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr, PRESCALE: tl.constexpr,
+                  UNIT_OFFSET: tl.constexpr):
     """Store the output block (summed over its splits first where K is split: _split_total). RESIDUAL: the block
     stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
     as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
-    (m_q: the rows that exist), for the next GEMV's NORM. CONV: the output columns below conv_channels are
-    silu(conv) of y (rounded to the output dtype first, as the conv kernel would have read it) with each row's
-    carried inputs (conv_states[conv_slots[row]], rolled in place) and conv_w's taps, by conv_update's own step;
-    rows, cols: each element's row and column."""
+    (m_q: the rows that exist), for the next GEMV's NORM (or ROW_SCALE). PRESCALE (with RESIDUAL): r times the
+    next norm's weight at each element's column (p_g; 1 + g with UNIT_OFFSET, as rms_norm scales), rounded once,
+    at p_s. CONV: the output columns below conv_channels are silu(conv) of y (rounded to the output dtype first, as
+    the conv kernel would have read it) with each row's carried inputs (conv_states[conv_slots[row]], rolled in
+    place) and conv_w's taps, by conv_update's own step; rows, cols: each element's row and column."""
     if RESIDUAL:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
@@ -365,6 +367,11 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         tl.store(p_o, r, mask=tl.where(last, mask, False))
         r = tl.where(mask, r.to(tl.float32), 0.0)
         tl.store(p_q, tl.sum(r * r, axis=N_AXIS), mask=tl.where(last, m_q, False))
+        if PRESCALE:
+            g = tl.load(p_g, mask=tl.where(last, mask, False), other=0.0).to(tl.float32)
+            if UNIT_OFFSET:
+                g = 1.0 + g
+            tl.store(p_s, (r * g).to(p_s.dtype.element_ty), mask=tl.where(last, mask, False))
     elif CONV:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
@@ -377,45 +384,6 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         tl.store(p_o, tl.where(in_conv, stepped, y).to(p_o.dtype.element_ty), mask=m_o)
     else:
         _finish_split(acc, p_o, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
-        last = tile >= 0
-    return last
-
-
-@triton.jit
-def _norm_tail(out, normed, sumsq, tail_w, tail_count, last, M, N, num_parts, eps, stride_om, stride_nm,
-               BLOCK_M: tl.constexpr, UNIT_OFFSET: tl.constexpr, TAIL_BLOCK: tl.constexpr):
-    """NORM_TAIL: the next RMSNorm of the residual stream this launch wrote (out [M, N], its rows' partial sums of
-    squares sumsq [M, num_parts], one an output block) into normed [M, N], by the last to arrive of the programs
-    that finished a block (`last`: the block's last split, which stored it and its sums): each counts itself in at
-    tail_count, so the last of num_parts sees every block, norms the rows and resets the count. The 1 / rms sums
-    the parts in _row_rstd's order for several rows, and each element is normed and rounded as _rms_normed (the
-    fused NORM path's) does. Every other program only counts itself, or nothing."""
-    # (as _split_total: every thread's stores before the one arrival, released by it; the last acquires them)
-    tl.debug_barrier()
-    # Only each block's last split counts (`last`: it stored the block and its sums), num_parts arrivals in all:
-    # every program of a launch arriving on one address at about the same time serialises there.
-    arrived = tl.atomic_add(tail_count, 1, sem="acq_rel", mask=last)
-    if (arrived == num_parts - 1) & last:
-        CHUNK: tl.constexpr = 64
-        offs_m = tl.arange(0, BLOCK_M)
-        rows = tl.minimum(offs_m, M - 1)
-        m_m = offs_m < M
-        offs_p = tl.arange(0, CHUNK)
-        total = tl.zeros([BLOCK_M, CHUNK], dtype=tl.float32)
-        for p0 in range(0, num_parts, CHUNK):
-            # (.cg: other multiprocessors wrote them; this one's L1 may not hold them)
-            total += tl.load(sumsq + rows[:, None] * num_parts + p0 + offs_p[None, :],
-                             mask=(p0 + offs_p < num_parts)[None, :], other=0.0, cache_modifier=".cg")
-        rstd = (1.0 / tl.sqrt(tl.sum(total, axis=1) / N + eps))[:, None]
-        offs_c = tl.arange(0, TAIL_BLOCK)
-        for c0 in range(0, N, TAIL_BLOCK):
-            cols = c0 + offs_c
-            mask = m_m[:, None] & (cols < N)[None, :]
-            r = tl.load(out + offs_m[:, None] * stride_om + cols[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-            g = tl.load(tail_w + cols, mask=cols < N, other=0.0)
-            y = _rms_normed(r.to(tl.float32), g.to(tl.float32)[None, :], rstd, UNIT_OFFSET, normed.dtype.element_ty)
-            tl.store(normed + offs_m[:, None] * stride_nm + cols[None, :], y.to(normed.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(tail_count, 0)
 
 
 # num_parts (NORM: the blocks of the GEMV before; RESIDUAL: this one's) is no specialisation key: 160 and 40 blocks
@@ -424,14 +392,14 @@ def _norm_tail(out, normed, sumsq, tail_w, tail_count, last, M, N, num_parts, ep
 def gemv_fwd_kernel(
     x, up, w, out, ws, counters, M, N, K, k_per_split, num_splits, stride_xm, stride_um, stride_wn, stride_om,
     res, sumsq, num_parts, stride_rm, eps, norm_w, conv_w, conv_states, conv_slots, conv_channels, stride_cw,
-    stride_cs, stride_cc, normed, tail_w, tail_count, stride_nm,
+    stride_cs, stride_cc, scaled, scale_w,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, PAIRS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
     SWAP_AB: tl.constexpr, CORE_ROWS: tl.constexpr, ROW_SUM: tl.constexpr, PREFETCH: tl.constexpr = 1,
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
     GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
     CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
-    NORM_TAIL: tl.constexpr = False, TAIL_BLOCK: tl.constexpr = 512,
+    PRESCALE: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -463,11 +431,14 @@ def gemv_fwd_kernel(
     kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
     in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM
     may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows interleaved, and
-    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM may join it. NORM_TAIL
-    (with RESIDUAL, not GATED: residual_normed_gemv): the next RMSNorm of out's rows (weight tail_w [N], eps,
-    UNIT_OFFSET) into normed (row stride stride_nm) by the launch's last program (_norm_tail), so that no norm
-    kernel runs between this GEMV and the next, whose loop then reads plain rows (NORM's loop norms each x tile
-    in registers, which cost the tensor-core tiles more than the norm launch, sessions 18 and 24)."""
+    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM or ROW_SCALE may join it.
+    PRESCALE (with RESIDUAL: residual_prescaled_gemv): each output block also stores its columns of the sum times
+    the next RMSNorm's weight, r * (1 + g) (UNIT_OFFSET; else r * g) rounded once, at scaled (row stride
+    stride_om) with g = scale_w's: the next GEMV's input with the norm's 1 / rms factored out. ROW_SCALE (the
+    other side, instead of NORM): x is such prescaled rows, multiplied as they are by the plain loop, and each
+    output row is scaled by its 1 / rms from sumsq (as NORM's) before the epilogue, since W (r * rstd * g') =
+    rstd * (W (r * g')): no norm kernel between two GEMVs and nothing normed in this one's loop (NORM's loop cost
+    the several-row tensor-core tiles more than the norm launch, sessions 18 and 24)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     UNIT: tl.constexpr = 2 if PAIRS else 1
     BLOCK_U: tl.constexpr = BLOCK_K // UNIT
@@ -532,11 +503,12 @@ def gemv_fwd_kernel(
                 _prefetch_l2(w + rows * (stride_wn // UNIT) + k_lo // UNIT, PREFETCH * BLOCK_U,
                              (k_hi - k_lo) // UNIT - 1, L2_PREFETCH * BLOCK_U)
             gdc_wait()
-    # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait)
+    # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait); ROW_SCALE: the same,
+    # loaded now (its round trip under the loop's first tiles) and used only after the loop
+    if NORM or ROW_SCALE:
+        row_rstd = _row_rstd(sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
     if NORM:
-        rstd = _row_rstd(sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
-        if BLOCK_M > 1:
-            rstd = rstd[:, None]
+        rstd = row_rstd[:, None] if BLOCK_M > 1 else row_rstd
     else:
         rstd = 1.0
     if PDL or PREFETCH > 1:
@@ -559,17 +531,22 @@ def gemv_fwd_kernel(
         b_w = _weight_tile(p_w, step, offs_u, k_hi - k0, EVEN_K, UNIT)
         acc = _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, k_hi - k0, BLOCK_M, EVEN_K, PAIRS,
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
-    # The block's accumulator in its layout's shape, with the addresses and masks of its elements in out, res and
+    # The block's accumulator in its layout's shape, with the offsets of its elements in out (and scaled), res and
     # the [M, N] split workspace (RESIDUAL: p_q its sums of squares at sumsq[m, pid_n]; one row's is a scalar).
+    # ROW_SCALE: each row's 1 / rms applied to it here, along the layout's row axis.
     p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=1)
-        p_o, p_r, p_q, m_q = out + offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0
+        if ROW_SCALE:
+            acc = acc * row_rstd
+        o_offs, p_r, p_q, m_q = offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0
         offsets, mask, numel, rows, cols = offs_n, m_n, N, offs_n * 0, offs_n
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
-        p_o = out + offs_m[None, :] * stride_om + offs_n[:, None]
+        if ROW_SCALE:
+            acc = acc * row_rstd[None, :]
+        o_offs = offs_m[None, :] * stride_om + offs_n[:, None]
         p_r = res + offs_m[None, :] * stride_rm + offs_n[:, None]
         offsets, mask, numel = offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], M * N
         rows, cols = offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0
@@ -578,7 +555,9 @@ def gemv_fwd_kernel(
             # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
             # SWAP_AB with CORE_ROWS), stored the same way
             acc = tl.sum(acc, axis=2)
-        p_o = out + offs_m[:, None] * stride_om + offs_n[None, :]
+        if ROW_SCALE:
+            acc = acc * row_rstd[:, None]
+        o_offs = offs_m[:, None] * stride_om + offs_n[None, :]
         p_r = res + offs_m[:, None] * stride_rm + offs_n[None, :]
         offsets, mask, numel = offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], M * N
         rows, cols = offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0
@@ -586,13 +565,10 @@ def gemv_fwd_kernel(
         total, last = _split_total(acc, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, SPLIT)
         _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N, SWAP_AB)
     else:
-        last = _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel,
-                             rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs,
-                             stride_cc, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV, CONV_TAPS,
-                             CONV_BLOCK)
-        if NORM_TAIL:
-            _norm_tail(out, normed, sumsq, tail_w, tail_count, last, M, N, num_parts, eps, stride_om, stride_nm,
-                       BLOCK_M, UNIT_OFFSET, TAIL_BLOCK)
+        _finish_block(acc, out + o_offs, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel,
+                      rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
+                      scaled + o_offs, scale_w + cols, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV,
+                      CONV_TAPS, CONV_BLOCK, PRESCALE, UNIT_OFFSET)
 
 
 @triton.jit
@@ -734,6 +710,9 @@ class RowNorm:
     weight: torch.Tensor
     eps: float
     unit_offset: bool
+    # The rows come with the weight applied already (residual_prescaled_gemv's third output, r * (1 + weight)):
+    # the loop multiplies them as they are and each output row is scaled by its 1 / rms (kernel ROW_SCALE).
+    prescaled: bool = False
 
 
 def normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor, config: GemvConfig = GemvConfig()) -> torch.Tensor:
@@ -741,16 +720,21 @@ def normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor, config: GemvCon
     reads it (no norm kernel, no [M, K] normed rows written and read back). x [M, K] is the residual stream as
     residual_gemv left it, norm.sumsq its rows' sums of squares from the same launch. Each tile is normed and
     rounded as kernels/norm_triton.py's rms_norm would have stored it; the rows' 1 / rms comes from the parts'
-    sum rather than the norm kernel's own, so it can differ from it in the last bit (naive_normed_gemv is the
-    reference)."""
+    sum rather than the norm kernel's own, so it can differ from it in the last bit. norm.prescaled: x is
+    residual_prescaled_gemv's rows with the weight applied, multiplied as they are, and each output row is scaled
+    by its 1 / rms from norm.sumsq in fp32 before the one rounding (naive_normed_gemv is the reference of both)."""
     _raise_if(_norm_weight_problem(x, norm) or _norm_sums_problem(x, norm))
     return _launch(x, None, w, config, norm=norm)[0]
 
 
 def naive_normed_gemv(x: torch.Tensor, norm: RowNorm, w: torch.Tensor) -> torch.Tensor:
-    """The reference of normed_gemv: rms_norm's reference (its own sums), then F.linear."""
+    """The reference of normed_gemv: rms_norm's reference (its own sums), then F.linear; prescaled rows through
+    F.linear in fp32, each output row times 1 / rms of norm.sumsq's total, rounded once."""
     from headroom.kernels.norm import naive_rms_norm
 
+    if norm.prescaled:
+        rstd = torch.rsqrt(norm.sumsq.sum(-1, keepdim=True) / x.shape[1] + norm.eps)
+        return (torch.nn.functional.linear(x.float(), w.float()) * rstd).to(x.dtype)
     return torch.nn.functional.linear(naive_rms_norm(x, norm.weight, norm.eps, norm.unit_offset), w)
 
 
@@ -841,7 +825,7 @@ def residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, conf
         _raise_if(_silu_mul_problem(x, up))
     if gated is not None:
         _raise_if(_gated_problem(x, gated, config))
-    out, sumsq = _launch(x, up, w, config, residual=residual, gated=gated)
+    out, sumsq, _ = _launch(x, up, w, config, residual=residual, gated=gated)
     assert sumsq is not None
     return out, sumsq
 
@@ -858,44 +842,41 @@ def naive_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return out, out.float().pow(2).sum(-1, keepdim=True)
 
 
-# The elements of the [rows, TAIL_BLOCK] tile a norm tail's last program loads at a time (a power of 2): 4096 is
-# about 32 fp32 registers a thread at 4 warps.
-TAIL_ELEMENTS = 4096
-
-
 @dataclass(frozen=True)
-class NormTail:
-    """The RMSNorm residual_normed_gemv applies to the residual stream it writes: the norm's weight [N] (the rows'
-    dtype, contiguous), eps and Qwen3.5's unit offset ((1 + weight) * x)."""
+class NextNorm:
+    """The RMSNorm that follows a residual add, whose weight residual_prescaled_gemv applies to the sum it writes:
+    weight [N] (the rows' dtype, contiguous) and Qwen3.5's unit offset ((1 + weight) * x). Its eps and 1 / rms
+    belong to the GEMV that reads the rows (RowNorm with prescaled)."""
 
     weight: torch.Tensor
-    eps: float
     unit_offset: bool
 
 
-def residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
-                         config: GemvConfig = GemvConfig(), up: torch.Tensor | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(residual + x @ w [N, K].T, rms_norm of it) in one launch: residual_gemv's add, then the next norm by the
-    launch's last program (kernel NORM_TAIL), so the next projection reads normed rows with a plain loop and no
-    norm kernel runs between the two GEMVs. up: SwiGLU's down projection, as residual_gemv. The sum is
-    residual_gemv's to the bit; the normed rows are what normed_gemv's loop would make of it (1 / rms from the
-    blocks' sums: it can differ from rms_norm's own in the last bit). naive_residual_normed_gemv is the reference."""
-    _raise_if(_residual_problem(x, w, residual) or _tail_weight_problem(x, w, tail))
+def residual_prescaled_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm: NextNorm,
+                            config: GemvConfig = GemvConfig(), up: torch.Tensor | None = None,
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(r = residual + x @ w [N, K].T, its rows' partial sums of squares, r times the next norm's weight) in one
+    launch: residual_gemv's sum and sums to the bit, and beside them the next GEMV's input with the norm's 1 / rms
+    factored out, r * (1 + weight) (unit offset; else r * weight) rounded once to the rows' dtype (kernel
+    PRESCALE). A GEMV given these rows and RowNorm(sums, weight, eps, unit_offset, prescaled=True) scales its
+    output rows by 1 / rms: rms_norm(r) @ w2.T up to where the rounding falls (rms_norm rounds r * rstd * (1 + g),
+    this r * (1 + g)), with no norm kernel between the two GEMVs and a plain loop in the second. up: SwiGLU's down
+    projection, as residual_gemv. naive_residual_prescaled_gemv is the reference."""
+    _raise_if(_residual_problem(x, w, residual) or _next_norm_problem(x, w, norm))
     if up is not None:
         _raise_if(_silu_mul_problem(x, up))
-    out, normed = _launch(x, up, w, config, residual=residual, tail=tail)
-    assert normed is not None
-    return out, normed
+    out, sumsq, scaled = _launch(x, up, w, config, residual=residual, prescale=norm)
+    assert sumsq is not None and scaled is not None
+    return out, sumsq, scaled
 
 
-def naive_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
-                               up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference of residual_normed_gemv: naive_residual_gemv's sum, then rms_norm's reference of it."""
-    from headroom.kernels.norm import naive_rms_norm
-
-    out, _ = naive_residual_gemv(x, w, residual, up)
-    return out, naive_rms_norm(out, tail.weight, tail.eps, tail.unit_offset)
+def naive_residual_prescaled_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm: NextNorm,
+                                  up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference of residual_prescaled_gemv: naive_residual_gemv's sum and sums, then the sum times the
+    weight (1 + weight with the unit offset) in fp32, rounded once."""
+    out, sumsq = naive_residual_gemv(x, w, residual, up)
+    g = norm.weight.float() + 1.0 if norm.unit_offset else norm.weight.float()
+    return out, sumsq, (out.float() * g).to(out.dtype)
 
 
 def _raise_if(problem: str | None) -> None:
@@ -920,11 +901,11 @@ def _norm_weight_problem(x: torch.Tensor, norm: RowNorm) -> str | None:
     return None
 
 
-def _tail_weight_problem(x: torch.Tensor, w: torch.Tensor, tail: NormTail) -> str | None:
+def _next_norm_problem(x: torch.Tensor, w: torch.Tensor, norm: NextNorm) -> str | None:
     n = w.shape[0]
-    if tail.weight.shape != (n,) or tail.weight.dtype != x.dtype or not tail.weight.is_contiguous():
-        return (f"residual_normed_gemv: the norm's weight {tuple(tail.weight.shape)} {tail.weight.dtype} must be "
-                f"[{n}] {x.dtype}, contiguous")
+    if norm.weight.shape != (n,) or norm.weight.dtype != x.dtype or not norm.weight.is_contiguous():
+        return (f"residual_prescaled_gemv: the next norm's weight {tuple(norm.weight.shape)} {norm.weight.dtype} "
+                f"must be [{n}] {x.dtype}, contiguous")
     return None
 
 
@@ -975,11 +956,12 @@ def _residual_problem(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: GemvConfig,
             norm: RowNorm | None = None, residual: torch.Tensor | None = None,
             gated: GatedNorm | None = None, conv: ConvStep | None = None,
-            swiglu: bool = False, tail: NormTail | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm), gated_gemv (gated), residual_gemv
-    (residual, with up, gated or neither), residual_normed_gemv (residual and tail, with up or not), conv_gemv
-    (conv, with norm or not) or swiglu_gemv (swiglu, with norm or not): (out, the sums of squares residual_gemv
-    writes, or with tail the normed rows, else None)."""
+            swiglu: bool = False, prescale: NextNorm | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """gemv (up None), silu_mul_gemv (x the gate), normed_gemv (norm; prescaled or not), gated_gemv (gated),
+    residual_gemv (residual, with up, gated or neither), residual_prescaled_gemv (residual and prescale, with up
+    or not), conv_gemv (conv, with norm or not) or swiglu_gemv (swiglu, with norm or not): (out, the sums of
+    squares residual_gemv writes or None, with prescale the prescaled rows or None)."""
     num_rows, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or num_rows > MAX_ROWS or x.stride(-1) != 1 or not w.is_contiguous():
@@ -988,7 +970,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     assert norm is None or (up is None and residual is None and gated is None), "NORM joins CONV alone"
     assert conv is None or (up is None and residual is None and gated is None), "CONV joins NORM alone"
     assert gated is None or up is None, "GATED's up operand is the gate"
-    assert tail is None or (residual is not None and gated is None), "NORM_TAIL joins RESIDUAL, not GATED"
+    assert prescale is None or (residual is not None and gated is None), "PRESCALE joins RESIDUAL, not GATED"
     assert not swiglu or (up is None and residual is None and gated is None and conv is None), "SWIGLU joins NORM alone"
     if swiglu and (n % 2 or config.block_n % 2):
         raise ValueError(f"swiglu_gemv: w {tuple(w.shape)} needs whole gate / up pairs: an even N and block_n "
@@ -997,7 +979,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     # (stream-K's runs part blocks: its epilogue has no SWIGLU, so a stream-K entry runs as a grid of blocks there)
     if config.stream > 0 and num_rows > 1 and not core_rows and norm is None and residual is None and gated is None \
             and conv is None and not swiglu:
-        return _launch_stream(x, up, w, config), None
+        return _launch_stream(x, up, w, config), None, None
     blocks = triton.cdiv(n, config.block_n)
     # Arrival counters are per output block (quant_matmul's, shared with the int4 kernels).
     split = max(1, config.split) if blocks <= _COUNTER_SLOTS else 1
@@ -1006,11 +988,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
     out = torch.empty((num_rows, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split, num_rows, n), dtype=torch.float32, device=x.device) if split > 1 else out
     sumsq = torch.empty((num_rows, blocks), dtype=torch.float32, device=x.device) if residual is not None else None
-    normed = torch.empty_like(out) if tail is not None else None
-    if tail is not None and blocks >= _COUNTER_SLOTS - 1:
-        # the launch's arrival count takes the last counter, past every block's
-        raise ValueError(f"residual_normed_gemv: {blocks} output blocks (N {n}, block_n {config.block_n}); at most "
-                         f"{_COUNTER_SLOTS - 2}")
+    scaled = torch.empty_like(out) if prescale is not None else None
     # bf16 pairs as int32 on the CUDA cores (see _accumulate); 4-byte alignment holds for any even K and any
     # allocation, but a view of x or w may start mid-pair (the up half of a gate|up row starts K elements in),
     # and several rows need even row strides too (the norm's weight is one row, read by every row)
@@ -1053,28 +1031,27 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         stride_u, w.stride(0), out.stride(0),
         residual if residual is not None else out, parts, parts.shape[1] if parts.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0,
-        norm.eps if norm is not None else gated.eps if gated is not None else tail.eps if tail is not None else 0.0,
+        norm.eps if norm is not None else gated.eps if gated is not None else 0.0,
         (gated.weight.view(torch.int32) if pairs else gated.weight) if gated is not None else out,
         *_conv_arguments(conv, out),
-        normed if normed is not None else out, tail.weight if tail is not None else out,
-        _counters(x.device)[_COUNTER_SLOTS - 1:] if tail is not None else out,
-        normed.stride(0) if normed is not None else 0,
+        scaled if scaled is not None else out, prescale.weight if prescale is not None else out,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, EVEN_K=k % config.block_k == 0, SPLIT=split > 1, PAIRS=pairs,
         SILU_MUL=up is not None, num_warps=config.num_warps,
         # (one row has no MMA: a swap_ab config runs the same one-row kernel, not a second compile of it)
         SWAP_AB=config.swap_ab and num_rows > 1 and not core_rows, CORE_ROWS=core_rows,
-        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch, NORM=norm is not None,
-        UNIT_OFFSET=(norm is not None and norm.unit_offset) or (tail is not None and tail.unit_offset),
+        ROW_SUM=core_rows and acc_regs > CORE_ROWS_ACC_REGS, PREFETCH=prefetch,
+        NORM=norm is not None and not norm.prescaled, ROW_SCALE=norm is not None and norm.prescaled,
+        # (ROW_SCALE reads no weight: one variant whatever the offset)
+        UNIT_OFFSET=(norm is not None and not norm.prescaled and norm.unit_offset)
+        or (prescale is not None and prescale.unit_offset),
         RESIDUAL=residual is not None, GATED=gated is not None,
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
-        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, NORM_TAIL=tail is not None,
-        # the tail's [BLOCK_M, TAIL_BLOCK] fp32 tile about 32 registers a thread at 4 warps, whatever the rows
-        TAIL_BLOCK=max(64, TAIL_ELEMENTS // block_m) if tail is not None else 512, **pdl_launch(x.device),
+        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, PRESCALE=prescale is not None, **pdl_launch(x.device),
     )
-    return out, normed if tail is not None else sumsq
+    return out, sumsq, scaled
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -1183,17 +1160,18 @@ def tuned_residual_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     return residual_gemv(x, w, residual, config, up, gated)
 
 
-def tuned_residual_normed_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, tail: NormTail,
-                               up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """residual_normed_gemv with the configuration tuned_residual_gemv would run (None where it would not run, or
-    the norm's weight is not [N] in x's dtype): (the sum, its rms_norm)."""
-    if _tail_weight_problem(x, w, tail) is not None:
+def tuned_residual_prescaled_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm: NextNorm,
+                                  up: torch.Tensor | None = None,
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """residual_prescaled_gemv with the configuration tuned_residual_gemv would run (None where it would not run,
+    or the norm's weight is not [N] in x's dtype): (the sum, its sums of squares, the prescaled rows)."""
+    if _next_norm_problem(x, w, norm) is not None:
         return None
     chosen = _residual_config(x, w, residual, up)  # (which may make SwiGLU's activation first)
     if chosen is None:
         return None
     x, up, config = chosen
-    return residual_normed_gemv(x, w, residual, tail, config, up)
+    return residual_prescaled_gemv(x, w, residual, norm, config, up)
 
 
 def _residual_config(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, up: torch.Tensor | None,

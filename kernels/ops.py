@@ -9,6 +9,8 @@ path runs without Triton installed.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
 import torch.nn.functional as F
 from headroom.kernels.attention import naive_prefix_attention
@@ -44,8 +46,8 @@ __all__ = [
     "add_rms_norm", "apply_rotary", "causal_conv1d", "causal_conv1d_varlen", "conv_dense_linear", "dense_linear", "fp8_dequantize", "fp8_quantize", "gated_delta_decode",
     "gated_delta_rule", "gated_delta_tail", "gated_rms_norm", "gdn_gates", "kivi_dequantize_keys", "kivi_dequantize_values",
     "kivi_quantize_keys", "kivi_quantize_values", "normed_dense_linear", "prefix_attention", "quant_linear",
-    "residual_dense_linear", "rms_norm", "rms_norm_rotary", "swiglu_dense_linear",
-    "rotary_inv_freq", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear", "TailIndex",
+    "residual_dense_linear", "residual_prescaled_dense_linear", "rms_norm", "rms_norm_rotary", "swiglu_dense_linear",
+    "rotary_inv_freq", "RowNormArgs", "FUSED_OPS", "set_fused", "sigmoid_mul", "silu_mul", "silu_mul_dense_linear", "TailIndex",
 ]
 
 # The fused kernels (norms, rotary, gates, the decode GEMV, the GDN decode step and tail, the prefill conv) on
@@ -200,37 +202,43 @@ def residual_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch
     return None
 
 
-def residual_normed_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                                 norm_weight: torch.Tensor, eps: float, unit_offset: bool,
-                                 up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(residual + a @ weight.T, rms_norm of that sum) in one GEMV launch (kernels/gemv.py residual_normed_gemv:
-    the norm by the launch's last program; up as residual_dense_linear): where residual_dense_linear would run
-    its GEMV, None elsewhere (the caller projects, then add_rms_norm)."""
+def residual_prescaled_dense_linear(a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                                    norm_weight: torch.Tensor, unit_offset: bool, up: torch.Tensor | None = None,
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(residual + a @ weight.T, the sum's rows' partial sums of squares, the sum times the next RMSNorm's weight)
+    in one GEMV launch (kernels/gemv.py residual_prescaled_gemv; up as residual_dense_linear): the next linear
+    reads the third with the rows' 1 / rms factored out (a norm tuple with prescaled True). Where
+    residual_dense_linear would run its GEMV, None elsewhere (the caller projects, then add_rms_norm)."""
     if _on_gemv(a, "dense_linear", "add_rms_norm", "rms_norm") and (up is None or _fused(a, "silu_mul")):
-        from headroom.kernels.gemv import NormTail, tuned_residual_normed_gemv
+        from headroom.kernels.gemv import NextNorm, tuned_residual_prescaled_gemv
 
-        return tuned_residual_normed_gemv(a, weight, residual, NormTail(norm_weight, eps, unit_offset), up)
+        return tuned_residual_prescaled_gemv(a, weight, residual, NextNorm(norm_weight, unit_offset), up)
     return None
 
 
-def normed_dense_linear(x: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        unit_offset: bool, weight: torch.Tensor) -> torch.Tensor | None:
+# A norm still to apply to a linear's input rows, as its GEMV takes it: (sums of squares [N, parts] fp32, weight,
+# eps, unit offset, prescaled: the rows carry the weight already and only their 1 / rms is left).
+RowNormArgs: TypeAlias = tuple[torch.Tensor, torch.Tensor, float, bool, bool]
+
+
+def normed_dense_linear(x: torch.Tensor, norm: RowNormArgs, weight: torch.Tensor) -> torch.Tensor | None:
     """rms_norm(x) @ weight.T in one GEMV launch, x's rows' sums of squares given (residual_dense_linear's):
     kernels/gemv.py normed_gemv where residual_dense_linear would run, None elsewhere and whenever rms_norm runs its
-    reference (the caller norms first, through ops.rms_norm)."""
+    reference (the caller norms first, through ops.rms_norm). Prescaled rows (residual_prescaled_dense_linear's):
+    their product scaled by the rows' 1 / rms."""
     if _on_gemv(x, "dense_linear", "add_rms_norm", "rms_norm"):
         from headroom.kernels.gemv import RowNorm, tuned_normed_gemv
 
-        return tuned_normed_gemv(x, RowNorm(sumsq, norm_weight, eps, unit_offset), weight)
+        return tuned_normed_gemv(x, RowNorm(*norm), weight)
     return None
 
 
 def swiglu_dense_linear(x: torch.Tensor, weight: torch.Tensor,
-                        norm: tuple[torch.Tensor, torch.Tensor, float, bool] | None = None) -> torch.Tensor | None:
+                        norm: RowNormArgs | None = None) -> torch.Tensor | None:
     """silu(gate) * up [N, I] of x @ weight.T, weight's gate and up rows interleaved (gate row i at 2i, up row i at
     2i + 1), in one GEMV launch: kernels/gemv.py swiglu_gemv where the table has the shape (its plain entry), None
     elsewhere and whenever the linear or silu_mul runs its reference (the caller projects, then silu_mul of the
-    pairs). norm (sumsq, weight, eps, unit_offset): x is still to norm, as normed_dense_linear norms it."""
+    pairs). norm (RowNormArgs): x is still to norm, as normed_dense_linear norms it."""
     if _on_gemv(x, "dense_linear", "silu_mul") \
             and (norm is None or (_fused(x, "add_rms_norm") and _fused(x, "rms_norm"))):
         from headroom.kernels.gemv import RowNorm, tuned_swiglu_gemv
@@ -240,12 +248,11 @@ def swiglu_dense_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def conv_dense_linear(x: torch.Tensor, weight: torch.Tensor, conv_weight: torch.Tensor, conv_states: torch.Tensor,
-                      slots: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float, bool] | None = None
-                      ) -> torch.Tensor | None:
+                      slots: torch.Tensor, norm: RowNormArgs | None = None) -> torch.Tensor | None:
     """x @ weight.T with its first conv_weight.shape[0] columns through the decode conv step (silu(conv), each
     row's states rolled in place at conv_states[slots]) in one GEMV launch: kernels/gemv.py conv_gemv where the
     table has the shape, None elsewhere (nothing has run: the caller projects, then runs causal_conv1d_update).
-    norm (sumsq, weight, eps, unit_offset): x is still to norm, as normed_dense_linear norms it."""
+    norm (RowNormArgs): x is still to norm, as normed_dense_linear norms it."""
     needed = ("dense_linear", "add_rms_norm", "rms_norm") if norm is not None else ("dense_linear",)
     if _on_gemv(x, *needed):
         from headroom.kernels.gemv import ConvStep, RowNorm, tuned_conv_gemv

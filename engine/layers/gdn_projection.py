@@ -46,8 +46,8 @@ class SplitProjection:
                 or not isinstance(weight, torch.Tensor) or part.sizes[0] != conv_weight.shape[0]:
             return None
         if isinstance(x, NormedRows):
-            out = ops.conv_dense_linear(x.x, weight, conv_weight, conv_states, slots,
-                                        (x.sumsq, x.weight, x.eps, x.unit_offset))
+            rows, norm = x.gemv_operands()
+            out = ops.conv_dense_linear(rows, weight, conv_weight, conv_states, slots, norm)
         else:
             out = ops.conv_dense_linear(x, weight, conv_weight, conv_states, slots)
         if out is None:

@@ -19,7 +19,7 @@ def linear(x: torch.Tensor | NormedRows, weight: LinearWeight, bias: torch.Tenso
     it (decode-sized, dense, no bias: ops.normed_dense_linear), else normed first."""
     if isinstance(x, NormedRows):
         if bias is None and isinstance(weight, torch.Tensor):
-            out = ops.normed_dense_linear(x.x, x.sumsq, x.weight, x.eps, x.unit_offset, weight)
+            out = ops.normed_dense_linear(*x.gemv_operands(), weight)
             if out is not None:
                 return out
         x = x.tensor()
@@ -33,7 +33,8 @@ def swiglu_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.T
     NormedRows' norm) where one runs it (ops.swiglu_dense_linear); None elsewhere: the caller projects, then
     silu_mul of the pairs."""
     if isinstance(x, NormedRows):
-        return ops.swiglu_dense_linear(x.x, weight, (x.sumsq, x.weight, x.eps, x.unit_offset))
+        rows, norm = x.gemv_operands()
+        return ops.swiglu_dense_linear(rows, weight, norm)
     return ops.swiglu_dense_linear(x, weight)
 
 

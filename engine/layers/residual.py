@@ -27,14 +27,15 @@ FUSED_RESIDUAL = os.environ.get("HEADROOM_FUSED_RESIDUAL", "1") == "1"
 # (3.503 against 3.557 ms), batch 8 6.7% and batch 16 22% slower: the fused tensor-core and CUDA-core tiles of
 # several rows lose more in their loops than the norm launches cost.
 FUSED_ROWS = 1
-# Passes of FUSED_ROWS + 1 to ops.GEMV_ROWS rows: the add in the projection's GEMV and the next norm by that
-# launch's last program (kernels/gemv.py residual_normed_gemv), so no norm kernel runs between the GEMVs and the
-# next one's loop reads plain rows (the NORM loop, which lost above, is not used). Gated DeltaNet's output norm
-# runs as its own kernel first. HEADROOM_NORM_TAIL=1 turns it on. Off: on an H100 (session 31,
-# bench/norm_tail_probe.py) a graph of (2,560-wide residual GEMV, norm, next GEMV) steps at 8 and 16 rows took
-# 39.3-48.1 us a step with the tail against 31.4-41.0 with the norm's own launch (bit for bit the same rows): one
-# program norming every row, after every program's arrival on one address, costs more than the launch it saves.
-NORM_TAIL = os.environ.get("HEADROOM_NORM_TAIL", "0") == "1"
+# Passes of FUSED_ROWS + 1 to ops.GEMV_ROWS rows: the add in the projection's GEMV, which also stores the sum
+# times the next RMSNorm's weight, and the next linear's GEMV multiplies those rows with its plain loop and scales
+# its output rows by their 1 / rms (kernels/gemv.py residual_prescaled_gemv, RowNorm.prescaled): no norm kernel
+# between the GEMVs and no norm in the second's loop (the NORM loop lost at several rows, above). Not bit for bit
+# the unfused path: r * (1 + g) is rounded where rms_norm rounds r * rstd * (1 + g). Gated DeltaNet's output norm
+# runs as its own kernel first. HEADROOM_PRESCALED_NORM=1 turns it on; off until measured in the graphed step.
+# (Session 31's first try, the next norm by the residual GEMV's last program, bit for bit but 1.11x the step at
+# batch 8 and 16 on an H100, session 32: one program norming every row after every block's arrival.)
+PRESCALED_NORM = os.environ.get("HEADROOM_PRESCALED_NORM", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def deferred(p: Projection) -> torch.Tensor | Projection:
     in-projection output, through z), as its module returns, as before the fusion (8,192 rows of the 4B model
     hold about 0.5 GiB of them)."""
     rows = p.a.shape[0]
-    if FUSED_RESIDUAL and (rows <= min(FUSED_ROWS, ops.GEMV_ROWS) or (NORM_TAIL and rows <= ops.GEMV_ROWS)):
+    if FUSED_RESIDUAL and (rows <= min(FUSED_ROWS, ops.GEMV_ROWS) or (PRESCALED_NORM and rows <= ops.GEMV_ROWS)):
         return p
     return p.run()
 
@@ -97,12 +98,12 @@ def add_and_norm(
                 summed, sumsq = fused
                 return NormedRows(summed, sumsq, weight, eps, unit_offset), summed
         elif reduce is None:
-            tailed = _add_projection_normed(delta, x, weight, eps, unit_offset)
-            if isinstance(tailed, tuple):
-                summed, normed = tailed
-                return normed, summed
-            if tailed is not None:
-                delta = tailed
+            prescaled = _add_projection_prescaled(delta, x, weight, unit_offset)
+            if isinstance(prescaled, tuple):
+                summed, sumsq, scaled = prescaled
+                return NormedRows(summed, sumsq, weight, eps, unit_offset, scaled), summed
+            if prescaled is not None:
+                delta = prescaled
         if isinstance(delta, Projection):
             delta = delta.run()
     if delta is None:
@@ -118,7 +119,7 @@ def as_tensor(rows: torch.Tensor | NormedRows) -> torch.Tensor:
 def take_rows(rows: torch.Tensor | NormedRows, index: torch.Tensor) -> torch.Tensor | NormedRows:
     """rows[index], normed or still to norm (each row's sums of squares go with it)."""
     if isinstance(rows, NormedRows):
-        return NormedRows(rows.x[index], rows.sumsq[index], rows.weight, rows.eps, rows.unit_offset)
+        return rows.take(index)
     return rows[index]
 
 
@@ -127,18 +128,19 @@ def _fusable(p: Projection) -> bool:
     return FUSED_RESIDUAL and p.bias is None and isinstance(p.weight, torch.Tensor)
 
 
-def _add_projection_normed(p: Projection, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                           unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
-    """(residual + p's output, rms_norm of it) in p's GEMV (NORM_TAIL). Where that GEMV does not run: a gated
-    projection's output (its norm, already run, not run twice), else None (the caller runs p). A gated
-    projection's norm runs first as its own kernel (GATED's loop norms each tile in registers)."""
-    if not NORM_TAIL or not _fusable(p):
+def _add_projection_prescaled(p: Projection, residual: torch.Tensor, weight: torch.Tensor, unit_offset: bool,
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor | None:
+    """(residual + p's output, its rows' sums of squares, the sum times the next norm's weight) in p's GEMV
+    (PRESCALED_NORM). Where that GEMV does not run: a gated projection's output (its norm, already run, not run
+    twice), else None (the caller runs p). A gated projection's norm runs first as its own kernel (GATED's loop
+    norms each tile in registers)."""
+    if not PRESCALED_NORM or not _fusable(p):
         return None
     a = p.gated_input() if p.gate_norm is not None else p.a
-    tailed = ops.residual_normed_dense_linear(a, p.weight, residual, weight, eps, unit_offset, p.up)
-    if tailed is None and p.gate_norm is not None:
+    fused = ops.residual_prescaled_dense_linear(a, p.weight, residual, weight, unit_offset, p.up)
+    if fused is None and p.gate_norm is not None:
         return linear(a, p.weight)
-    return tailed
+    return fused
 
 
 def _add_projection(p: Projection, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

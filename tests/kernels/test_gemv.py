@@ -698,78 +698,135 @@ def test_residual_gemv_adds_the_product_and_sums_its_squares(silu_mul, rows, n, 
 @pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab", "silu_mul"), [
     (1, 70, 512, 16, 128, 1, False, False, False),  # one row, the last block partial
     (4, 40, 256, 8, 128, 2, True, False, True),  # rows on the CUDA cores, split, SwiGLU's input
-    (8, 2560, 128, 8, 64, 1, True, False, False),  # 320 blocks: parts summed over several chunks
     (16, 130, 256, 64, 64, 2, False, True, False),  # swapped tensor-core tiles (fp32), ragged last block
     (9, 40, 256, 32, 64, 3, False, False, False),  # unswapped tensor-core tiles (fp32), rows past M
 ])
-def test_residual_normed_gemv_is_residual_gemv_then_rms_norm(rows, n, k, block_n, block_k, split, rows_on_cores,
-                                                              swap_ab, silu_mul, unit_offset):
-    """residual_normed_gemv: the sum residual_gemv stores, bit for bit, and its RMSNorm by the launch's last
-    program as norm_triton's rms_norm stores it (bf16: the blocks' sums make the same 1 / rms here; fp32 within
-    its rounding), near the naive reference; called again at once (the arrival count reset) the same."""
-    from headroom.kernels.gemv import (
-        NormTail,
-        naive_residual_normed_gemv,
-        residual_gemv,
-        residual_normed_gemv,
-    )
-    from headroom.kernels.norm_triton import rms_norm
-    from headroom.kernels.quant_matmul import _counters
+def test_residual_prescaled_gemv_is_residual_gemv_and_the_weighted_sum(rows, n, k, block_n, block_k, split,
+                                                                       rows_on_cores, swap_ab, silu_mul, unit_offset):
+    """residual_prescaled_gemv: the sum and sums of squares residual_gemv stores, bit for bit, and beside them the
+    sum times the next norm's weight (1 + g with the unit offset, g without) rounded once, as the reference rounds
+    it (equal in fp32; a rounding apart in bf16, where the interpreter truncates)."""
+    from headroom.kernels.gemv import NextNorm, naive_residual_prescaled_gemv, residual_gemv, residual_prescaled_gemv
 
     x, w = _case(rows * 7 + n + split, rows, n, k)
     gen = torch.Generator().manual_seed(n + rows)
     residual = (torch.randn(rows, n, generator=gen) * 2).to(x.dtype)
     up = torch.randn(rows, k, generator=gen).to(x.dtype) if silu_mul else None
-    tail = NormTail((torch.randn(n, generator=gen) * 0.3).to(x.dtype), 1e-6, unit_offset)
+    norm = NextNorm((torch.randn(n, generator=gen) * 0.3).to(x.dtype), unit_offset)
     config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
                         swap_ab=swap_ab)
-    summed, normed = residual_normed_gemv(x, w, residual, tail, config, up=up)
-    assert torch.equal(summed, residual_gemv(x, w, residual, config, up=up)[0])
-    want = rms_norm(summed, tail.weight, tail.eps, unit_offset)[0]
-    if x.dtype == torch.bfloat16:
-        assert torch.equal(normed, want)
-    else:
-        torch.testing.assert_close(normed, want, atol=1e-5, rtol=1e-5)
-    ref_summed, ref_normed = naive_residual_normed_gemv(x, w, residual, tail, up=up)
-    torch.testing.assert_close(normed.float(), ref_normed.float(), atol=0.05, rtol=0.02)
-    assert int(_counters(x.device).abs().sum()) == 0
-    again = residual_normed_gemv(x, w, residual, tail, config, up=up)
-    assert torch.equal(again[0], summed) and torch.equal(again[1], normed)
+    summed, sumsq, scaled = residual_prescaled_gemv(x, w, residual, norm, config, up=up)
+    plain_summed, plain_sumsq = residual_gemv(x, w, residual, config, up=up)
+    assert torch.equal(summed, plain_summed) and torch.equal(sumsq, plain_sumsq)
+    g = norm.weight.float() + 1.0 if unit_offset else norm.weight.float()
+    _assert_rounding_apart(scaled, (summed.float() * g).to(x.dtype))
+    ref_summed, _, ref_scaled = naive_residual_prescaled_gemv(x, w, residual, norm, up=up)
+    torch.testing.assert_close(scaled.float(), ref_scaled.float(), atol=0.05, rtol=0.02)
 
 
-def test_norm_tail_compiles_for_sm90():
-    """NORM_TAIL's last-program branch (a runtime condition on the arrival count, which the interpreter takes as a
-    Python if) compiles for sm_90 beside RESIDUAL: 16 rows on swapped tensor-core tiles with a split and PDL, and
-    one row of pairs; each counts itself in with one acq_rel atomic and resets the count with an exchange."""
+@pytest.mark.parametrize(("rows", "k", "block_k", "split", "rows_on_cores", "dtype"), [
+    (1, 512, 128, 1, False, torch.bfloat16),  # one row as pairs
+    (1, 328, 64, 2, False, torch.bfloat16),  # a ragged pair tail, split over K
+    (1, 200, 64, 2, False, torch.float32),  # one row in fp32
+    (4, 512, 128, 3, True, torch.bfloat16),  # rows on the CUDA cores as pairs
+    (3, 200, 64, 1, True, torch.float32),  # ... in fp32, rows past M repeat the last
+    (16, 328, 64, 2, False, torch.float32),  # the tensor cores (fp32: the interpreter's bf16 dot is garbage)
+])
+def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_k, split, rows_on_cores, dtype):
+    """normed_gemv of prescaled rows (RowNorm.prescaled: the weight applied already) multiplies them as they are and
+    scales each output row by 1 / rms of the given sums: through an identity weight the rows times their 1 / rms as
+    rms_norm computes it from a sum (a rounding apart in bf16; equal in fp32, so a 1 / rms off by 1% fails), against
+    a real weight the reference within the fp32 sums' order, and near the unfused norm then GEMV."""
+    from headroom.kernels.gemv import RowNorm, naive_normed_gemv, normed_gemv
+
+    x, weight = _norm_case(rows * 13 + k + split, rows, k, dtype)
+    sumsq = x.float().pow(2).sum(-1, keepdim=True)
+    scaled = (x.float() * (1.0 + weight.float())).to(dtype)
+    norm = RowNorm(sumsq, weight, 1e-6, True, prescaled=True)
+    config = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores)
+    rstd = 1.0 / torch.sqrt((sumsq / k + 1e-6).double()).float()
+    _assert_rounding_apart(normed_gemv(scaled, norm, torch.eye(k, dtype=dtype), config),
+                           (scaled.float() * rstd).to(dtype))
+    w = (torch.randn(40, k, generator=torch.Generator().manual_seed(k)) * 0.05).to(dtype)
+    got = normed_gemv(scaled, norm, w, config)
+    torch.testing.assert_close(got.float(), naive_normed_gemv(scaled, norm, w).float(), atol=1e-3, rtol=8e-3)
+    unfused = gemv(_exact_norm(x, sumsq, weight, 1e-6, True), w, config)
+    torch.testing.assert_close(got.float(), unfused.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_every_epilogue_takes_the_row_scale(rows):
+    """swiglu_gemv and conv_gemv given prescaled rows scale the products before their epilogues: SwiGLU's
+    activation of normed_gemv's pairs (bit for bit), the conv step of its columns (the references')."""
+    from headroom.kernels.gemv import (
+        ConvStep,
+        RowNorm,
+        conv_gemv,
+        naive_conv_gemv,
+        normed_gemv,
+        swiglu_gemv,
+    )
+    from headroom.kernels.gates_triton import silu_mul
+
+    dtype = torch.bfloat16 if rows < 16 else torch.float32
+    k = 256
+    x, weight = _norm_case(rows + 40, rows, k, dtype)
+    sumsq = x.float().pow(2).view(rows, 8, 32).sum(-1).contiguous()
+    scaled = (x.float() * (1.0 + weight.float())).to(dtype)
+    norm = RowNorm(sumsq, weight, 1e-6, True, prescaled=True)
+    gen = torch.Generator().manual_seed(rows)
+    w = (torch.randn(48, k, generator=gen) * 0.05).to(dtype)
+    config = GemvConfig(block_n=16, block_k=64, split=1, num_stages=2, rows_on_cores=rows == 4)
+    pairs = normed_gemv(scaled, norm, w, config)
+    assert torch.equal(swiglu_gemv(scaled, w, config, norm), silu_mul(pairs[:, 0::2], pairs[:, 1::2]))
+    taps = (torch.randn(24, 4, generator=gen) * 0.5).to(dtype)
+    states = torch.randn(max(6, rows), 24, 3, generator=gen).to(dtype)
+    slots = torch.randperm(states.shape[0], generator=gen)[:rows].to(torch.int32)
+    got_states, want_states = states.clone(), states.clone()
+    got = conv_gemv(scaled, w, ConvStep(taps, got_states, slots), config, norm)
+    want = naive_conv_gemv(scaled, w, ConvStep(taps, want_states, slots), norm)
+    torch.testing.assert_close(got.float(), want.float(), atol=0.02, rtol=0.02)
+    torch.testing.assert_close(got_states.float(), want_states.float(), atol=0.02, rtol=0.02)
+
+
+def test_prescale_and_row_scale_compile_for_sm90():
+    """PRESCALE beside RESIDUAL and ROW_SCALE compile for sm_90 with PDL (16 rows on swapped tensor-core tiles with a
+    split, 8 on the CUDA cores; ROW_SCALE with SwiGLU's epilogue at 16 too). PRESCALE adds stores to RESIDUAL's and no
+    square root; a ROW_SCALE kernel takes its square root after the PDL wait, as NORM's, and runs the plain
+    kernel's MMAs."""
     from tests.kernels.sm90 import compile_sm90
 
+    shapes = ((16, False, 64, 256, True, False, True), (8, True, 8, 256, False, True, False))
     variants = []
-    for rows, pairs, block_n, block_k, swap, split in ((16, False, 64, 256, True, True), (1, True, 16, 512, False,
-                                                                                           False)):
-        x = "*i32" if pairs else "*bf16"
-        pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
-                    "sumsq": "*fp32", "eps": "fp32", "normed": "*bf16", "tail_w": "*bf16", "tail_count": "*i32"}
-        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
-            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
-            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": False,
-            "ROW_SUM": False, "RESIDUAL": True, "UNIT_OFFSET": True, "NORM_TAIL": True}))
-    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+    for flags in (("RESIDUAL", "PRESCALE"), ("RESIDUAL",), ("ROW_SCALE",), ()):
+        for rows, pairs, block_n, block_k, swap, cores, split in shapes:
+            x = "*i32" if pairs else "*bf16"
+            pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
+                        "sumsq": "*fp32", "eps": "fp32", "scaled": "*bf16", "scale_w": "*bf16"}
+            variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+                "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+                "SPLIT": split, "PAIRS": pairs, "SILU_MUL": False, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
+                "ROW_SUM": False, "UNIT_OFFSET": True, **dict.fromkeys(flags, True)}))
+    variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", variants[4][2],
+                     {**variants[4][3], "SPLIT": False, "SWIGLU": True}))
+    results = compile_sm90(variants)
+    for (_, _, _, constants), result in zip(variants, results, strict=True):
         assert result["ok"], (constants, result.get("error"))
-        # the launch's arrival count and its reset, beside the split's own per output block
-        adds, exchanges = (len(re.findall(rf"atom\.global\.gpu\.acq_rel\.{op}", result["ptx"]))
-                           for op in ("add", "exch"))
-        assert adds == exchanges == 1 + constants["SPLIT"], constants
-        if constants["SWAP_AB"]:
-            assert "wgmma.mma_async" in result["ptx"], constants
+    ptx = [result["ptx"] for result in results]
+    for i, shape in enumerate(shapes):
+        prescaled, residual, row_scaled, plain = ptx[i], ptx[2 + i], ptx[4 + i], ptx[6 + i]
+        assert "sqrt" not in prescaled and prescaled.count("st.global") > residual.count("st.global"), shape
+        assert row_scaled.index("griddepcontrol.wait") < row_scaled.index("sqrt"), shape
+        assert row_scaled.count("wgmma.mma_async") == plain.count("wgmma.mma_async") > 0 or not shape[4], shape
+    assert ptx[8].index("griddepcontrol.wait") < ptx[8].index("sqrt")
 
 
-def test_residual_normed_gemv_refuses_a_norm_weight_of_another_width():
-    from headroom.kernels.gemv import NormTail, residual_normed_gemv
+def test_residual_prescaled_gemv_refuses_a_norm_weight_of_another_width():
+    from headroom.kernels.gemv import NextNorm, residual_prescaled_gemv
 
     x, w = _case(3, 1, 40, 128)
-    with pytest.raises(ValueError, match=r"norm's weight \(39,\).*must be \[40\]"):
-        residual_normed_gemv(x, w, torch.zeros(1, 40, dtype=x.dtype), NormTail(torch.ones(39, dtype=x.dtype), 1e-6,
-                                                                                True))
+    with pytest.raises(ValueError, match=r"next norm's weight \(39,\).*must be \[40\]"):
+        residual_prescaled_gemv(x, w, torch.zeros(1, 40, dtype=x.dtype), NextNorm(torch.ones(39, dtype=x.dtype), True))
 
 
 def test_residual_then_normed_gemv_is_the_decoders_add_norm_and_projection():
