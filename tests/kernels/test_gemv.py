@@ -7,7 +7,6 @@ on the CUDA cores (rows_on_cores) in bf16 pairs and fp32, whole accumulator and 
 from __future__ import annotations
 
 import os
-import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -706,7 +705,12 @@ def test_residual_prescaled_gemv_is_residual_gemv_and_the_weighted_sum(rows, n, 
     """residual_prescaled_gemv: the sum and sums of squares residual_gemv stores, bit for bit, and beside them the
     sum times the next norm's weight (1 + g with the unit offset, g without) rounded once, as the reference rounds
     it (equal in fp32; a rounding apart in bf16, where the interpreter truncates)."""
-    from headroom.kernels.gemv import NextNorm, naive_residual_prescaled_gemv, residual_gemv, residual_prescaled_gemv
+    from headroom.kernels.gemv import (
+        NextNorm,
+        naive_residual_prescaled_gemv,
+        residual_gemv,
+        residual_prescaled_gemv,
+    )
 
     x, w = _case(rows * 7 + n + split, rows, n, k)
     gen = torch.Generator().manual_seed(n + rows)
@@ -758,6 +762,7 @@ def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_
 def test_every_epilogue_takes_the_row_scale(rows):
     """swiglu_gemv and conv_gemv given prescaled rows scale the products before their epilogues: SwiGLU's
     activation of normed_gemv's pairs (bit for bit), the conv step of its columns (the references')."""
+    from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import (
         ConvStep,
         RowNorm,
@@ -766,7 +771,6 @@ def test_every_epilogue_takes_the_row_scale(rows):
         normed_gemv,
         swiglu_gemv,
     )
-    from headroom.kernels.gates_triton import silu_mul
 
     dtype = torch.bfloat16 if rows < 16 else torch.float32
     k = 256

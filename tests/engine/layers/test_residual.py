@@ -296,10 +296,10 @@ def test_prescaled_norm_factors_the_norm_out_of_the_next_projection(tiny_model_f
         gemvs = _count(monkeypatch, gemv_module, ("residual_prescaled_gemv",))
         gemvs["row_scaled"] = []
 
-        def launched(x, *args, _run=gemv_module._launch, **kwargs):
+        def launched(x, *args, _run=gemv_module._launch, _scaled=gemvs["row_scaled"], **kwargs):
             norm = kwargs.get("norm")
             if norm is not None and norm.prescaled:
-                gemvs["row_scaled"].append((x.shape[0], kwargs.get("swiglu", False)))
+                _scaled.append((x.shape[0], kwargs.get("swiglu", False)))
             return _run(x, *args, **kwargs)
 
         monkeypatch.setattr(gemv_module, "_launch", launched)
