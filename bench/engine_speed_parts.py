@@ -704,11 +704,14 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
     """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: `prompts` random prompts, each prefilled but
     its last decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the
     prefill's last, against transformers fp32 (max and root-mean-square difference over every prompt's
-    positions); transformers bf16's own distance is the bound. On the tiny model also the fused path with each
-    fused op in turn on its reference. Session 9 call 4 ran one prompt, whose nine positions could not separate
-    rounding choices at the 5% level."""
+    positions); transformers bf16's own distance is the bound. The "_batched" runs decode every prompt's token in
+    one pass instead (`prompts` rows a step: the several-row GEMVs), with the next norm factored out of the next
+    projection (engine/layers/residual.py PRESCALED_NORM) off and on. On the tiny model also the fused path with
+    each fused op in turn on its reference. Session 9 call 4 ran one prompt, whose nine positions could not
+    separate rounding choices at the 5% level."""
     import gpu_engine
     from headroom.engine.config import EngineConfig
+    from headroom.engine.layers import residual
     from headroom.engine.runtime.forward_batch import BatchItem
     from headroom.engine.runtime.model_runner import ModelRunner
     from headroom.kernels import ops
@@ -741,31 +744,44 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
         case["logit_scale"] = float(truth.abs().max())
         # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager here); on the tiny model, the
         # fused path with one op at a time back on its reference (which fused kernel moves the logits).
-        runs = [("headroom_bf16_fused_graphs", True, (), "bf16"), ("headroom_bf16_naive_eager", False, (), "bf16"),
-                ("headroom_int2_fused_eager", True, (), "int2")]
-        # LOGIT_ABLATION=0 leaves the per-op runs out (11 of the 14 runs; 160 s of device time with them).
+        # (name, fused, ops off, KV, one pass for all prompts' decode tokens, PRESCALED_NORM)
+        shipped = residual.PRESCALED_NORM
+        runs = [("headroom_bf16_fused_graphs", True, (), "bf16", False, shipped),
+                ("headroom_bf16_naive_eager", False, (), "bf16", False, shipped),
+                ("headroom_int2_fused_eager", True, (), "int2", False, shipped),
+                ("headroom_bf16_fused_graphs_batched", True, (), "bf16", True, False),
+                ("headroom_bf16_fused_graphs_batched_prescaled", True, (), "bf16", True, True)]
+        # LOGIT_ABLATION=0 leaves the per-op runs out (11 of the 16 runs; 160 s of device time with them).
         if label == "tiny" and os.environ.get("LOGIT_ABLATION", "1") != "0":
-            runs += [(f"headroom_bf16_fused_graphs_without_{op}", True, (op,), "bf16") for op in ops.FUSED_OPS]
-        for key, fused, off, kv in runs:
+            runs += [(f"headroom_bf16_fused_graphs_without_{op}", True, (op,), "bf16", False, shipped)
+                     for op in ops.FUSED_OPS]
+        for key, fused, off, kv, batched, prescaled in runs:
             ops.set_fused(fused, off)
+            residual.PRESCALED_NORM = prescaled
             runner = ModelRunner(EngineConfig(
                 model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv,
                 max_total_tokens=max(4096, prompts * (length + 64)), ssm_slots=max(8, prompts + 1),
                 context_length=4096, max_running_requests=4, cuda_graph_max_batch=4 if fused and kv == "bf16" else 0))
             runner.capture_decode_graphs()
-            rows = []
-            for k, tokens in enumerate(inputs):
-                seq = _sequence(runner, f"check{k}", tokens)
-                rows.append(runner.forward([BatchItem(seq, tokens[: length - decode_tokens])])[0])
-                for p in range(length - decode_tokens, length):
-                    rows.append(runner.forward([BatchItem(seq, [tokens[p]])])[0])
-            got = torch.stack(rows).float()
+            seqs = [_sequence(runner, f"check{k}", tokens) for k, tokens in enumerate(inputs)]
+            per_prompt = [[runner.forward([BatchItem(seq, tokens[: length - decode_tokens])])[0]]
+                          for seq, tokens in zip(seqs, inputs, strict=True)]
+            for p in range(length - decode_tokens, length):
+                if batched:
+                    step = runner.forward([BatchItem(seq, [tokens[p]]) for seq, tokens in zip(seqs, inputs, strict=True)])
+                    for k, logits in enumerate(step):
+                        per_prompt[k].append(logits)
+                else:
+                    for k, (seq, tokens) in enumerate(zip(seqs, inputs, strict=True)):
+                        per_prompt[k].append(runner.forward([BatchItem(seq, [tokens[p]])])[0])
+            got = torch.stack([row for rows in per_prompt for row in rows]).float()
             case[key + "_vs_fp32_max_abs"] = float((got - truth).abs().max())
             case[key + "_vs_fp32_rms"] = float((got - truth).square().mean().sqrt())
             case[key + "_decode_only_vs_fp32_max_abs"] = float((got[decoded] - truth[decoded]).abs().max())
             del runner
             torch.cuda.empty_cache()
         ops.set_fused(True)
+        residual.PRESCALED_NORM = shipped
         case["transformers_bf16_decode_positions_vs_fp32_max_abs"] = float(
             (refs[torch.bfloat16][decoded] - truth[decoded]).abs().max())
         out[label] = case
