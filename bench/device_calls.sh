@@ -114,6 +114,8 @@ case $PLAN in
         es 230 gs gemv_step; fi ;;
   s32)  # session 32's first start: an H200 the issue's table and logits (s27b); an H100 the norm tail (s31d)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s31d; fi ;;
+  s32d)  # the HTTP and LLM rows with PRESCALED_NORM on (after s32b's step gain): the decode rows the issue's table takes
+    export HEADROOM_PRESCALED_NORM=1; es 330 h serve llm_bf16 llm_int2 ;;
   s32c)  # session 32's second start: an H200 the issue's table and logits (s27b); an H100 the prescaled norm (s32b)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s32b; fi ;;
   s31d)  # (ran as session 32's call 1 on 16ba0e1: the norm tail, since removed; that commit has its script)

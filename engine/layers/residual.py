@@ -7,7 +7,8 @@ profile_decode_batches). Everywhere else (prefill, cuBLAS shapes, quantized weig
 CPU) the same objects run the unfused ops, so callers need not know which path ran.
 
 Mixers and the MLP hand back their last linear as a Projection, not its output; the decoder layer adds it to the
-residual (add_and_norm) and hands the next module NormedRows, which its first linear norms as it loads them."""
+residual (add_and_norm) and hands the next module NormedRows, which its first linear norms as it loads them (or,
+with PRESCALED_NORM at several rows, reads with the norm's weight already applied and scales by 1 / rms after)."""
 
 from __future__ import annotations
 
