@@ -125,7 +125,7 @@ case $PLAN in
     # (residual_prescaled_gemv at every several-row residual entry against residual_gemv and fp32, normed_gemv /
     # swiglu_gemv of prescaled rows at every several-row hidden-wide entry against fp32 and the unfused path), then
     # the logits with 4 sequences decoding in one pass, off and on, against transformers fp32 (no per-op runs)
-    es 150 pn fused_prescaled_norm; export LOGIT_ABLATION=0; es 150 l logits; es 120 k kernels ;;
+    es 150 pn fused_prescaled_norm; export LOGIT_ABLATION=0; es 150 l logits; es 120 k kernels; es 60 f gemv_fuzz ;;
   s31c)  # the several-row L2 prefetch on this GPU's own table (session 31 shipped it on the H100's: batch 8 -3.2%, 16
     # -2.7% a step): the decode rows with the shipped table, l2_prefetch 1 and 2 at every 8- and 16-row entry, shipped again
     export ENGINE_SPEED_GEMV_VARIANTS='{"shipped": {}, "l2_1_rows": {"*@8": {"l2_prefetch": 1}, "*@16": {"l2_prefetch": 1}},
