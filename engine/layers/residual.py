@@ -34,6 +34,8 @@ FUSED_ROWS = 1
 # between the GEMVs and no norm in the second's loop (the NORM loop lost at several rows, above). Not bit for bit
 # the unfused path: r * (1 + g) is rounded where rms_norm rounds r * rstd * (1 + g). Gated DeltaNet's output norm
 # runs as its own kernel first. HEADROOM_PRESCALED_NORM=1 turns it on; off until measured in the graphed step.
+# (The prescaled rows are stored whether or not the next module's GEMV reads them: a MoE block, a quantized or
+# biased linear, a shape outside the table norm the sum itself, so they cost one unread [rows, hidden] store there.)
 # (Session 31's first try, the next norm by the residual GEMV's last program, bit for bit but 1.11x the step at
 # batch 8 and 16 on an H100, session 32: one program norming every row after every block's arrival.)
 PRESCALED_NORM = os.environ.get("HEADROOM_PRESCALED_NORM", "0") == "1"

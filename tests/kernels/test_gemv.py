@@ -728,15 +728,19 @@ def test_residual_prescaled_gemv_is_residual_gemv_and_the_weighted_sum(rows, n, 
     torch.testing.assert_close(scaled.float(), ref_scaled.float(), atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize(("rows", "k", "block_k", "split", "rows_on_cores", "dtype"), [
-    (1, 512, 128, 1, False, torch.bfloat16),  # one row as pairs
-    (1, 328, 64, 2, False, torch.bfloat16),  # a ragged pair tail, split over K
-    (1, 200, 64, 2, False, torch.float32),  # one row in fp32
-    (4, 512, 128, 3, True, torch.bfloat16),  # rows on the CUDA cores as pairs
-    (3, 200, 64, 1, True, torch.float32),  # ... in fp32, rows past M repeat the last
-    (16, 328, 64, 2, False, torch.float32),  # the tensor cores (fp32: the interpreter's bf16 dot is garbage)
+@pytest.mark.parametrize(("rows", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab", "dtype"), [
+    (1, 512, 16, 128, 1, False, False, torch.bfloat16),  # one row as pairs
+    (1, 328, 16, 64, 2, False, False, torch.bfloat16),  # a ragged pair tail, split over K
+    (1, 200, 16, 64, 2, False, False, torch.float32),  # one row in fp32
+    (4, 512, 16, 128, 3, True, False, torch.bfloat16),  # rows on the CUDA cores as pairs
+    (3, 200, 16, 64, 1, True, False, torch.float32),  # ... in fp32, rows past M repeat the last
+    (8, 512, 64, 128, 2, True, False, torch.bfloat16),  # ... a tile too large to keep: summed every tile (ROW_SUM)
+    (16, 328, 16, 64, 2, False, False, torch.float32),  # the tensor cores (fp32: the interpreter's bf16 dot is garbage)
+    (16, 328, 16, 64, 2, False, True, torch.float32),  # ... swapped (the shipped several-row readers' tiles)
+    (9, 256, 16, 64, 3, False, True, torch.float32),  # ... swapped, rows past M
 ])
-def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_k, split, rows_on_cores, dtype):
+def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_n, block_k, split, rows_on_cores,
+                                                                 swap_ab, dtype):
     """normed_gemv of prescaled rows (RowNorm.prescaled: the weight applied already) multiplies them as they are and
     scales each output row by 1 / rms of the given sums: through an identity weight the rows times their 1 / rms as
     rms_norm computes it from a sum (a rounding apart in bf16; equal in fp32, so a 1 / rms off by 1% fails), against
@@ -747,7 +751,8 @@ def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_
     sumsq = x.float().pow(2).sum(-1, keepdim=True)
     scaled = (x.float() * (1.0 + weight.float())).to(dtype)
     norm = RowNorm(sumsq, weight, 1e-6, True, prescaled=True)
-    config = GemvConfig(block_n=16, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
     rstd = 1.0 / torch.sqrt((sumsq / k + 1e-6).double()).float()
     _assert_rounding_apart(normed_gemv(scaled, norm, torch.eye(k, dtype=dtype), config),
                            (scaled.float() * rstd).to(dtype))
@@ -758,8 +763,8 @@ def test_prescaled_normed_gemv_scales_each_output_row_by_its_rms(rows, k, block_
     torch.testing.assert_close(got.float(), unfused.float(), atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16])
-def test_every_epilogue_takes_the_row_scale(rows):
+@pytest.mark.parametrize(("rows", "swap_ab"), [(1, False), (4, False), (16, False), (16, True)])
+def test_every_epilogue_takes_the_row_scale(rows, swap_ab):
     """swiglu_gemv and conv_gemv given prescaled rows scale the products before their epilogues: SwiGLU's
     activation of normed_gemv's pairs (bit for bit), the conv step of its columns (the references')."""
     from headroom.kernels.gates_triton import silu_mul
@@ -780,7 +785,7 @@ def test_every_epilogue_takes_the_row_scale(rows):
     norm = RowNorm(sumsq, weight, 1e-6, True, prescaled=True)
     gen = torch.Generator().manual_seed(rows)
     w = (torch.randn(48, k, generator=gen) * 0.05).to(dtype)
-    config = GemvConfig(block_n=16, block_k=64, split=1, num_stages=2, rows_on_cores=rows == 4)
+    config = GemvConfig(block_n=16, block_k=64, split=1, num_stages=2, rows_on_cores=rows == 4, swap_ab=swap_ab)
     pairs = normed_gemv(scaled, norm, w, config)
     assert torch.equal(swiglu_gemv(scaled, w, config, norm), silu_mul(pairs[:, 0::2], pairs[:, 1::2]))
     taps = (torch.randn(24, 4, generator=gen) * 0.5).to(dtype)
@@ -820,7 +825,7 @@ def test_prescale_and_row_scale_compile_for_sm90():
     for i, shape in enumerate(shapes):
         prescaled, residual, row_scaled, plain = ptx[i], ptx[2 + i], ptx[4 + i], ptx[6 + i]
         assert "sqrt" not in prescaled and prescaled.count("st.global") > residual.count("st.global"), shape
-        assert row_scaled.index("griddepcontrol.wait") < row_scaled.index("sqrt"), shape
+        assert "sqrt" in row_scaled and row_scaled.index("griddepcontrol.wait") < row_scaled.index("sqrt"), shape
         assert row_scaled.count("wgmma.mma_async") == plain.count("wgmma.mma_async") > 0 or not shape[4], shape
     assert ptx[8].index("griddepcontrol.wait") < ptx[8].index("sqrt")
 
