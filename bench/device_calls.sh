@@ -114,6 +114,8 @@ case $PLAN in
         es 230 gs gemv_step; fi ;;
   s32)  # session 32's first start: an H200 the issue's table and logits (s27b); an H100 the norm tail (s31d)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s31d; fi ;;
+  s32e)  # s32b's step and logits alone (little device time left): the prescaled norm on against off, then the logits
+    es 150 pn fused_prescaled_norm; export LOGIT_ABLATION=0; es 150 l logits ;;
   s32d)  # the HTTP and LLM rows with PRESCALED_NORM on (after s32b's step gain): the decode rows the issue's table takes
     export HEADROOM_PRESCALED_NORM=1; es 330 h serve llm_bf16 llm_int2 ;;
   s32c)  # session 32's second start: an H200 the issue's table and logits (s27b); an H100 the prescaled norm (s32b)
