@@ -114,6 +114,11 @@ case $PLAN in
         es 230 gs gemv_step; fi ;;
   s32)  # session 32's first start: an H200 the issue's table and logits (s27b); an H100 the norm tail (s31d)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else bash "$0" s31d; fi ;;
+  s33)  # session 33's first start: an H200 the issue's table and logits (s27b); an H100 the prescaled norm (s32b), then
+    # the conv in the in-projection's GEMV at 2-16 sequences (FUSED_CONV_ROWS 16 against 1; lost 1.6% / 0.6% at 8 / 16
+    # on the H200 in session 19, before the step-tuned tables), alone and with the prescaled norm
+    if [[ $G == *H200* ]]; then bash "$0" s27b
+    else bash "$0" s32b; es 150 cr fused_conv_rows; es 150 pc fused_prescaled_conv_rows; fi ;;
   s32e)  # s32b's step and logits alone (little device time left): the prescaled norm on against off, then the logits
     es 150 pn fused_prescaled_norm; export LOGIT_ABLATION=0; es 150 l logits ;;
   s32d)  # the HTTP and LLM rows with PRESCALED_NORM on (after s32b's step gain): the decode rows the issue's table takes

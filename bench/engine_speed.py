@@ -27,7 +27,8 @@ same for Gated DeltaNet's decode conv in the in-projection's GEMV against HEADRO
 fused_conv_in_step (its conv in that kernel, HEADROOM_DECODE_CONV_IN_STEP=1 against 0), fused_step (both against
 neither), fused_swiglu (SwiGLU's activation in the gate|up GEMV's epilogue, HEADROOM_FUSED_SWIGLU=1 against 0),
 fused_prescaled_norm (at 2-16 sequences the next norm's weight in the residual GEMVs' epilogue and its 1 / rms on
-the next GEMV's output rows, HEADROOM_PRESCALED_NORM=1 against 0),
+the next GEMV's output rows, HEADROOM_PRESCALED_NORM=1 against 0), fused_conv_rows (Gated DeltaNet's decode conv in
+the in-projection's GEMV at 2-16 sequences too, against its own launch there), fused_prescaled_conv_rows (both),
 gemv_fuzz (the
 GEMV's fused modes against the unfused kernels over random configurations),
 llm_int2_tuned (the int2 LLM API rows with the
@@ -644,6 +645,8 @@ def main() -> None:
             "fused_step": lambda s: parts.fusion_speed(MODEL, "step"),
             "fused_swiglu": lambda s: parts.fusion_speed(MODEL, "swiglu"),
             "fused_prescaled_norm": lambda s: parts.fusion_speed(MODEL, "prescaled_norm"),
+            "fused_conv_rows": lambda s: parts.fusion_speed(MODEL, "conv_rows"),
+            "fused_prescaled_conv_rows": lambda s: parts.fusion_speed(MODEL, "prescaled_conv_rows"),
             "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
                                               for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),

@@ -1670,13 +1670,15 @@ def _first_divergences(llm, prompts: list[list[int]], fused: list[list[int]], un
     return found
 
 
-# The decode fusions fusion_speed switches: name -> (module of headroom.engine.layers, its switch).
-# A fusion's switches: (module of engine/layers/, attribute), all on for "fused" and off for "unfused".
+# The decode fusions fusion_speed switches: name -> its switches, each (module of engine/layers/, attribute), True
+# for "fused" and False for "unfused", or (module, attribute, fused value, unfused value).
 FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_attention", "FUSED_CONV"),),
            "gate_norm": (("linear_attention", "DECODE_GATE_NORM"),),
            "conv_in_step": (("linear_attention", "DECODE_CONV_IN_STEP"),),
            "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP")),
-           "swiglu": (("mlp", "FUSED_SWIGLU"),), "prescaled_norm": (("residual", "PRESCALED_NORM"),)}
+           "swiglu": (("mlp", "FUSED_SWIGLU"),), "prescaled_norm": (("residual", "PRESCALED_NORM"),),
+           "conv_rows": (("linear_attention", "FUSED_CONV_ROWS", 16, 1),),
+           "prescaled_conv_rows": (("residual", "PRESCALED_NORM"), ("linear_attention", "FUSED_CONV_ROWS", 16, 1))}
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1688,8 +1690,10 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     conv in that kernel, against the conv's launch; "step", both; "swiglu", SwiGLU's activation in the gate|up
     GEMV's epilogue, engine/layers/mlp.py, against silu_mul's launch; "prescaled_norm", the next RMSNorm's weight in
     the residual GEMVs' epilogue and its 1 / rms on the next GEMV's output rows at 2-16 sequences,
-    engine/layers/residual.py, against add_rms_norm's launch), one
-    engine after the other
+    engine/layers/residual.py, against add_rms_norm's launch; "conv_rows", Gated DeltaNet's decode conv in the
+    in-projection's GEMV at every decode-sized pass, FUSED_CONV_ROWS 16 against 1 (session 19 measured it losing at
+    8 and 16 rows on the H200, before the tables tuned in the step); "prescaled_conv_rows", both), one engine after
+    the other
     in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
@@ -1700,15 +1704,15 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
 
     from headroom.engine.llm import LLM
 
-    switches = [(importlib.import_module(f"headroom.engine.layers.{name}"), attribute)
-                for name, attribute in FUSIONS[fusion]]
-    saved = [getattr(module, attribute) for module, attribute in switches]
+    switches = [(importlib.import_module(f"headroom.engine.layers.{name}"), attribute, *(values or (True, False)))
+                for name, attribute, *values in FUSIONS[fusion]]
+    saved = [getattr(module, attribute) for module, attribute, _, _ in switches]
     out: dict = {"fusion": fusion}
     tokens: dict[bool, dict[int, list[list[int]]]] = {}
     try:
         for fused in (True, False):
-            for module, attribute in switches:
-                setattr(module, attribute, fused)
+            for module, attribute, on, off in switches:
+                setattr(module, attribute, on if fused else off)
             llm = LLM(str(model), device=device, dtype="bfloat16", max_total_tokens=16384, ssm_slots=40,
                       chunked_prefill_size=8192, context_length=4096, max_running_requests=16,
                       enable_prefix_cache=False)
@@ -1738,7 +1742,7 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
             if device == "cuda":
                 torch.cuda.empty_cache()
     finally:
-        for (module, attribute), value in zip(switches, saved, strict=True):
+        for (module, attribute, _, _), value in zip(switches, saved, strict=True):
             setattr(module, attribute, value)
     for batch in batches:
         fused_row, unfused_row = out["fused"][f"bs{batch}"], out["unfused"][f"bs{batch}"]
