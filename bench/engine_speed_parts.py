@@ -357,8 +357,8 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
     norm in front (against gated_rms_norm's kernel then the GEMV, and fp32); normed_gemv, with those sums,
     against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV).
     With the next norm's weight applied in the epilogue (residual_prescaled_gemv, every entry of several rows): the
-    sum and its sums against residual_gemv's (equal bit for bit expected) and the prescaled rows against fp32's
-    r * (1 + g); and the GEMVs reading such rows (normed_gemv with a prescaled RowNorm, its output rows scaled by
+    sum and its sums against residual_gemv's and the prescaled rows against r * (1 + g) in fp32 rounded once (all
+    equal bit for bit expected); and the GEMVs reading such rows (normed_gemv with a prescaled RowNorm, its output rows scaled by
     1 / rms; swiglu_gemv so too) against the same fp32 math, beside the unfused path."""
     from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import (
@@ -401,7 +401,9 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
                 pre_summed, pre_sumsq, scaled = residual_prescaled_gemv(a, w, residual, following, config, up=b)
                 rows[-1].update({"prescaled_sum_vs_residual_gemv": _diff(pre_summed, summed),
                                  "prescaled_sums_vs_residual_gemv": _diff(pre_sumsq, sumsq),
-                                 "prescaled_rows": _diff(scaled, summed.float() * (1 + following.weight.float()))})
+                                 # (rounded once as the kernel rounds: equal bit for bit expected)
+                                 "prescaled_rows": _diff(scaled, (summed.float() * (1 + following.weight.float()))
+                                                         .bfloat16())})
             if kind != SILU_MUL_INPUT and gated_gemv_fits(k, head, config):
                 # Gated DeltaNet's out-projection (the attention o_proj's shape): its output norm in front too
                 core, z = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(m, k + 64, device=DEV).bfloat16()
