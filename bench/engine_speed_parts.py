@@ -358,8 +358,8 @@ def _fused_residual_gemv_check(hidden: int = 2560) -> list[dict]:
     against fp32 math on the fp32-normed rows beside the unfused path (norm_triton's rms_norm, then the GEMV).
     With the next norm's weight applied in the epilogue (residual_prescaled_gemv, every entry of several rows): the
     sum and its sums against residual_gemv's and the prescaled rows against r * (1 + g) in fp32 rounded once (all
-    equal bit for bit expected); and the GEMVs reading such rows (normed_gemv with a prescaled RowNorm, its output rows scaled by
-    1 / rms; swiglu_gemv so too) against the same fp32 math, beside the unfused path."""
+    equal bit for bit expected); and the GEMVs reading such rows (normed_gemv with a prescaled RowNorm, its output
+    rows scaled by 1 / rms; swiglu_gemv so too) against the same fp32 math, beside the unfused path."""
     from headroom.kernels.gates_triton import silu_mul
     from headroom.kernels.gemv import (
         SILU_MUL_INPUT,

@@ -429,9 +429,9 @@ def gemv_fwd_kernel(
     tile and split starts on a head and holds whole heads; RESIDUAL may join it). CONV (Gated DeltaNet's decode conv
     fused behind its in-projection, conv_gemv): the first conv_channels output columns go through the conv step of
     kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
-    in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM
-    may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows interleaved, and
-    out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM or ROW_SCALE may join it.
+    in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM or
+    ROW_SCALE may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows
+    interleaved, and out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM or ROW_SCALE may join it.
     PRESCALE (with RESIDUAL: residual_prescaled_gemv): each output block also stores its columns of the sum times
     the next RMSNorm's weight, r * (1 + g) (UNIT_OFFSET; else r * g) rounded once, at scaled (row stride
     stride_om) with g = scale_w's: the next GEMV's input with the norm's 1 / rms factored out. ROW_SCALE (the
