@@ -119,11 +119,14 @@ case $PLAN in
     # on the H200 in session 19, before the step-tuned tables), alone and with the prescaled norm
     if [[ $G == *H200* ]]; then bash "$0" s27b
     else bash "$0" s32b; es 150 cr fused_conv_rows; es 150 pc fused_prescaled_conv_rows; fi ;;
-  s33b)  # session 33's second start: an H200 the issue's table and logits (s27b); an H100 where the prescaled norm's
-    # step goes (it lost 0.8% / 0.6% of the graphed step at 8 / 16 in call 1): the PDL-off kernel profile with it on,
-    # then off, then the graphed step on against off with PDL off (is the norm launch it saves hidden by PDL?)
+  s33b)  # session 33's second start: an H200 the issue's table and logits (s27b); an H100 first the logits of the
+    # 4B-shaped model (the tiny model's shapes are not in the GEMV table, so `logits` never ran the GEMVs; transformers'
+    # references on its torch functions, fla's fp32 compile being minutes), then where the prescaled norm's step goes
+    # (it lost 0.8% / 0.6% of the graphed step at 8 / 16 in call 1): the PDL-off kernel profile with it on, then off,
+    # then the graphed step on against off with PDL off (is the norm launch it saves hidden by PDL?)
     if [[ $G == *H200* ]]; then bash "$0" s27b; else
-      HEADROOM_PRESCALED_NORM=1 es 120 pp profile_decode_batches; es 120 p0 profile_decode_batches
+      LOGIT_HF_TORCH=1 LOGIT_ABLATION=0 es 300 l4 logits_4b
+      HEADROOM_PRESCALED_NORM=1 es 90 pp profile_decode_batches; es 90 p0 profile_decode_batches
       HEADROOM_PDL=0 es 150 pnx fused_prescaled_norm; fi ;;
   s32e)  # s32b's step and logits alone (little device time left): the prescaled norm on against off, then the logits
     es 150 pn fused_prescaled_norm; export LOGIT_ABLATION=0; es 150 l logits ;;

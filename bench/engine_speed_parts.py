@@ -702,6 +702,27 @@ def _sequence(runner, name: str, tokens: list[int]):
     return seq
 
 
+def _transformers_torch_delta_rule() -> str:
+    """transformers' Gated DeltaNet on its own torch functions instead of fla's kernels, for the references of this
+    process (LOGIT_HF_TORCH=1): fla's first fp32 calls at the 4B model's head sizes compile for minutes of device
+    time, and the torch functions are transformers' reference arithmetic. transformers (5.17, the GPU machine's)
+    wraps each torch function in one that calls fla where fla imports; the layer calls the module's names, so those
+    are set back to the functions the wrappers wrap. Anything else there (the hub's kernel modules) is an error, not
+    a silent fla reference."""
+    import inspect
+
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as module
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        function = getattr(module, name)
+        function = getattr(function, "__wrapped__", function)
+        if not inspect.isfunction(function) or function.__module__ != module.__name__:
+            raise RuntimeError(f"LOGIT_HF_TORCH=1: transformers' {name} is a {type(function).__name__}, not the "
+                               "torch function this check can call")
+        setattr(module, name, function)
+    return "transformers' torch functions"
+
+
 def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 4) -> dict:
     """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: `prompts` random prompts, each prefilled but
     its last decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the
@@ -722,7 +743,8 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
     tiny = Path("/tmp/headroom-tiny-0")
     if not (tiny / "config.json").exists():
         gpu_engine._save_random(gpu_engine._tiny_config(0), tiny, 0)
-    out: dict = {}
+    out: dict = {"transformers_delta_rule": _transformers_torch_delta_rule()
+                 if os.environ.get("LOGIT_HF_TORCH") == "1" else "as transformers picks (fla where installed)"}
     cases = {"tiny": (tiny, 777, 1000), "4b": (gpu_engine.MODEL_4B, 1500, 200000)}
     for label in models:
         path, length, vocab = cases[label]
