@@ -32,6 +32,8 @@ RECURRENT_ROWS = 256
 # batch 8 1.6% and batch 16 0.6% slower (the epilogue on the tensor-core tiles costs more than the launch it saves).
 # Off with HEADROOM_FUSED_CONV=0.
 FUSED_CONV = os.environ.get("HEADROOM_FUSED_CONV", "1") == "1"
+# Still one row only with the step-tuned tables: on an H100 (session 33, fused_conv_rows, FUSED_CONV_ROWS 16
+# against 1, graph replay) batch 8 1.050x and batch 16 1.005x the step, the same tokens.
 FUSED_CONV_ROWS = 1
 # A decode step of at least DECODE_STEP_FUSED_ROWS sequences may run the layer's gated output norm (DECODE_GATE_NORM)
 # and its short conv (DECODE_CONV_IN_STEP) inside the delta rule's kernel (kernels/gdn_decode.py gate_norm: a

@@ -33,7 +33,10 @@ FUSED_ROWS = 1
 # its output rows by their 1 / rms (kernels/gemv.py residual_prescaled_gemv, RowNorm.prescaled): no norm kernel
 # between the GEMVs and no norm in the second's loop (the NORM loop lost at several rows, above). Not bit for bit
 # the unfused path: r * (1 + g) is rounded where rms_norm rounds r * rstd * (1 + g). Gated DeltaNet's output norm
-# runs as its own kernel first. HEADROOM_PRESCALED_NORM=1 turns it on; off until measured in the graphed step.
+# runs as its own kernel first. HEADROOM_PRESCALED_NORM=1 turns it on. Off: it loses. On an H100 (session 33,
+# bench/engine_speed.py fused_prescaled_norm, graph replay on against off in one process) batch 8 took 3.780 ms
+# a step against 3.749 (1.008x) and batch 16 4.196 against 4.172 (1.006x), 64 norm launches fewer; batch 1 never
+# takes it. Unmeasured on the H200.
 # (The prescaled rows are stored whether or not the next module's GEMV reads them: a MoE block, a quantized or
 # biased linear, a shape outside the table norm the sum itself, so they cost one unread [rows, hidden] store there.)
 # (Session 31's first try, the next norm by the residual GEMV's last program, bit for bit but 1.11x the step at
