@@ -784,7 +784,7 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
             residual.PRESCALED_NORM = prescaled
             runner = ModelRunner(EngineConfig(
                 model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv,
-                max_total_tokens=max(4096, prompts * (length + 64)), ssm_slots=max(8, prompts + 1),
+                max_total_tokens=max(4096, -(-prompts * (length + 64) // 256) * 256), ssm_slots=max(8, prompts + 1),
                 context_length=4096, max_running_requests=4, cuda_graph_max_batch=4 if fused and kv == "bf16" else 0))
             runner.capture_decode_graphs()
             seqs = [_sequence(runner, f"check{k}", tokens) for k, tokens in enumerate(inputs)]
