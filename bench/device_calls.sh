@@ -119,6 +119,9 @@ case $PLAN in
     # on the H200 in session 19, before the step-tuned tables), alone and with the prescaled norm
     if [[ $G == *H200* ]]; then bash "$0" s27b
     else bash "$0" s32b; es 150 cr fused_conv_rows; es 150 pc fused_prescaled_conv_rows; fi ;;
+  s33d)  # the prescaled norm with its loads moved under the loop (the reader's sums, the writer's norm weight): the
+    # graphed step on against off (PDL on, as served)
+    es 110 pn fused_prescaled_norm ;;
   s33c)  # s33b's logits of the 4B-shaped model alone (its int2 run asked for a pool of 6,256 tokens, not whole pages)
     LOGIT_HF_TORCH=1 LOGIT_ABLATION=0 es 240 l4 logits_4b ;;
   s33b)  # session 33's second start: an H200 the issue's table and logits (s27b); an H100 first the logits of the

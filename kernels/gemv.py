@@ -299,6 +299,11 @@ def _multiply_add(acc, b_w, p_x, p_u, rstd, b_g, eps, step, offs_u, m_m, remaini
     return acc
 
 
+# _row_rstd's chunks of partial sums: several rows a row of CHUNK at a time, one row ROW_CHUNK at a time.
+_CHUNK = tl.constexpr(64)
+_ROW_CHUNK = tl.constexpr(1024)
+
+
 @triton.jit
 def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
     """1 / rms of the input rows (NORM) from the partial sums of squares the GEMV that wrote them left (RESIDUAL:
@@ -306,18 +311,41 @@ def _row_rstd(sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
     a scalar for one row, else [BLOCK_M] for the row indices `rows`. Every program of the GEMV waits on this sum
     before its first tile: one row loads up to ROW_CHUNK parts in one round trip (a 2,560-wide residual GEMV of
     4-row blocks leaves 640), several rows CHUNK a row at a time."""
-    CHUNK: tl.constexpr = 64
-    ROW_CHUNK: tl.constexpr = 1024
     if BLOCK_M == 1:
-        offs_r = tl.arange(0, ROW_CHUNK)
-        total = tl.zeros([ROW_CHUNK], dtype=tl.float32)
-        for p0 in range(0, num_parts, ROW_CHUNK):
+        total = tl.zeros([_ROW_CHUNK], dtype=tl.float32)
+    else:
+        total = tl.zeros([BLOCK_M, _CHUNK], dtype=tl.float32)
+    return _rstd_from_parts(total, 0, sumsq, rows, num_parts, K, eps, BLOCK_M)
+
+
+@triton.jit
+def _first_parts(sumsq, rows, num_parts, BLOCK_M: tl.constexpr):
+    """The first chunk of _row_rstd's partial sums (all of them for at most ROW_CHUNK / CHUNK parts), loaded with
+    nothing waiting on it: ROW_SCALE loads it after the PDL wait and sums it only after the loop
+    (_rstd_from_parts(first, 1, ...)), so its round trip runs under the loop. (_row_rstd's loop of loads, summed
+    at once, had every program wait for it before its first tile: +0.6 to +1.6 us a launch at 8 rows, session 33.)"""
+    if BLOCK_M == 1:
+        offs_r = tl.arange(0, _ROW_CHUNK)
+        first = tl.load(sumsq + offs_r, mask=offs_r < num_parts, other=0.0)
+    else:
+        offs_p = tl.arange(0, _CHUNK)
+        first = tl.load(sumsq + rows[:, None] * num_parts + offs_p[None, :], mask=(offs_p < num_parts)[None, :],
+                        other=0.0)
+    return first  # (one return: the GPU compiler rejects a return inside a constexpr branch)
+
+
+@triton.jit
+def _rstd_from_parts(total, chunks_in: tl.constexpr, sumsq, rows, num_parts, K, eps, BLOCK_M: tl.constexpr):
+    """_row_rstd's sum from `total`, which holds its first chunks_in chunks already (0 or _first_parts' 1): the
+    other chunks added in order, then 1 / rms."""
+    if BLOCK_M == 1:
+        offs_r = tl.arange(0, _ROW_CHUNK)
+        for p0 in range(chunks_in * _ROW_CHUNK, num_parts, _ROW_CHUNK):
             total += tl.load(sumsq + p0 + offs_r, mask=p0 + offs_r < num_parts, other=0.0)
         squares = tl.sum(total, axis=0)
     else:
-        offs_p = tl.arange(0, CHUNK)
-        total = tl.zeros([BLOCK_M, CHUNK], dtype=tl.float32)
-        for p0 in range(0, num_parts, CHUNK):
+        offs_p = tl.arange(0, _CHUNK)
+        for p0 in range(chunks_in * _CHUNK, num_parts, _CHUNK):
             total += tl.load(sumsq + rows[:, None] * num_parts + p0 + offs_p[None, :],
                              mask=(p0 + offs_p < num_parts)[None, :], other=0.0)
         squares = tl.sum(total, axis=1)
@@ -348,17 +376,17 @@ def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: t
 @triton.jit
 def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
                   rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
-                  p_s, p_g, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
-                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr, PRESCALE: tl.constexpr,
-                  UNIT_OFFSET: tl.constexpr):
+                  p_s, scale, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
+                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr, PRESCALE: tl.constexpr):
     """Store the output block (summed over its splits first where K is split: _split_total). RESIDUAL: the block
     stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
     as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
     (m_q: the rows that exist), for the next GEMV's NORM (or ROW_SCALE). PRESCALE (with RESIDUAL): r times the
-    next norm's weight at each element's column (p_g; 1 + g with UNIT_OFFSET, as rms_norm scales), rounded once,
-    at p_s. CONV: the output columns below conv_channels are silu(conv) of y (rounded to the output dtype first, as
-    the conv kernel would have read it) with each row's carried inputs (conv_states[conv_slots[row]], rolled in
-    place) and conv_w's taps, by conv_update's own step; rows, cols: each element's row and column."""
+    next norm's weight at each element's column (scale, fp32, broadcast along the layout's rows: 1 + g with
+    UNIT_OFFSET, as rms_norm scales; the kernel loads it before its loop), rounded once, at p_s. CONV: the output
+    columns below conv_channels are silu(conv) of y (rounded to the output dtype first, as the conv kernel would
+    have read it) with each row's carried inputs (conv_states[conv_slots[row]], rolled in place) and conv_w's taps,
+    by conv_update's own step; rows, cols: each element's row and column."""
     if RESIDUAL:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
@@ -368,10 +396,7 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
         r = tl.where(mask, r.to(tl.float32), 0.0)
         tl.store(p_q, tl.sum(r * r, axis=N_AXIS), mask=tl.where(last, m_q, False))
         if PRESCALE:
-            g = tl.load(p_g, mask=tl.where(last, mask, False), other=0.0).to(tl.float32)
-            if UNIT_OFFSET:
-                g = 1.0 + g
-            tl.store(p_s, (r * g).to(p_s.dtype.element_ty), mask=tl.where(last, mask, False))
+            tl.store(p_s, (r * scale).to(p_s.dtype.element_ty), mask=tl.where(last, mask, False))
     elif CONV:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
@@ -485,6 +510,14 @@ def gemv_fwd_kernel(
             b_g = b_g[None, :]
     else:
         b_g = 0
+    if PRESCALE:
+        # the next norm's weight at the block's columns: a model weight, so loaded before the PDL wait, and its
+        # round trip under the loop instead of in the last split's epilogue
+        b_s = tl.load(scale_w + offs_n, mask=m_n, other=0.0).to(tl.float32)
+        if UNIT_OFFSET:
+            b_s = 1.0 + b_s
+    else:
+        b_s = 0.0
     k_first = k_lo
     if PDL or PREFETCH > 1:
         # Programmatic dependent launch (kernels/pdl.py): the weights do not depend on the kernel before this one,
@@ -503,14 +536,16 @@ def gemv_fwd_kernel(
                 _prefetch_l2(w + rows * (stride_wn // UNIT) + k_lo // UNIT, PREFETCH * BLOCK_U,
                              (k_hi - k_lo) // UNIT - 1, L2_PREFETCH * BLOCK_U)
             gdc_wait()
-    # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait); ROW_SCALE: the same,
-    # loaded now (its round trip under the loop's first tiles) and used only after the loop
-    if NORM or ROW_SCALE:
-        row_rstd = _row_rstd(sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
+    # NORM: the rows' 1 / rms, from the sums the kernel before wrote (so after the PDL wait), before the first tile;
+    # ROW_SCALE: the sums loaded now and summed only after the loop, their round trip under it
     if NORM:
-        rstd = row_rstd[:, None] if BLOCK_M > 1 else row_rstd
+        rstd = _row_rstd(sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
+        if BLOCK_M > 1:
+            rstd = rstd[:, None]
     else:
         rstd = 1.0
+    if ROW_SCALE:
+        first_parts = _first_parts(sumsq, tl.minimum(offs_m, M - 1), num_parts, BLOCK_M)
     if PDL or PREFETCH > 1:
         acc = _multiply_add(acc, b_w0, p_x, p_u, rstd, b_g, eps, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS,
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
@@ -534,6 +569,8 @@ def gemv_fwd_kernel(
     # The block's accumulator in its layout's shape, with the offsets of its elements in out (and scaled), res and
     # the [M, N] split workspace (RESIDUAL: p_q its sums of squares at sumsq[m, pid_n]; one row's is a scalar).
     # ROW_SCALE: each row's 1 / rms applied to it here, along the layout's row axis.
+    if ROW_SCALE:
+        row_rstd = _rstd_from_parts(first_parts, 1, sumsq, tl.minimum(offs_m, M - 1), num_parts, K, eps, BLOCK_M)
     p_q, m_q = sumsq + offs_m * num_parts + pid_n, m_m
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=1)
@@ -541,6 +578,7 @@ def gemv_fwd_kernel(
             acc = acc * row_rstd
         o_offs, p_r, p_q, m_q = offs_n, res + offs_n, sumsq + pid_n, pid_n >= 0
         offsets, mask, numel, rows, cols = offs_n, m_n, N, offs_n * 0, offs_n
+        scale_cols = b_s
     elif SWAP_AB:
         # acc is indexed [n, m]: the same elements of out and of the [M, N] workspace, addressed transposed (no
         # layout conversion of acc; quant_matmul's swap-AB kernel stores the same way)
@@ -550,6 +588,7 @@ def gemv_fwd_kernel(
         p_r = res + offs_m[None, :] * stride_rm + offs_n[:, None]
         offsets, mask, numel = offs_m[None, :] * N + offs_n[:, None], m_n[:, None] & m_m[None, :], M * N
         rows, cols = offs_m[None, :] + offs_n[:, None] * 0, offs_n[:, None] + offs_m[None, :] * 0
+        scale_cols = b_s[:, None] if PRESCALE else b_s
     else:
         if CORE_ROWS and not ROW_SUM:
             # [BLOCK_M, BLOCK_N, units] -> the tensor-core path's [BLOCK_M, BLOCK_N] (the launcher never sets
@@ -561,14 +600,15 @@ def gemv_fwd_kernel(
         p_r = res + offs_m[:, None] * stride_rm + offs_n[None, :]
         offsets, mask, numel = offs_m[:, None] * N + offs_n[None, :], m_m[:, None] & m_n[None, :], M * N
         rows, cols = offs_m[:, None] + offs_n[None, :] * 0, offs_n[None, :] + offs_m[:, None] * 0
+        scale_cols = b_s[None, :] if PRESCALE else b_s
     if SWIGLU:
         total, last = _split_total(acc, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel, SPLIT)
         _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M, BLOCK_N, SWAP_AB)
     else:
         _finish_block(acc, out + o_offs, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel,
                       rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
-                      scaled + o_offs, scale_w + cols, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV,
-                      CONV_TAPS, CONV_BLOCK, PRESCALE, UNIT_OFFSET)
+                      scaled + o_offs, scale_cols, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV,
+                      CONV_TAPS, CONV_BLOCK, PRESCALE)
 
 
 @triton.jit
