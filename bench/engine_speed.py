@@ -16,7 +16,8 @@ name), serve_int2
 path against the fused kernel), kivi_dense (a long KIVI chunk's dense path, cuDNN over dequantized ranges, against
 the paged passes and fp32), attention_check (paged attention of every pool kind against naive), logits_4b
 (the logit check on the 4B-shaped model, the one whose shapes the GEMV table has: fla's first fp32 calls compile for
-minutes, so LOGIT_HF_TORCH=1 runs transformers' references on its torch path), hf_prefill (hf's
+minutes, so LOGIT_HF_TORCH=1 takes the fp32 truth from transformers' torch functions and the bf16 bound both as
+transformers runs by default and on those functions), hf_prefill (hf's
 prefill rows only), profile_passes (kernel and CPU time of an 8K prefill and of graphed decode steps), profile_small (wall and Python time of lone eager prefill passes, with and
 without checkpoint stops), kivi_graphs (graphed int2 decode against eager int2 decode) and
 captures (in-pass SSM checkpoints against runs that stopped there, on the GPU), llm_bf16_loops / llm_int2_loops (the

@@ -702,25 +702,32 @@ def _sequence(runner, name: str, tokens: list[int]):
     return seq
 
 
-def _transformers_torch_delta_rule() -> str:
-    """transformers' Gated DeltaNet on its own torch functions instead of fla's kernels, for the references of this
-    process (LOGIT_HF_TORCH=1): fla's first fp32 calls at the 4B model's head sizes compile for minutes of device
-    time, and the torch functions are transformers' reference arithmetic. transformers (5.17, the GPU machine's)
-    wraps each torch function in one that calls fla where fla imports; the layer calls the module's names, so those
-    are set back to the functions the wrappers wrap. Anything else there (the hub's kernel modules) is an error, not
-    a silent fla reference."""
+@contextlib.contextmanager
+def _transformers_torch_delta_rule():
+    """transformers' Gated DeltaNet on its own torch functions instead of fla's kernels inside (LOGIT_HF_TORCH=1):
+    fla's first fp32 calls at the 4B model's head sizes compile for minutes of device time, and the torch functions
+    are transformers' reference arithmetic. transformers (5.17, the GPU machine's) wraps each torch function in one
+    that calls fla where fla imports; the layer calls the module's names, so those are set to the functions the
+    wrappers wrap, and back after. Anything else there (the hub's kernel modules) is an error, not a silent fla
+    reference."""
+    import importlib
     import inspect
 
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as module
-
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        function = getattr(module, name)
-        function = getattr(function, "__wrapped__", function)
+    module = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    saved = {name: getattr(module, name) for name in names}
+    for name, wrapper in saved.items():
+        function = getattr(wrapper, "__wrapped__", wrapper)
         if not inspect.isfunction(function) or function.__module__ != module.__name__:
             raise RuntimeError(f"LOGIT_HF_TORCH=1: transformers' {name} is a {type(function).__name__}, not the "
                                "torch function this check can call")
-        setattr(module, name, function)
-    return "transformers' torch functions"
+    try:
+        for name, wrapper in saved.items():
+            setattr(module, name, getattr(wrapper, "__wrapped__", wrapper))
+        yield
+    finally:
+        for name, wrapper in saved.items():
+            setattr(module, name, wrapper)
 
 
 def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 4) -> dict:
@@ -743,8 +750,11 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
     tiny = Path("/tmp/headroom-tiny-0")
     if not (tiny / "config.json").exists():
         gpu_engine._save_random(gpu_engine._tiny_config(0), tiny, 0)
-    out: dict = {"transformers_delta_rule": _transformers_torch_delta_rule()
-                 if os.environ.get("LOGIT_HF_TORCH") == "1" else "as transformers picks (fla where installed)"}
+    # LOGIT_HF_TORCH=1: the fp32 truth from transformers' torch functions (fla's fp32 compile is minutes at the 4B
+    # sizes), the bf16 bound both as transformers runs by default (fla where installed) and on those functions.
+    hf_torch = os.environ.get("LOGIT_HF_TORCH") == "1"
+    out: dict = {"transformers_fp32_delta_rule": "transformers' torch functions" if hf_torch
+                 else "as transformers picks (fla where installed)"}
     cases = {"tiny": (tiny, 777, 1000), "4b": (gpu_engine.MODEL_4B, 1500, 200000)}
     for label in models:
         path, length, vocab = cases[label]
@@ -753,18 +763,22 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
         positions = slice(length - decode_tokens - 1, length)
         case: dict = {"prompts": prompts, "positions_per_prompt": decode_tokens + 1}
         refs = {}
-        for dtype in (torch.float32, torch.bfloat16):
+        references = [("fp32", torch.float32, hf_torch), ("bf16", torch.bfloat16, False)]
+        references += [("bf16_torch", torch.bfloat16, True)] if hf_torch else []
+        for name, dtype, on_torch in references:
             model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=dtype).to(DEV).eval()
-            with torch.no_grad():
-                refs[dtype] = torch.cat([model(torch.tensor([tokens], device=DEV)).logits[0, positions].float()
-                                         for tokens in inputs])
+            with torch.no_grad(), _transformers_torch_delta_rule() if on_torch else contextlib.nullcontext():
+                refs[name] = torch.cat([model(torch.tensor([tokens], device=DEV)).logits[0, positions].float()
+                                        for tokens in inputs])
             del model
             torch.cuda.empty_cache()
-        truth = refs[torch.float32]
+        truth = refs["fp32"]
         decoded = torch.ones(len(truth), dtype=torch.bool, device=truth.device)
         decoded[:: decode_tokens + 1] = False  # each prompt's first row is its prefill's last position
-        case["transformers_bf16_vs_fp32_max_abs"] = float((refs[torch.bfloat16] - truth).abs().max())
-        case["transformers_bf16_vs_fp32_rms"] = float((refs[torch.bfloat16] - truth).square().mean().sqrt())
+        for name in refs.keys() - {"fp32"}:
+            label = "transformers_" + name
+            case[label + "_vs_fp32_max_abs"] = float((refs[name] - truth).abs().max())
+            case[label + "_vs_fp32_rms"] = float((refs[name] - truth).square().mean().sqrt())
         case["logit_scale"] = float(truth.abs().max())
         # bf16 KV fused (decode graphed) and naive (eager); int2 KV fused (eager here); on the tiny model, the
         # fused path with one op at a time back on its reference (which fused kernel moves the logits).
@@ -807,7 +821,7 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
         ops.set_fused(True)
         residual.PRESCALED_NORM = shipped
         case["transformers_bf16_decode_positions_vs_fp32_max_abs"] = float(
-            (refs[torch.bfloat16][decoded] - truth[decoded]).abs().max())
+            (refs["bf16"][decoded] - truth[decoded]).abs().max())
         out[label] = case
     return out
 
