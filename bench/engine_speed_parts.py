@@ -731,22 +731,24 @@ def _transformers_torch_delta_rule():
 
 
 def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 4) -> dict:
-    """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: `prompts` random prompts, each prefilled but
-    its last decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the
-    prefill's last, against transformers fp32 (max and root-mean-square difference over every prompt's
-    positions); transformers bf16's own distance is the bound. The "_batched" runs decode every prompt's token in
-    one pass instead (`prompts` rows a step: the several-row GEMVs), with the next norm factored out of the next
-    projection (engine/layers/residual.py PRESCALED_NORM) off and on. On the tiny model also the fused path with
-    each fused op in turn on its reference. Session 9 call 4 ran one prompt, whose nine positions could not
-    separate rounding choices at the 5% level."""
+    """Tiny random Qwen3.5 (gpu_engine's) and the 4B-shaped model: `prompts` random prompts, each prefilled but its last
+    decode_tokens, which then go one per pass (graphed decode). Logits at those positions and at the prefill's last,
+    against transformers fp32 (max and root-mean-square difference over every prompt's positions); transformers bf16's
+    own distance is the bound. The "_batched" runs decode every prompt's token in one pass instead (`prompts` rows a
+    step: the several-row GEMVs), with the next norm factored out of the next projection (engine/layers/residual.py
+    PRESCALED_NORM) off and on. "_no_fla": the naive run with the delta rule's fp32 reference instead of fla's chunked
+    kernel, which the naive run takes too. On the tiny model also the fused path with each fused op in turn on its
+    reference. Session 9 call 4 ran one prompt, whose nine positions could not separate rounding choices at the 5%
+    level."""
     import gpu_engine
     from headroom.engine.config import EngineConfig
     from headroom.engine.layers import residual
     from headroom.engine.runtime.forward_batch import BatchItem
     from headroom.engine.runtime.model_runner import ModelRunner
-    from headroom.kernels import ops
+    from headroom.kernels import gdn_fla, ops
     from transformers import Qwen3_5ForCausalLM
 
+    fla_available = gdn_fla.fla_available
     tiny = Path("/tmp/headroom-tiny-0")
     if not (tiny / "config.json").exists():
         gpu_engine._save_random(gpu_engine._tiny_config(0), tiny, 0)
@@ -793,9 +795,14 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
         if label == "tiny" and os.environ.get("LOGIT_ABLATION", "1") != "0":
             runs += [(f"headroom_bf16_fused_graphs_without_{op}", True, (op,), "bf16", False, shipped)
                      for op in ops.FUSED_OPS]
+        # The naive run still takes fla's delta rule where fla is installed (ops.gated_delta_rule_varlen), whose
+        # chunked kernel rounds its intermediates (the triangular solve, w, u, the chunk states) to bf16; this one
+        # takes the reference's fp32 recurrence, as transformers' torch functions run it.
+        runs.append(("headroom_bf16_naive_eager_no_fla", False, (), "bf16", False, shipped))
         for key, fused, off, kv, batched, prescaled in runs:
             ops.set_fused(fused, off)
             residual.PRESCALED_NORM = prescaled
+            gdn_fla.fla_available = (lambda: False) if key.endswith("_no_fla") else fla_available
             runner = ModelRunner(EngineConfig(
                 model_path=str(path), device="cuda", dtype="bfloat16", kv_dtype=kv,
                 max_total_tokens=max(4096, -(-prompts * (length + 64) // 256) * 256), ssm_slots=max(8, prompts + 1),
@@ -820,6 +827,7 @@ def logit_check(models: tuple[str, ...], decode_tokens: int = 8, prompts: int = 
             torch.cuda.empty_cache()
         ops.set_fused(True)
         residual.PRESCALED_NORM = shipped
+        gdn_fla.fla_available = fla_available
         case["transformers_bf16_decode_positions_vs_fp32_max_abs"] = float(
             (refs["bf16"][decoded] - truth[decoded]).abs().max())
         out[label] = case
