@@ -120,11 +120,14 @@ case $PLAN in
     if [[ $G == *H200* ]]; then bash "$0" s27b
     else bash "$0" s32b; es 150 cr fused_conv_rows; es 150 pc fused_prescaled_conv_rows; fi ;;
   s34)  # session 34's first start. An H200: the issue's table and logits (s27b), then the 4B-shaped model's logits.
-    # An H100: the prescaled norm with its loads under the loop (graphed step on against off, PDL on; then its
-    # kernel profile on and off), then the 4B-shaped model's logits with the bf16 bound both ways (fla, as
-    # transformers runs by default, and transformers' torch functions; the fp32 truth on the torch functions)
+    # An H100: the prescaled norm with its loads under the loop, then the residual GEMVs' residual rows loaded
+    # before their loop (EARLY_RESIDUAL; graphed step on against off, PDL on, each), then the 4B-shaped model's
+    # logits with the bf16 bound both ways (fla, as transformers runs by default, and transformers' torch
+    # functions; the fp32 truth on the torch functions; and the naive run without fla), then the prescaled norm's
+    # PDL-off kernel profile on and off
     if [[ $G == *H200* ]]; then bash "$0" s27b; LOGIT_HF_TORCH=1 LOGIT_ABLATION=0 es 300 l4 logits_4b
-    else es 110 pn fused_prescaled_norm; LOGIT_HF_TORCH=1 LOGIT_ABLATION=0 es 300 l4 logits_4b
+    else es 110 pn fused_prescaled_norm; es 110 er fused_early_residual
+      LOGIT_HF_TORCH=1 LOGIT_ABLATION=0 es 300 l4 logits_4b
       HEADROOM_PRESCALED_NORM=1 es 90 pp profile_decode_batches; es 90 p0 profile_decode_batches; fi ;;
   s33d)  # the prescaled norm with its loads moved under the loop (the reader's sums, the writer's norm weight): the
     # graphed step on against off (PDL on, as served)

@@ -31,7 +31,8 @@ neither), fused_swiglu (SwiGLU's activation in the gate|up GEMV's epilogue, HEAD
 fused_prescaled_norm (at 2-16 sequences the next norm's weight in the residual GEMVs' epilogue and its 1 / rms on
 the next GEMV's output rows, HEADROOM_PRESCALED_NORM=1 against 0), fused_conv_rows (Gated DeltaNet's decode conv in
 the in-projection's GEMV at 2-16 sequences too, against its own launch there), fused_prescaled_conv_rows (both),
-gemv_fuzz (the
+fused_early_residual (the residual GEMVs load their residual rows before their loop, HEADROOM_EARLY_RESIDUAL=1
+against 0), fused_prescaled_early_residual (with the prescaled norm), gemv_fuzz (the
 GEMV's fused modes against the unfused kernels over random configurations),
 llm_int2_tuned (the int2 LLM API rows with the
 paged-attention tunings of ENGINE_SPEED_EXTEND_TUNING / ENGINE_SPEED_DECODE_TUNING, JSON objects such as
@@ -649,6 +650,8 @@ def main() -> None:
             "fused_prescaled_norm": lambda s: parts.fusion_speed(MODEL, "prescaled_norm"),
             "fused_conv_rows": lambda s: parts.fusion_speed(MODEL, "conv_rows"),
             "fused_prescaled_conv_rows": lambda s: parts.fusion_speed(MODEL, "prescaled_conv_rows"),
+            "fused_early_residual": lambda s: parts.fusion_speed(MODEL, "early_residual"),
+            "fused_prescaled_early_residual": lambda s: parts.fusion_speed(MODEL, "prescaled_early_residual"),
             "profile_decode_int2": lambda s: {kv: parts.profile_decode_batches(MODEL, (1, 8), kv_dtype=kv)
                                               for kv in ("bf16", "int2")},
             "kivi_graphs": lambda s: parts.kivi_graph_check(MODEL), "captures": lambda s: parts.capture_check(MODEL),

@@ -1724,7 +1724,16 @@ FUSIONS = {"residual": (("residual", "FUSED_RESIDUAL"),), "conv": (("linear_atte
            "step": (("linear_attention", "DECODE_GATE_NORM"), ("linear_attention", "DECODE_CONV_IN_STEP")),
            "swiglu": (("mlp", "FUSED_SWIGLU"),), "prescaled_norm": (("residual", "PRESCALED_NORM"),),
            "conv_rows": (("linear_attention", "FUSED_CONV_ROWS", 16, 1),),
-           "prescaled_conv_rows": (("residual", "PRESCALED_NORM"), ("linear_attention", "FUSED_CONV_ROWS", 16, 1))}
+           "prescaled_conv_rows": (("residual", "PRESCALED_NORM"), ("linear_attention", "FUSED_CONV_ROWS", 16, 1)),
+           "early_residual": (("kernels.gemv", "EARLY_RESIDUAL"),),
+           "prescaled_early_residual": (("residual", "PRESCALED_NORM"), ("kernels.gemv", "EARLY_RESIDUAL"))}
+
+
+def fusion_module(name: str):
+    """The module of a FUSIONS switch: a dotted name under headroom (kernels.gemv), else an engine layer's."""
+    import importlib
+
+    return importlib.import_module(f"headroom.{name}" if "." in name else f"headroom.engine.layers.{name}")
 
 
 def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...] = (1, 8, 16), steps: int = 64,
@@ -1738,20 +1747,18 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     the residual GEMVs' epilogue and its 1 / rms on the next GEMV's output rows at 2-16 sequences,
     engine/layers/residual.py, against add_rms_norm's launch; "conv_rows", Gated DeltaNet's decode conv in the
     in-projection's GEMV at every decode-sized pass, FUSED_CONV_ROWS 16 against 1 (session 19 measured it losing at
-    8 and 16 rows on the H200, before the tables tuned in the step); "prescaled_conv_rows", both), one engine after
-    the other
-    in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
+    8 and 16 rows on the H200, before the tables tuned in the step); "prescaled_conv_rows", both; "early_residual",
+    the residual GEMVs' residual rows loaded before their loop, kernels/gemv.py EARLY_RESIDUAL, the same bits;
+    "prescaled_early_residual", with the prescaled norm), one engine after the other in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
     the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
     more; the conv gives the same bits)."""
     import gc
-    import importlib
     import statistics
 
     from headroom.engine.llm import LLM
 
-    switches = [(importlib.import_module(f"headroom.engine.layers.{name}"), attribute, *(values or (True, False)))
-                for name, attribute, *values in FUSIONS[fusion]]
+    switches = [(fusion_module(name), attribute, *(values or (True, False))) for name, attribute, *values in FUSIONS[fusion]]
     saved = [getattr(module, attribute) for module, attribute, _, _ in switches]
     out: dict = {"fusion": fusion}
     tokens: dict[bool, dict[int, list[list[int]]]] = {}

@@ -104,6 +104,11 @@ MAX_ROWS = 16
 # nothing after /ready (eager passes of 2-15 rows share the several-row configurations' compiled variants with the
 # graph captures of 2-16 sequences in the warm-up). HEADROOM_GEMV_NEAREST_ROWS=0 turns it off.
 NEAREST_ROWS = os.environ.get("HEADROOM_GEMV_NEAREST_ROWS", "1") == "1"
+# A residual GEMV (RESIDUAL) loads its block of the residual stream right after the PDL wait, under its loop, instead
+# of in the last split's epilogue after the split's sum, where the round trip sits on the launch's critical path (64
+# launches a step at 2-16 rows, 72 at one). The same bits. HEADROOM_EARLY_RESIDUAL=1 turns it on; off until measured
+# in the graphed step (bench/engine_speed.py fused_early_residual).
+EARLY_RESIDUAL = os.environ.get("HEADROOM_EARLY_RESIDUAL", "0") == "1"
 
 
 @triton.jit
@@ -376,12 +381,14 @@ def _store_swiglu(total, last, out, stride_om, offs_m, m_m, pid_n, N, BLOCK_M: t
 @triton.jit
 def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel,
                   rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
-                  p_s, scale, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr, CONV: tl.constexpr,
-                  CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr, PRESCALE: tl.constexpr):
+                  p_s, scale, early_r, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, N_AXIS: tl.constexpr,
+                  CONV: tl.constexpr, CONV_TAPS: tl.constexpr, CONV_BLOCK: tl.constexpr, PRESCALE: tl.constexpr,
+                  EARLY_RESIDUAL: tl.constexpr):
     """Store the output block (summed over its splits first where K is split: _split_total). RESIDUAL: the block
     stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
     as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
-    (m_q: the rows that exist), for the next GEMV's NORM (or ROW_SCALE). PRESCALE (with RESIDUAL): r times the
+    (m_q: the rows that exist), for the next GEMV's NORM (or ROW_SCALE); EARLY_RESIDUAL: the residual's block
+    loaded before the loop (early_r, in the layout of acc) instead of from p_r here. PRESCALE (with RESIDUAL): r times the
     next norm's weight at each element's column (scale, fp32, broadcast along the layout's rows: 1 + g with
     UNIT_OFFSET, as rms_norm scales; the kernel loads it before its loop), rounded once, at p_s. CONV: the output
     columns below conv_channels are silu(conv) of y (rounded to the output dtype first, as the conv kernel would
@@ -390,8 +397,12 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
     if RESIDUAL:
         total, last = _split_total(acc, ws, counters, tile, offsets, mask, num_splits, i_s, split_numel, SPLIT)
         y = total.to(p_o.dtype.element_ty).to(tl.float32)
-        # (tl.where: see _split_total)
-        r = (tl.load(p_r, mask=tl.where(last, mask, False), other=0.0).to(tl.float32) + y).to(p_o.dtype.element_ty)
+        if EARLY_RESIDUAL:
+            residual = early_r
+        else:
+            # (tl.where: see _split_total)
+            residual = tl.load(p_r, mask=tl.where(last, mask, False), other=0.0)
+        r = (residual.to(tl.float32) + y).to(p_o.dtype.element_ty)
         tl.store(p_o, r, mask=tl.where(last, mask, False))
         r = tl.where(mask, r.to(tl.float32), 0.0)
         tl.store(p_q, tl.sum(r * r, axis=N_AXIS), mask=tl.where(last, m_q, False))
@@ -424,7 +435,7 @@ def gemv_fwd_kernel(
     NORM: tl.constexpr = False, UNIT_OFFSET: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
     GATED: tl.constexpr = False, HEAD: tl.constexpr = 1, CONV: tl.constexpr = False, CONV_TAPS: tl.constexpr = 4,
     CONV_BLOCK: tl.constexpr = 4, L2_PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
-    PRESCALE: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
+    PRESCALE: tl.constexpr = False, ROW_SCALE: tl.constexpr = False, EARLY_RESIDUAL: tl.constexpr = False,
 ):
     """Program (n, s): out[:, n-block] (+)= x[:, s's K range] @ w[n-block, s's K range].T. BLOCK_M 1 on the CUDA
     cores, an fp32 partial sum per weight element (pair) a thread holds, summed over K once after the loop (a
@@ -546,6 +557,19 @@ def gemv_fwd_kernel(
         rstd = 1.0
     if ROW_SCALE:
         first_parts = _first_parts(sumsq, tl.minimum(offs_m, M - 1), num_parts, BLOCK_M)
+    # EARLY_RESIDUAL: the block's residual rows (the kernels before wrote them: after the wait), in the layout the
+    # epilogue stores; every split loads them, the last adds them
+    if RESIDUAL and EARLY_RESIDUAL:
+        if BLOCK_M == 1:
+            b_r = tl.load(res + offs_n, mask=m_n, other=0.0)
+        elif SWAP_AB:
+            b_r = tl.load(res + offs_m[None, :] * stride_rm + offs_n[:, None], mask=m_n[:, None] & m_m[None, :],
+                          other=0.0)
+        else:
+            b_r = tl.load(res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=m_m[:, None] & m_n[None, :],
+                          other=0.0)
+    else:
+        b_r = 0.0
     if PDL or PREFETCH > 1:
         acc = _multiply_add(acc, b_w0, p_x, p_u, rstd, b_g, eps, 0, offs_u, m_m, k_hi - k_lo, BLOCK_M, EVEN_K, PAIRS,
                             UNIT, SILU_MUL, NORM, UNIT_OFFSET, GATED, HEAD, SWAP_AB, CORE_ROWS, ROW_SUM)
@@ -607,8 +631,8 @@ def gemv_fwd_kernel(
     else:
         _finish_block(acc, out + o_offs, p_r, p_q, m_q, ws, counters, pid_n, offsets, mask, num_splits, pid_s, numel,
                       rows, cols, conv_w, conv_states, conv_slots, conv_channels, stride_cw, stride_cs, stride_cc,
-                      scaled + o_offs, scale_cols, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0, CONV,
-                      CONV_TAPS, CONV_BLOCK, PRESCALE)
+                      scaled + o_offs, scale_cols, b_r, SPLIT, RESIDUAL, 1 if BLOCK_M > 1 and not SWAP_AB else 0,
+                      CONV, CONV_TAPS, CONV_BLOCK, PRESCALE, EARLY_RESIDUAL)
 
 
 @triton.jit
@@ -1089,7 +1113,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, w: torch.Tensor, config: G
         HEAD=gated.weight.shape[0] if gated is not None else 1, CONV=conv is not None,
         CONV_TAPS=conv.weight.shape[1] if conv is not None else 4,
         CONV_BLOCK=triton.next_power_of_2(conv.weight.shape[1]) if conv is not None else 4,
-        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, PRESCALE=prescale is not None, **pdl_launch(x.device),
+        L2_PREFETCH=l2_prefetch, SWIGLU=swiglu, PRESCALE=prescale is not None,
+        EARLY_RESIDUAL=EARLY_RESIDUAL and residual is not None, **pdl_launch(x.device),
     )
     return out, sumsq, scaled
 

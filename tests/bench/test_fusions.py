@@ -17,7 +17,7 @@ _spec.loader.exec_module(engine_speed_parts)
 @pytest.mark.parametrize("fusion", sorted(engine_speed_parts.FUSIONS))
 def test_every_fusion_switch_is_an_engine_switch(fusion):
     for name, attribute, *values in engine_speed_parts.FUSIONS[fusion]:
-        module = importlib.import_module(f"headroom.engine.layers.{name}")
+        module = engine_speed_parts.fusion_module(name)
         assert hasattr(module, attribute), (fusion, name, attribute)
         on, off = values or (True, False)
         shipped = getattr(module, attribute)

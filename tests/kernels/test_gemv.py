@@ -693,6 +693,48 @@ def test_residual_gemv_adds_the_product_and_sums_its_squares(silu_mul, rows, n, 
     torch.testing.assert_close(sumsq.sum(-1, keepdim=True), ref_sumsq, atol=0.5, rtol=1e-2)
 
 
+@pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab"), [
+    (1, 70, 512, 16, 128, 1, False, False),  # one row, the last block partial
+    (1, 40, 328, 16, 64, 3, False, False),  # split over K with a ragged tail: only the last split adds
+    (4, 40, 256, 8, 128, 2, True, False),  # rows on the CUDA cores
+    (16, 130, 256, 64, 64, 2, False, True),  # swapped tensor-core tiles (fp32), ragged last block
+    (9, 40, 256, 32, 64, 3, False, False),  # unswapped tensor-core tiles (fp32), rows past M
+])
+def test_early_residual_stores_the_same_bits(monkeypatch, rows, n, k, block_n, block_k, split, rows_on_cores,
+                                             swap_ab):
+    """EARLY_RESIDUAL (the residual's block loaded before the loop, not in the last split's epilogue): residual_gemv,
+    with SiLU fused, and residual_prescaled_gemv store what they store without it, bit for bit, in every layout; the
+    launches really take the variant (a spy on the kernel's launch)."""
+    from headroom.kernels import gemv as gemv_module
+    from headroom.kernels.gemv import NextNorm, residual_gemv, residual_prescaled_gemv
+
+    x, w = _case(rows * 11 + n + split, rows, n, k)
+    gen = torch.Generator().manual_seed(n + 3 * rows)
+    residual = (torch.randn(rows, n, generator=gen) * 2).to(x.dtype)
+    up = torch.randn(rows, k, generator=gen).to(x.dtype)
+    norm = NextNorm((torch.randn(n, generator=gen) * 0.3).to(x.dtype), True)
+    config = GemvConfig(block_n=block_n, block_k=block_k, split=split, num_stages=2, rows_on_cores=rows_on_cores,
+                        swap_ab=swap_ab)
+    kernel, launched = gemv_module.gemv_fwd_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(kwargs["EARLY_RESIDUAL"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(gemv_module, "gemv_fwd_kernel", Spy())
+    runs = {}
+    for early in (False, True):
+        monkeypatch.setattr(gemv_module, "EARLY_RESIDUAL", early)
+        runs[early] = (*residual_gemv(x, w, residual, config), *residual_gemv(x, w, residual, config, up=up),
+                       *residual_prescaled_gemv(x, w, residual, norm, config))
+    assert launched == [False] * 3 + [True] * 3
+    for late, early in zip(runs[False], runs[True], strict=True):
+        assert torch.equal(late, early)
+
+
 @pytest.mark.parametrize("unit_offset", [True, False])
 @pytest.mark.parametrize(("rows", "n", "k", "block_n", "block_k", "split", "rows_on_cores", "swap_ab", "silu_mul"), [
     (1, 70, 512, 16, 128, 1, False, False, False),  # one row, the last block partial
@@ -947,8 +989,8 @@ def test_tuned_normed_and_residual_gemv_take_the_projections_own_entries(monkeyp
 
 def test_normed_and_residual_variants_compile_for_the_h200():
     """NORM (one row as pairs with PDL and tiles before the wait, 8 rows on the CUDA cores, 16 swapped) and RESIDUAL
-    (one row with a split, plain and with SiLU fused, 8 rows on the CUDA cores, 16 swapped with a split) compile
-    for sm_90; a NORM kernel takes its square root after the PDL wait (the sums it reads are the kernel before's),
+    (one row with a split, plain and with SiLU fused, 8 rows on the CUDA cores, 16 swapped with a split; each also
+    with EARLY_RESIDUAL) compile for sm_90; a NORM kernel takes its square root after the PDL wait (the sums it reads are the kernel before's),
     and only NORM kernels take one."""
     from tests.kernels.sm90 import compile_sm90
 
@@ -961,10 +1003,12 @@ def test_normed_and_residual_variants_compile_for_the_h200():
         x = "*i32" if pairs else "*bf16"
         pointers = {"x": x, "up": x, "w": x, "out": "*bf16", "ws": "*fp32", "counters": "*i32", "res": "*bf16",
                     "sumsq": "*fp32", "eps": "fp32"}
-        variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
-            "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
-            "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": swap, "CORE_ROWS": cores,
-            "ROW_SUM": False, "PREFETCH": prefetch, "NORM": norm, "UNIT_OFFSET": norm, "RESIDUAL": not norm}))
+        for early in (False, True) if not norm else (False,):
+            variants.append(("headroom.kernels.gemv", "gemv_fwd_kernel", pointers, {
+                "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k, "NUM_STAGES": 3, "EVEN_K": True,
+                "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": swap,
+                "CORE_ROWS": cores, "ROW_SUM": False, "PREFETCH": prefetch, "NORM": norm, "UNIT_OFFSET": norm,
+                "RESIDUAL": not norm, "EARLY_RESIDUAL": early}))
     for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
         assert result["ok"], (constants, result.get("error"))
         ptx = result["ptx"]
