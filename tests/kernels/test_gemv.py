@@ -869,6 +869,9 @@ def test_prescale_and_row_scale_compile_for_sm90():
         assert "sqrt" not in prescaled and prescaled.count("st.global") > residual.count("st.global"), shape
         assert "sqrt" in row_scaled and row_scaled.index("griddepcontrol.wait") < row_scaled.index("sqrt"), shape
         assert row_scaled.count("wgmma.mma_async") == plain.count("wgmma.mma_async") > 0 or not shape[4], shape
+        # the sums are the kernel before's: no load of them before the wait
+        assert [p[: p.index("griddepcontrol.wait")].count("ld.global") for p in (row_scaled, plain)] \
+            == [plain[: plain.index("griddepcontrol.wait")].count("ld.global")] * 2, shape
     assert ptx[8].index("griddepcontrol.wait") < ptx[8].index("sqrt")
 
 
@@ -914,6 +917,27 @@ def test_the_one_row_sum_takes_parts_past_its_first_round():
     eye = torch.eye(256)
     assert torch.equal(normed_gemv(x, RowNorm(late, weight, 1e-6, True), eye, config),
                        normed_gemv(x, RowNorm(sumsq, weight, 1e-6, True), eye, config))
+
+
+@pytest.mark.parametrize(("rows", "num_parts", "rows_on_cores"), [(1, 1100, False), (4, 150, True), (16, 150, False)])
+def test_row_scale_takes_parts_past_its_first_chunk(rows, num_parts, rows_on_cores):
+    """ROW_SCALE loads the first chunk of the parts before its loop and adds the rest after it (1,024 a round at one
+    row, 64 at several): rows whose sums sit in a middle and the last part (zeros elsewhere, so any order is exact)
+    scale exactly as one part holding them, and a quarter of the sums doubles every output."""
+    from headroom.kernels.gemv import RowNorm, normed_gemv
+
+    x, weight = _norm_case(13 + rows, rows, 128, torch.float32)
+    w = (torch.randn(24, 128, generator=torch.Generator().manual_seed(5)) * 0.05)
+    sumsq = x.pow(2).sum(-1, keepdim=True)
+    # half in a middle part (the second chunk at several rows), half in the last: a + b is exact in any order
+    late = torch.zeros(rows, num_parts)
+    late[:, num_parts // 2] = sumsq[:, 0] / 2
+    late[:, -1] = sumsq[:, 0] / 2
+    config = GemvConfig(block_n=8, block_k=64, num_stages=2, rows_on_cores=rows_on_cores)
+    one = normed_gemv(x, RowNorm(sumsq, weight, 1e-6, True, prescaled=True), w, config)
+    assert torch.equal(normed_gemv(x, RowNorm(late, weight, 1e-6, True, prescaled=True), w, config), one)
+    quarter = normed_gemv(x, RowNorm(late / 4, weight, 1e-6, True, prescaled=True), w, config)
+    torch.testing.assert_close(quarter, 2 * one, atol=1e-5, rtol=1e-5)
 
 
 def test_l2_prefetch_changes_no_result_and_refuses_other_counts():
@@ -1009,7 +1033,8 @@ def test_normed_and_residual_variants_compile_for_the_h200():
                 "SPLIT": split, "PAIRS": pairs, "SILU_MUL": silu_mul, "PDL": True, "SWAP_AB": swap,
                 "CORE_ROWS": cores, "ROW_SUM": False, "PREFETCH": prefetch, "NORM": norm, "UNIT_OFFSET": norm,
                 "RESIDUAL": not norm, "EARLY_RESIDUAL": early}))
-    for (_, _, _, constants), result in zip(variants, compile_sm90(variants), strict=True):
+    results = compile_sm90(variants)
+    for (_, _, _, constants), result in zip(variants, results, strict=True):
         assert result["ok"], (constants, result.get("error"))
         ptx = result["ptx"]
         assert ("sqrt" in ptx) == constants["NORM"], constants
@@ -1017,6 +1042,15 @@ def test_normed_and_residual_variants_compile_for_the_h200():
             assert ptx.index("griddepcontrol.wait") < ptx.index("sqrt"), constants
         if constants["SWAP_AB"]:
             assert "wgmma.mma_async" in ptx, constants
+    # EARLY_RESIDUAL loads the residual after the PDL wait (the kernels before wrote it): no load before the wait
+    # that its late variant lacks
+    late_ones = [i for i, (_, _, _, constants) in enumerate(variants)
+                 if constants["RESIDUAL"] and not constants["EARLY_RESIDUAL"]]
+    assert len(late_ones) == 4 and all(variants[i + 1][3]["EARLY_RESIDUAL"] for i in late_ones)
+    for late, result_late, result_early in ((variants[i][3], results[i], results[i + 1]) for i in late_ones):
+        before = [r["ptx"][: r["ptx"].index("griddepcontrol.wait")].count("ld.global")
+                  for r in (result_late, result_early)]
+        assert before[0] == before[1], (late, before)
 
 
 @pytest.mark.parametrize(("rows", "k", "head", "block_k", "split", "rows_on_cores", "dtype"), [
