@@ -4,7 +4,11 @@
 # README lists). Carry .whl and .old. Results go under /tmp/r, tarred into $OUT/r.tgz after every part (starts are scarce and a
 # call cut off at its limit still returns what $OUT holds).
 source bench/device_env.sh
-G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); R=/tmp/r; mkdir -p $R; echo "$G" > $R/gpu.txt
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); R=/tmp/r
+# The outermost plan starts /tmp/r afresh (a warm machine keeps the last call's parts, which the next call's tar would
+# carry again); a plan run by another (bash "$0" PLAN) appends to its record instead of overwriting it.
+if [[ -z ${DEVICE_CALLS_NESTED:-} ]]; then rm -rf $R; mkdir -p $R; echo "$G" > $R/gpu.txt; fi
+export DEVICE_CALLS_NESTED=1
 es() { d=$1; o=$R/$2; shift 2; mkdir -p $o; local t0=$SECONDS
     env TRITON_CACHE_DIR=/tmp/tc ENGINE_SPEED_INIT=/nonexistent ENGINE_SPEED_DEADLINE_S=$d timeout $((d+60)) \
         python3 bench/engine_speed.py $o "$@" > $o/log.txt 2>&1
