@@ -1794,8 +1794,8 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     in-projection's GEMV at every decode-sized pass, FUSED_CONV_ROWS 16 against 1 (session 19 measured it losing at
     8 and 16 rows on the H200, before the tables tuned in the step); "prescaled_conv_rows", both; "early_residual",
     the residual GEMVs' residual rows loaded before their loop, kernels/gemv.py EARLY_RESIDUAL, the same bits;
-    "prescaled_early_residual", with the prescaled norm), one engine after the other in this process, each capturing its own graphs: per batch the median step (wall, as the decode rows time it),
-    the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
+    "prescaled_early_residual", with the prescaled norm), one engine after the other in this process, each
+    capturing its own graphs: per batch the median step (wall, as the decode rows time it), the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
     residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
     more; the conv gives the same bits)."""
     import gc
@@ -1803,7 +1803,8 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
 
     from headroom.engine.llm import LLM
 
-    switches = [(fusion_module(name), attribute, *(values or (True, False))) for name, attribute, *values in FUSIONS[fusion]]
+    switches = [(fusion_module(name), attribute, *(values or (True, False)))
+                for name, attribute, *values in FUSIONS[fusion]]
     saved = [getattr(module, attribute) for module, attribute, _, _ in switches]
     out: dict = {"fusion": fusion}
     tokens: dict[bool, dict[int, list[list[int]]]] = {}

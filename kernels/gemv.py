@@ -388,8 +388,8 @@ def _finish_block(acc, p_o, p_r, p_q, m_q, ws, counters, tile, offsets, mask, nu
     stored is the residual stream's, r = residual + y (at p_r; y rounded to the output dtype first, then the sum,
     as F.linear and then a bf16 add round them), and the block's sum of r^2 for each row (along N_AXIS) at p_q
     (m_q: the rows that exist), for the next GEMV's NORM (or ROW_SCALE); EARLY_RESIDUAL: the residual's block
-    loaded before the loop (early_r, in the layout of acc) instead of from p_r here. PRESCALE (with RESIDUAL): r times the
-    next norm's weight at each element's column (scale, fp32, broadcast along the layout's rows: 1 + g with
+    loaded before the loop (early_r, in the layout of acc) instead of from p_r here. PRESCALE (with RESIDUAL): r
+    times the next norm's weight at each element's column (scale, fp32, broadcast along the layout's rows: 1 + g with
     UNIT_OFFSET, as rms_norm scales; the kernel loads it before its loop), rounded once, at p_s. CONV: the output
     columns below conv_channels are silu(conv) of y (rounded to the output dtype first, as the conv kernel would
     have read it) with each row's carried inputs (conv_states[conv_slots[row]], rolled in place) and conv_w's taps,
@@ -467,7 +467,8 @@ def gemv_fwd_kernel(
     kernels/conv_update.py (CONV_TAPS taps, CONV_BLOCK their power of 2) with each row's state slot conv_slots[m]
     in conv_states (strides stride_cs, stride_cc; taps conv_w, row stride stride_cw), rolled in place; only NORM or
     ROW_SCALE may join it. SWIGLU (SwiGLU's gate|up projection, swiglu_gemv): w's rows are gate and up rows
-    interleaved, and out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM or ROW_SCALE may join it.
+    interleaved, and out [M, N / 2] takes silu(gate) * up of each output pair (_store_swiglu); only NORM or
+    ROW_SCALE may join it.
     PRESCALE (with RESIDUAL: residual_prescaled_gemv): each output block also stores its columns of the sum times
     the next RMSNorm's weight, r * (1 + g) (UNIT_OFFSET; else r * g) rounded once, at scaled (row stride
     stride_om) with g = scale_w's: the next GEMV's input with the norm's 1 / rms factored out. ROW_SCALE (the

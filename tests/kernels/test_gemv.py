@@ -1014,8 +1014,8 @@ def test_tuned_normed_and_residual_gemv_take_the_projections_own_entries(monkeyp
 def test_normed_and_residual_variants_compile_for_the_h200():
     """NORM (one row as pairs with PDL and tiles before the wait, 8 rows on the CUDA cores, 16 swapped) and RESIDUAL
     (one row with a split, plain and with SiLU fused, 8 rows on the CUDA cores, 16 swapped with a split; each also
-    with EARLY_RESIDUAL) compile for sm_90; a NORM kernel takes its square root after the PDL wait (the sums it reads are the kernel before's),
-    and only NORM kernels take one."""
+    with EARLY_RESIDUAL) compile for sm_90; a NORM kernel takes its square root after the PDL wait (the sums it
+    reads are the kernel before's), and only NORM kernels take one; EARLY_RESIDUAL adds no load before the wait."""
     from tests.kernels.sm90 import compile_sm90
 
     variants = []
