@@ -1795,9 +1795,10 @@ def fusion_speed(model: Path, fusion: str = "residual", batches: tuple[int, ...]
     8 and 16 rows on the H200, before the tables tuned in the step); "prescaled_conv_rows", both; "early_residual",
     the residual GEMVs' residual rows loaded before their loop, kernels/gemv.py EARLY_RESIDUAL, the same bits;
     "prescaled_early_residual", with the prescaled norm), one engine after the other in this process, each
-    capturing its own graphs: per batch the median step (wall, as the decode rows time it), the graph replayed alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the
-    residual's rows' 1 / rms is summed in another order, which may flip a near tie of a random model's logits, not
-    more; the conv gives the same bits)."""
+    capturing its own graphs: per batch the median step (wall, as the decode rows time it), the graph replayed
+    alone (GPU time a step) and whether both engines chose the same greedy tokens (fused, the residual's rows' 1
+    / rms is summed in another order, which may flip a near tie of a random model's logits, not more; the conv
+    gives the same bits)."""
     import gc
     import statistics
 
